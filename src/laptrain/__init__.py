@@ -1,0 +1,1 @@
+"""laptrain: Lightning + Hydra training for the machine you have."""

@@ -1,0 +1,1 @@
+"""Lightning callbacks that fill gaps in what Lightning ships."""

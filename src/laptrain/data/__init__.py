@@ -1,0 +1,1 @@
+"""LightningDataModules, samplers and collators."""

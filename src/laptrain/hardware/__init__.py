@@ -1,0 +1,1 @@
+"""The machine: device probe, profile resolution, environment, preflight."""

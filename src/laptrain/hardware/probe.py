@@ -1,0 +1,197 @@
+"""The one interface behind which laptrain reads the device.
+
+Everything device-specific (memory figures, cache release, synchronisation, which precisions the
+device can run) is asked of a ``DeviceProbe``. Code that acts on those answers (preflight, memory
+monitor, OOM backoff, thermal guard) takes a probe as an argument, so its MPS and CUDA branches run
+on a CPU-only machine with a ``FakeProbe``.
+
+torch is imported inside the methods, never at module import: ``laptrain.hardware`` is imported by
+the launcher before the profile's environment variables are applied (FACTS.md §2, §6).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
+
+DEVICE_KINDS = ("cpu", "cuda", "mps")
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """One snapshot of host and device memory, in bytes (``None`` where the device has no such figure)."""
+
+    rss: int
+    system_total: int
+    system_available: int
+    system_percent: float
+    swap_used: int
+    # MPS: torch.mps.current_allocated_memory; CUDA: torch.cuda.memory_allocated.
+    device_allocated: int | None = None
+    # MPS: torch.mps.driver_allocated_memory (includes the allocator cache); CUDA: memory_reserved.
+    device_reserved: int | None = None
+    # CUDA: max_memory_allocated. MPS has no peak API (FACTS.md §7).
+    device_peak: int | None = None
+    # MPS: torch.mps.recommended_max_memory; CUDA: total memory of the device.
+    device_limit: int | None = None
+
+
+@runtime_checkable
+class DeviceProbe(Protocol):
+    """What device-specific code may ask. ``kind`` is one of ``cpu``, ``cuda``, ``mps``."""
+
+    kind: str
+
+    def available(self) -> bool:
+        """Whether this kind of device can be used in this process."""
+
+    def bf16_supported(self) -> bool:
+        """Whether bfloat16 compute works on this device."""
+
+    def memory(self) -> MemoryReading:
+        """Current host and device memory."""
+
+    def empty_cache(self) -> None:
+        """Give the device allocator's cached blocks back (no-op on CPU)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that a clock read measures compute (no-op on CPU)."""
+
+    def reset_peak(self) -> None:
+        """Start a new peak-memory window where the device keeps one (CUDA)."""
+
+
+def _host_memory() -> dict[str, float]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return {
+        "rss": psutil.Process(os.getpid()).memory_info().rss,
+        "system_total": vm.total,
+        "system_available": vm.available,
+        "system_percent": vm.percent,
+        "swap_used": psutil.swap_memory().used,
+    }
+
+
+class TorchProbe:
+    """The real probe: psutil for the host, ``torch.cuda`` / ``torch.mps`` for the device."""
+
+    def __init__(self, kind: str = "cpu", index: int = 0) -> None:
+        if kind not in DEVICE_KINDS:
+            raise ValueError(f"unknown device kind {kind!r}: use one of {', '.join(DEVICE_KINDS)}")
+        self.kind = kind
+        self.index = index
+
+    def available(self) -> bool:
+        import torch
+
+        if self.kind == "cuda":
+            return torch.cuda.is_available()
+        if self.kind == "mps":
+            return torch.backends.mps.is_available()
+        return True
+
+    def bf16_supported(self) -> bool:
+        import torch
+
+        if self.kind == "cuda":
+            return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        if self.kind == "mps":
+            # bf16 on MPS needs macOS >= 14, which current torch requires anyway (FACTS.md §3).
+            return torch.backends.mps.is_available() and torch.backends.mps.is_macos_or_newer(14, 0)
+        return True
+
+    def memory(self) -> MemoryReading:
+        import torch
+
+        host = _host_memory()
+        if self.kind == "cuda" and torch.cuda.is_available():
+            return MemoryReading(
+                **host,
+                device_allocated=torch.cuda.memory_allocated(self.index),
+                device_reserved=torch.cuda.memory_reserved(self.index),
+                device_peak=torch.cuda.max_memory_allocated(self.index),
+                device_limit=torch.cuda.get_device_properties(self.index).total_memory,
+            )
+        if self.kind == "mps" and torch.backends.mps.is_available():
+            return MemoryReading(
+                **host,
+                device_allocated=torch.mps.current_allocated_memory(),
+                device_reserved=torch.mps.driver_allocated_memory(),
+                device_limit=torch.mps.recommended_max_memory(),
+            )
+        return MemoryReading(**host)
+
+    def empty_cache(self) -> None:
+        import torch
+
+        if self.kind == "cuda" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        elif self.kind == "mps" and torch.backends.mps.is_available():
+            torch.mps.empty_cache()
+
+    def synchronize(self) -> None:
+        import torch
+
+        if self.kind == "cuda" and torch.cuda.is_available():
+            torch.cuda.synchronize(self.index)
+        elif self.kind == "mps" and torch.backends.mps.is_available():
+            torch.mps.synchronize()
+
+    def reset_peak(self) -> None:
+        import torch
+
+        if self.kind == "cuda" and torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats(self.index)
+
+
+@dataclass
+class FakeProbe:
+    """A scripted probe for tests and for ``hardware.probe=fake_<kind>`` dry runs on CPU.
+
+    ``readings`` are returned in order by ``memory()`` (the last one repeats); ``calls`` records
+    what was asked, so tests can assert that a cache was emptied.
+    """
+
+    kind: str = "cpu"
+    is_available: bool = True
+    has_bf16: bool = True
+    readings: list[MemoryReading] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+
+    def available(self) -> bool:
+        return self.is_available
+
+    def bf16_supported(self) -> bool:
+        return self.has_bf16
+
+    def memory(self) -> MemoryReading:
+        self.calls.append("memory")
+        if not self.readings:
+            return MemoryReading(
+                rss=0, system_total=0, system_available=0, system_percent=0.0, swap_used=0
+            )
+        reading = self.readings[0]
+        if len(self.readings) > 1:
+            self.readings.pop(0)
+        return replace(reading)
+
+    def empty_cache(self) -> None:
+        self.calls.append("empty_cache")
+
+    def synchronize(self) -> None:
+        self.calls.append("synchronize")
+
+    def reset_peak(self) -> None:
+        self.calls.append("reset_peak")
+
+
+def probe_for(device: object) -> DeviceProbe:
+    """The real probe for a ``torch.device`` (or a string such as ``"cuda:0"``)."""
+    text = str(device)
+    kind, _, index = text.partition(":")
+    if kind not in DEVICE_KINDS:
+        kind = "cpu"
+    return TorchProbe(kind, int(index) if index else 0)

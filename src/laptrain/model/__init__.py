@@ -1,0 +1,1 @@
+"""LightningModules, one file per model family."""
