@@ -23,10 +23,17 @@ def test_unknown_kind_is_refused_with_the_choices():
 
 
 def test_fake_probe_replays_readings_and_records_calls():
-    first = MemoryReading(rss=1, system_total=10, system_available=9, system_percent=10.0, swap_used=0)
+    first = MemoryReading(
+        rss=1, system_total=10, system_available=9, system_percent=10.0, swap_used=0
+    )
     second = MemoryReading(
-        rss=2, system_total=10, system_available=8, system_percent=20.0, swap_used=5,
-        device_allocated=3, device_limit=7,
+        rss=2,
+        system_total=10,
+        system_available=8,
+        system_percent=20.0,
+        swap_used=5,
+        device_allocated=3,
+        device_limit=7,
     )
     probe = FakeProbe(kind="mps", readings=[first, second])
     assert isinstance(probe, DeviceProbe)
