@@ -1,0 +1,88 @@
+"""Stop cleanly on Ctrl-C or SIGTERM, and always leave a ``last.ckpt`` to resume from.
+
+Gap filled: Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is (its
+OnExceptionCheckpoint may then save mid-step) and exits 1; SIGTERM stops at a batch boundary but
+exits 0, and ModelCheckpoint saves no ``last.ckpt`` when fit ends between two save points
+(FACTS.md §8). This callback turns both signals into a stop request honoured at the next batch
+boundary, writes ``last.ckpt`` there and at the end of fit, and records the signal so the launcher
+can exit 130 / 143 with a resume hint. A second Ctrl-C aborts at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class GracefulStop(Callback):
+    """Save ``<dirpath>/<filename>.ckpt`` at a batch boundary on SIGINT/SIGTERM and at fit end.
+
+    Args:
+        dirpath: checkpoint folder (the same as ModelCheckpoint's, so ``last`` resumes from it).
+        filename: file name without ``.ckpt``.
+    """
+
+    def __init__(self, dirpath: str, filename: str = "last") -> None:
+        if not filename:
+            raise ValueError("callbacks.graceful_stop.filename must not be empty")
+        self.path = Path(dirpath) / f"{filename}.ckpt"
+        self.signal_received: int | None = None
+        self._saved_step: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.signal_received == signal.SIGINT:
+            raise KeyboardInterrupt  # second Ctrl-C: stop now
+        self.signal_received = signum
+        rank_zero_info(
+            f"{signal.Signals(signum).name} received: stopping after this batch (Ctrl-C again to abort now)"
+        )
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Installed here, after Lightning registered its own SIGTERM handler, so ours is the one used.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _save(self, trainer: pl.Trainer) -> None:
+        if self._saved_step == trainer.global_step and self.path.exists():
+            return
+        trainer.save_checkpoint(str(self.path))
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict
+    ) -> None:
+        # Every ModelCheckpoint here keeps save_last=True, so any save means last.ckpt is current.
+        self._saved_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        if self.signal_received is not None and not trainer.should_stop:
+            self._save(trainer)
+            trainer.should_stop = True
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.signal_received is not None and not trainer.sanity_checking:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._save(trainer)
+        self._restore()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._restore()

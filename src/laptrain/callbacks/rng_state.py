@@ -1,0 +1,53 @@
+"""Carry the random number generators' states in the checkpoint.
+
+Gap filled: Lightning checkpoints hold no RNG state (FACTS.md §8), so dropout masks and random
+augmentation after a resume differ from an uninterrupted run. This callback saves the python,
+numpy and torch (CPU and CUDA) generators and restores them when training resumes.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class RNGState(Callback):
+    """Save and restore python / numpy / torch RNG states with the checkpoint."""
+
+    def state_dict(self) -> dict[str, Any]:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state = {
+            "version": 1,
+            "python": random.getstate(),
+            # numpy arrays are not loadable with weights_only=True: store the key as a tensor.
+            "numpy": [
+                kind,
+                torch.from_numpy(keys.astype(np.int64)),
+                int(pos),
+                int(has_gauss),
+                float(gauss),
+            ],
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        random.setstate(_tuples(state["python"]))
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(value: Any) -> Any:
+    """``random.setstate`` needs tuples; a checkpoint round trip may give lists."""
+    if isinstance(value, list | tuple):
+        return tuple(_tuples(v) for v in value)
+    return value

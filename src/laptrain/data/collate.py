@@ -1,0 +1,36 @@
+"""Dynamic padding: each batch is padded to its own longest sequence, never to a fixed max length."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class PadCollator:
+    """Stack ``input_ids`` lists into a right-padded batch with an attention mask.
+
+    ``pad_to_multiple_of`` rounds the batch length up (8 helps tensor cores on CUDA with fp16).
+    A dataclass, so DataLoader workers started with spawn (macOS) can pickle it.
+    """
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        longest = max(len(r["input_ids"]) for r in rows)
+        if self.pad_to_multiple_of:
+            m = self.pad_to_multiple_of
+            longest = -(-longest // m) * m
+        ids = torch.full((len(rows), longest), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, r in enumerate(rows):
+            seq = torch.as_tensor(r["input_ids"], dtype=torch.long)
+            ids[i, : len(seq)] = seq
+            mask[i, : len(seq)] = 1
+        batch = {"input_ids": ids, "attention_mask": mask}
+        if "labels" in rows[0]:
+            batch["labels"] = torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)
+        return batch

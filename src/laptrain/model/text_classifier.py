@@ -1,0 +1,157 @@
+"""Sequence classification with a transformers encoder (SciBERT-style), as a LightningModule.
+
+The backbone comes from a pretrained name or folder (``pretrained``: the hub on a user's machine,
+or a folder written by ``save_pretrained``) or is built from scratch from a transformers config
+(``backbone``: ``model_type`` plus config fields), which is the offline default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    get_linear_schedule_with_warmup,
+)
+
+OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
+
+
+def build_classifier(
+    num_labels: int,
+    pretrained: str | None = None,
+    backbone: dict[str, Any] | None = None,
+    label_names: list[str] | None = None,
+    vocab_size: int | None = None,
+    pad_token_id: int | None = None,
+) -> torch.nn.Module:
+    """An ``AutoModelForSequenceClassification`` from ``pretrained`` or from a config dict."""
+    names = list(label_names) if label_names else [str(i) for i in range(num_labels)]
+    labels = {
+        "num_labels": num_labels,
+        "id2label": dict(enumerate(names)),
+        "label2id": {n: i for i, n in enumerate(names)},
+    }
+    if pretrained:
+        try:
+            return AutoModelForSequenceClassification.from_pretrained(
+                pretrained, ignore_mismatched_sizes=True, **labels
+            )
+        except OSError as err:
+            where = "folder" if Path(pretrained).exists() else "hub name (offline?)"
+            raise OSError(
+                f"cannot load model {pretrained!r} as a {where}: set model.pretrained to a folder written by "
+                f"save_pretrained, or use model=tiny_classifier offline ({err.__class__.__name__})"
+            ) from None
+    if not backbone or "model_type" not in backbone:
+        raise ValueError(
+            "set model.pretrained=<name or folder> or model.backbone.model_type (e.g. bert)"
+        )
+    fields = {k: v for k, v in backbone.items() if k != "model_type"}
+    if vocab_size is not None:
+        fields["vocab_size"] = vocab_size
+    if pad_token_id is not None:
+        fields["pad_token_id"] = pad_token_id
+    config = AutoConfig.for_model(backbone["model_type"], **fields, **labels)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+class TextClassifierModule(pl.LightningModule):
+    """Fine-tune or train a text classifier; logs loss, accuracy and macro-F1 per stage.
+
+    Args:
+        num_labels, label_names, vocab_size, pad_token_id: from the datamodule (``model_kwargs``).
+        pretrained: hub name or local folder; wins over ``backbone``.
+        backbone: transformers config fields incl. ``model_type``, for a from-scratch model.
+        optimizer: a factory (Hydra ``_partial_: true``) taking parameter groups.
+        warmup_ratio: share of the optimizer steps with a linear warm-up, then linear decay to 0.
+    """
+
+    def __init__(
+        self,
+        num_labels: int,
+        pretrained: str | None = None,
+        backbone: dict[str, Any] | None = None,
+        label_names: list[str] | None = None,
+        vocab_size: int | None = None,
+        pad_token_id: int | None = None,
+        optimizer: OptimizerFactory | None = None,
+        warmup_ratio: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if num_labels < 2:
+            raise ValueError(f"need at least 2 labels, found {num_labels}: check data.label_column")
+        if not 0 <= warmup_ratio < 1:
+            raise ValueError(f"model.warmup_ratio must be in [0, 1) (got {warmup_ratio})")
+        backbone = dict(backbone) if backbone else None
+        self.save_hyperparameters(ignore=["optimizer"])
+        self.model = build_classifier(
+            num_labels, pretrained, backbone, label_names, vocab_size, pad_token_id
+        )
+        self.optimizer_factory = optimizer or partial(torch.optim.AdamW, lr=5e-4, weight_decay=0.01)
+        self.warmup_ratio = warmup_ratio
+        self.metrics = torch.nn.ModuleDict(
+            {
+                f"{stage}_{name}": metric
+                for stage in ("val", "test")
+                for name, metric in (
+                    ("acc", MulticlassAccuracy(num_labels, average="micro")),
+                    ("f1", MulticlassF1Score(num_labels, average="macro")),
+                )
+            }
+        )
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self.model(**batch).loss
+        self.log(
+            "train/loss", loss, on_step=True, prog_bar=True, batch_size=batch["labels"].shape[0]
+        )
+        return loss
+
+    def _eval_step(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
+        out = self.model(**batch)
+        preds = out.logits.argmax(-1)
+        size = batch["labels"].shape[0]
+        self.log(f"{stage}/loss", out.loss, batch_size=size, prog_bar=stage == "val")
+        for name in ("acc", "f1"):
+            metric = self.metrics[f"{stage}_{name}"]
+            metric(preds, batch["labels"])
+            self.log(f"{stage}/{name}", metric, batch_size=size, prog_bar=stage == "val")
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        decay, no_decay = [], []
+        for param in self.model.parameters():
+            if param.requires_grad:
+                # Biases and norm weights are not decayed (the usual BERT recipe).
+                (decay if param.ndim >= 2 else no_decay).append(param)
+        optimizer = self.optimizer_factory(
+            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = get_linear_schedule_with_warmup(
+            optimizer, int(total * self.warmup_ratio), total
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def export(self, folder: str | Path) -> None:
+        """Write the transformers model with ``save_pretrained`` (loadable without laptrain)."""
+        self.model.save_pretrained(str(folder))

@@ -1,0 +1,169 @@
+"""One training run, in the order a reader expects: seed, build, summarise, fit, test, export.
+
+Only this module sees the Hydra config; everything it builds takes plain arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig, OmegaConf
+
+from laptrain.callbacks.graceful_stop import GracefulStop
+from laptrain.config_tree import print_config
+from laptrain.hardware.env import EnvReport
+
+
+def _instantiate_all(section: DictConfig | None) -> list[Any]:
+    """Every entry with a ``_target_`` (LHT style): adding a callback or logger is adding YAML."""
+    if not section:
+        return []
+    return [
+        instantiate(c, _convert_="all")
+        for c in section.values()
+        if isinstance(c, DictConfig) and "_target_" in c
+    ]
+
+
+def resume_checkpoint(cfg: DictConfig) -> str | None:
+    """The checkpoint to resume from: ``ckpt_path``, else the run's ``last.ckpt`` when resuming."""
+    if cfg.get("ckpt_path"):
+        path = Path(str(cfg.ckpt_path)).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"ckpt_path not found: {path} (point ckpt_path= at a .ckpt file, e.g. outputs/<run>/checkpoints/last.ckpt)"
+            )
+        return str(path)
+    if not cfg.resume:
+        return None
+    last = Path(cfg.paths.ckpt_dir) / "last.ckpt"
+    return str(last) if last.is_file() else None
+
+
+def checkpoint_step(path: str) -> tuple[int, int]:
+    """(global step, epoch) stored in a Lightning checkpoint, read without loading the tensors."""
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return int(state.get("global_step", 0)), int(state.get("epoch", 0))
+
+
+def summary_lines(cfg: DictConfig, trainer: pl.Trainer, env: EnvReport | None) -> list[str]:
+    """What the run will do on this machine, one item per line (seed 001; nanoGPT prints the same)."""
+    hw = cfg.hardware
+    micro = int(cfg.data.get("batch_size") or hw.batch_size)
+    accumulation = int(trainer.accumulate_grad_batches)
+    lines = [
+        f"hardware profile: {hw.name}",
+        f"device: {trainer.strategy.root_device} ({trainer.accelerator.__class__.__name__.replace('Accelerator', '')}, {trainer.num_devices} device(s))",
+        f"precision: {trainer.precision}",
+        f"micro batch size: {micro}",
+        f"gradient accumulation: {accumulation}",
+        f"effective batch size: {micro * accumulation * trainer.world_size}",
+        f"dataloader workers: {cfg.data.get('num_workers', hw.num_workers)}",
+        f"pin_memory: {cfg.data.get('pin_memory', hw.pin_memory)}",
+        f"torch threads: {torch.get_num_threads()}",
+    ]
+    return lines + (env.lines() if env else [])
+
+
+def write_run_info(folder: Path, cfg: DictConfig, lines: list[str], env: EnvReport | None) -> None:
+    import lightning
+    import transformers
+
+    info = {
+        "hardware": OmegaConf.to_container(cfg.hardware, resolve=True),
+        "summary": lines,
+        "torch_threads": torch.get_num_threads(),
+        "env_applied": env.applied if env else {},
+        "env_kept": env.kept if env else {},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "lightning": lightning.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "run_info.json").write_text(json.dumps(info, indent=1, default=str))
+
+
+def _single_log_stream() -> None:
+    """Lightning adds its own console handler; Hydra's already prints to the console and train.log."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+
+
+def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
+    """Train (resuming when the run folder has a checkpoint), test on the best checkpoint, export."""
+    if HydraConfig.initialized():
+        _single_log_stream()
+    output_dir = Path(cfg.paths.output_dir)
+    print_config(cfg)
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    if cfg.hardware.get("torch_threads"):
+        torch.set_num_threads(int(cfg.hardware.torch_threads))
+
+    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    model_kwargs = datamodule.model_kwargs() if hasattr(datamodule, "model_kwargs") else {}
+    model = instantiate(cfg.model, _convert_="all", **model_kwargs)
+
+    callbacks = _instantiate_all(cfg.get("callbacks"))
+    loggers = _instantiate_all(cfg.get("logger"))
+    trainer: pl.Trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all"
+    )
+
+    lines = summary_lines(cfg, trainer, env)
+    for line in lines:
+        rank_zero_info(line)
+    if trainer.is_global_zero:
+        write_run_info(output_dir, cfg, lines, env)
+        if hasattr(datamodule, "save_artifacts"):
+            datamodule.save_artifacts(output_dir)
+    for lg in loggers:
+        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+
+    ckpt_path = resume_checkpoint(cfg)
+    if ckpt_path:
+        step, epoch = checkpoint_step(ckpt_path)
+        rank_zero_info(
+            f"resuming from {ckpt_path} (global step {step}, epoch {epoch}); resume=false starts a new run"
+        )
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    stop = next((c for c in callbacks if isinstance(c, GracefulStop)), None)
+    if stop is not None and stop.signal_received is not None:
+        name = signal.Signals(stop.signal_received).name
+        rank_zero_info(
+            f"{name}: stopped at global step {trainer.global_step}; checkpoint {stop.path}. "
+            "Resume with the same command (or ckpt_path=<that file>)."
+        )
+        sys.exit(128 + stop.signal_received)
+
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if cfg.get("test") and trainer.checkpoint_callback is not None:
+        best = trainer.checkpoint_callback.best_model_path or None
+        results = trainer.test(
+            model, datamodule=datamodule, ckpt_path=best or None, weights_only=False
+        )
+        for result in results:
+            metrics.update({k: float(v) for k, v in result.items()})
+    if trainer.is_global_zero and hasattr(model, "export"):
+        model.export(output_dir / "model")
+        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    rank_zero_info(f"run folder: {output_dir}")
+    return metrics.get(str(cfg.get("optimized_metric")))

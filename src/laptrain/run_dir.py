@@ -1,0 +1,36 @@
+"""Where a run lives: ``outputs/<run_name>/``, named by the run and not by the clock.
+
+A rerun of the same command finds its folder again and resumes. With ``resume=false`` an existing
+run is never overwritten: the new run gets ``<run_name>-2``, ``-3``, ... This module is imported by
+the launcher before torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_chosen: dict[str, str] = {}
+
+
+def holds_run(folder: Path) -> bool:
+    """Whether ``folder`` already holds a run's checkpoints or curves."""
+    if not folder.is_dir():
+        return False
+    return any(folder.rglob("*.ckpt")) or any(folder.rglob("events.out.tfevents.*"))
+
+
+def choose_run_dir(base: str, resume: object) -> str:
+    """``base`` when resuming (or when it is new); otherwise the first free ``base-N``.
+
+    The choice is remembered for the process, because Hydra resolves the folder again for every
+    job of a sweep and must get the same answer after earlier jobs wrote into it.
+    """
+    if str(resume).lower() in ("true", "1", "yes"):
+        return base
+    if base not in _chosen:
+        candidate, n = base, 1
+        while holds_run(Path(candidate)):
+            n += 1
+            candidate = f"{base}-{n}"
+        _chosen[base] = candidate
+    return _chosen[base]

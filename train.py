@@ -1,0 +1,40 @@
+"""laptrain's entry point: `python train.py [group=option ...] [key=value ...]`.
+
+Order matters here: the hardware profile is chosen and its environment variables are exported
+before anything imports torch, because torch reads several of them only once (FACTS.md §1, §2, §6).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from laptrain.hardware.auto import resolve_hardware_argv
+from laptrain.hardware.env import apply_env
+from laptrain.run_dir import choose_run_dir
+
+OmegaConf.register_new_resolver("laptrain_run_dir", choose_run_dir, use_cache=True, replace=True)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    env = apply_env(cfg.hardware.get("env"))
+    try:
+        from laptrain.run import train  # imports torch: after the env is set
+
+        return train(cfg, env)
+    except (ValueError, OSError, ConnectionError) as err:
+        if os.environ.get("LAPTRAIN_TRACEBACK"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    sys.argv, why = resolve_hardware_argv(sys.argv)
+    if why:
+        print(why)
+    main()
