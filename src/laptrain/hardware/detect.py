@@ -1,0 +1,251 @@
+"""What machine is this? Read without sudo and without importing torch.
+
+The launcher resolves ``hardware=auto`` before torch is imported (a profile's env vars only count
+before import, FACTS.md §2, §6), so detection reads the OS: ``sysctl`` on macOS (FACTS.md §11),
+``/proc/cpuinfo`` and ``/proc/meminfo`` on Linux, ``nvidia-smi`` for NVIDIA GPUs. The raw outputs are
+collected in a ``RawMachine`` and parsed by pure functions, so tests feed recorded outputs of
+machines this one is not (tests/recordings/).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+# hw.perflevel* exist on Apple Silicon only; lower N = faster cores (FACTS.md §11).
+SYSCTL_KEYS = (
+    "machdep.cpu.brand_string",
+    "hw.memsize",
+    "hw.physicalcpu",
+    "hw.logicalcpu",
+    "hw.nperflevels",
+    "hw.perflevel0.physicalcpu",
+    "hw.perflevel0.name",
+    "hw.perflevel1.physicalcpu",
+    "hw.perflevel1.name",
+)
+NVIDIA_SMI_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
+GB = 1024**3
+
+
+@dataclass(frozen=True)
+class RawMachine:
+    """Raw command and file outputs, exactly as the OS printed them (empty when absent)."""
+
+    system: str  # platform.system(): "Darwin", "Linux", ...
+    arch: str  # platform.machine(): "arm64", "x86_64", ...
+    sysctl: str = ""
+    cpuinfo: str = ""
+    meminfo: str = ""
+    nvidia_smi: str = ""
+
+    _FILES: ClassVar[dict[str, str]] = {
+        "sysctl": "sysctl.txt",
+        "cpuinfo": "cpuinfo.txt",
+        "meminfo": "meminfo.txt",
+        "nvidia_smi": "nvidia-smi.txt",
+    }
+
+    @classmethod
+    def from_dir(cls, folder: str | Path) -> RawMachine:
+        """Read a recording: ``uname.txt`` ("Darwin arm64") plus one file per output."""
+        folder = Path(folder)
+        system, _, arch = (folder / "uname.txt").read_text().strip().partition(" ")
+        texts = {key: _read(str(folder / name)) for key, name in cls._FILES.items()}
+        return cls(system=system, arch=arch, **texts)
+
+    def write_dir(self, folder: str | Path) -> None:
+        """Write this machine's outputs in the layout ``from_dir`` reads."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "uname.txt").write_text(f"{self.system} {self.arch}\n")
+        for key, name in self._FILES.items():
+            if getattr(self, key):
+                (folder / name).write_text(getattr(self, key))
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    """The facts a profile choice needs."""
+
+    system: str
+    arch: str
+    cpu: str
+    memory_bytes: int
+    physical_cores: int
+    performance_cores: int | None = None
+    efficiency_cores: int | None = None
+    gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
+
+    @property
+    def apple_silicon(self) -> bool:
+        return self.system == "Darwin" and self.arch == "arm64"
+
+    @property
+    def apple_chip(self) -> tuple[int, str] | None:
+        """(generation, tier) of an Apple chip, e.g. "Apple M4 Max" -> (4, "max"); None otherwise."""
+        match = re.match(r"Apple M(\d+)(?:\s+(Pro|Max|Ultra))?\b", self.cpu)
+        if not self.apple_silicon or not match:
+            return None
+        return int(match.group(1)), (match.group(2) or "base").lower()
+
+    @property
+    def memory_gb(self) -> int:
+        """Installed memory in marketing GB (16 for a 16 GB Mac; rounded to the nearest integer)."""
+        return round(self.memory_bytes / GB)
+
+    def cores_text(self) -> str:
+        if self.performance_cores and self.efficiency_cores:
+            return f"{self.performance_cores}P+{self.efficiency_cores}E cores"
+        return f"{self.physical_cores} cores"
+
+    def summary(self) -> str:
+        """E.g. "Apple M2, 16 GB, 4P+4E cores"."""
+        return f"{self.cpu}, {self.memory_gb} GB, {self.cores_text()}"
+
+
+def parse_sysctl(text: str) -> dict[str, str]:
+    """``sysctl key ...`` prints ``key: value`` lines; unknown keys go to stderr and are absent."""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and not key.startswith("sysctl"):
+            values[key.strip()] = value.strip()
+    return values
+
+
+def parse_cpuinfo(text: str) -> tuple[str, int, int]:
+    """(CPU model, physical cores, logical CPUs) from /proc/cpuinfo.
+
+    Physical cores = distinct (physical id, core id) pairs; where a kernel omits them (some VMs,
+    ARM boards) every logical CPU counts as a core.
+    """
+    model = ""
+    logical = 0
+    cores: set[tuple[str, str]] = set()
+    physical_id = core_id = ""
+    for line in [*text.splitlines(), ""]:
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "processor":
+            logical += 1
+        elif key == "model name" and not model:
+            model = value
+        elif key == "physical id":
+            physical_id = value
+        elif key == "core id":
+            core_id = value
+        elif not line.strip() and core_id:
+            cores.add((physical_id, core_id))
+            physical_id = core_id = ""
+    return model or "unknown CPU", len(cores) or logical, logical
+
+
+def parse_meminfo(text: str) -> int:
+    """MemTotal from /proc/meminfo, in bytes."""
+    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def parse_nvidia_smi(text: str) -> tuple[GpuInfo, ...]:
+    """``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits`` (MiB)."""
+    gpus = []
+    for line in text.splitlines():
+        name, sep, mib = line.rpartition(",")
+        if sep and mib.strip().isdigit():
+            gpus.append(GpuInfo(name.strip(), int(mib.strip()) * 1024**2))
+    return tuple(gpus)
+
+
+def machine_from_raw(raw: RawMachine) -> MachineInfo:
+    """Parse the raw outputs of one machine."""
+    gpus = parse_nvidia_smi(raw.nvidia_smi)
+    if raw.system == "Darwin":
+        values = parse_sysctl(raw.sysctl)
+        levels = int(values.get("hw.nperflevels", "1") or 1)
+        perf = values.get("hw.perflevel0.physicalcpu")
+        eff = values.get("hw.perflevel1.physicalcpu")
+        return MachineInfo(
+            system=raw.system,
+            arch=raw.arch,
+            cpu=values.get("machdep.cpu.brand_string", "unknown Mac"),
+            memory_bytes=int(values.get("hw.memsize", "0") or 0),
+            physical_cores=int(values.get("hw.physicalcpu", "0") or 0),
+            performance_cores=int(perf) if perf and levels > 1 else None,
+            efficiency_cores=int(eff) if eff and levels > 1 else None,
+            gpus=gpus,
+        )
+    model, physical, _ = parse_cpuinfo(raw.cpuinfo)
+    return MachineInfo(
+        system=raw.system,
+        arch=raw.arch,
+        cpu=model,
+        memory_bytes=parse_meminfo(raw.meminfo),
+        physical_cores=physical,
+        gpus=gpus,
+    )
+
+
+def _run(command: list[str]) -> str:
+    """stdout of a command, or "" when it is missing, fails to start or hangs."""
+    if not shutil.which(command[0]):
+        return ""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def read_raw_machine() -> RawMachine:
+    """Collect this machine's raw outputs (no sudo, no torch)."""
+    system, arch = platform.system(), platform.machine()
+    nvidia = ""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") != "":
+        nvidia = _run(["nvidia-smi", *NVIDIA_SMI_QUERY])
+    if system == "Darwin":
+        return RawMachine(system, arch, sysctl=_run(["sysctl", *SYSCTL_KEYS]), nvidia_smi=nvidia)
+    return RawMachine(
+        system,
+        arch,
+        cpuinfo=_read("/proc/cpuinfo"),
+        meminfo=_read("/proc/meminfo"),
+        nvidia_smi=nvidia,
+    )
+
+
+def detect_machine() -> MachineInfo:
+    """This machine's facts; falls back to psutil where /proc is missing (BSDs, containers)."""
+    machine = machine_from_raw(read_raw_machine())
+    if machine.memory_bytes and machine.physical_cores:
+        return machine
+    import psutil
+
+    return MachineInfo(
+        system=machine.system,
+        arch=machine.arch,
+        cpu=machine.cpu,
+        memory_bytes=machine.memory_bytes or psutil.virtual_memory().total,
+        physical_cores=machine.physical_cores or psutil.cpu_count(logical=False) or 1,
+        performance_cores=machine.performance_cores,
+        efficiency_cores=machine.efficiency_cores,
+        gpus=machine.gpus,
+    )

@@ -1,0 +1,84 @@
+"""Hardware profiles as data: where they live, how one is read without Hydra, what they may ask for.
+
+The launcher reads a profile before Hydra composes (to print what ``hardware=auto`` chose), and
+``laptrain doctor`` reads one without a training config, so this module loads ``conf/hardware/*.yaml``
+itself, following their ``defaults`` within the group. It must not import torch (FACTS.md §2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
+PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
+
+
+class ProfileError(ValueError):
+    """A profile asks for something this device cannot do; the message names the option to change."""
+
+
+def conf_dir() -> Path:
+    """The repository's ``conf/`` folder (an editable install keeps src/ beside it)."""
+    return Path(__file__).resolve().parents[3] / "conf"
+
+
+def profile_names(root: Path | None = None) -> list[str]:
+    """Every profile in ``conf/hardware`` (``auto`` included)."""
+    return sorted(p.stem for p in ((root or conf_dir()) / "hardware").glob("*.yaml"))
+
+
+def load_profile(name: str, root: Path | None = None) -> dict[str, Any]:
+    """A profile as a plain dict, with the group-relative ``defaults`` it names merged in first."""
+    from omegaconf import OmegaConf
+
+    path = (root or conf_dir()) / "hardware" / f"{name}.yaml"
+    if not path.is_file():
+        choices = ", ".join(profile_names(root))
+        raise ProfileError(f"no hardware profile {name!r}: use hardware=<one of {choices}>")
+    node = OmegaConf.load(path)
+    defaults = list(node.pop("defaults", []) or [])
+    merged = OmegaConf.create({})
+    for entry in defaults or ["_self_"]:
+        part = node if entry == "_self_" else OmegaConf.create(load_profile(str(entry), root))
+        merged = OmegaConf.merge(merged, part)
+    if "_self_" not in defaults:
+        merged = OmegaConf.merge(merged, node)
+    return OmegaConf.to_container(merged, resolve=False)  # type: ignore[return-value]
+
+
+def normalize_precision(precision: object) -> str:
+    """Lightning's spelling of a precision flag ("16" -> "16-mixed"); refuses unknown ones."""
+    text = PRECISION_ALIASES.get(str(precision), str(precision))
+    if text not in PRECISIONS:
+        raise ProfileError(
+            f"unknown precision {precision!r}: set hardware.precision to one of {', '.join(PRECISIONS)}"
+        )
+    return text
+
+
+def validate_precision(precision: object, kind: str, bf16_supported: bool) -> str:
+    """Refuse a precision the device cannot run, before Lightning fails deep in setup (FACTS.md §4).
+
+    - ``16-mixed`` only on CUDA: on CPU Lightning silently rewrites it to bf16-mixed, and on MPS
+      laptrain keeps fp16 autocast out until its speed and fused-optimizer fix are verified (FACTS.md §3).
+    - ``64-true`` never on MPS (no float64 there).
+    - bf16 precisions only where the device has bf16.
+    """
+    text = normalize_precision(precision)
+    if text == "16-mixed" and kind != "cuda":
+        better = "bf16-mixed" if bf16_supported else "32-true"
+        raise ProfileError(
+            f"hardware.precision=16-mixed needs a CUDA GPU, this run is on {kind}: "
+            f"set hardware.precision={better}"
+        )
+    if text == "64-true" and kind == "mps":
+        raise ProfileError(
+            "hardware.precision=64-true cannot run on MPS (no float64): set hardware.precision=32-true"
+        )
+    if text.startswith("bf16") and not bf16_supported:
+        raise ProfileError(
+            f"hardware.precision={text} needs bfloat16, which this {kind} device lacks: "
+            "set hardware.precision=32-true (or 16-mixed on CUDA)"
+        )
+    return text

@@ -1,0 +1,92 @@
+from pathlib import Path
+
+import pytest
+
+from laptrain.hardware.detect import (
+    RawMachine,
+    machine_from_raw,
+    parse_cpuinfo,
+    parse_meminfo,
+    parse_nvidia_smi,
+    parse_sysctl,
+)
+
+RECORDINGS = Path(__file__).parent / "recordings"
+GB = 1024**3
+
+
+def recorded(name: str):
+    return machine_from_raw(RawMachine.from_dir(RECORDINGS / name))
+
+
+@pytest.mark.parametrize(
+    ("name", "cpu", "memory_gb", "cores", "apple_chip"),
+    [
+        ("m1_mini", "Apple M1", 16, "4P+4E cores", (1, "base")),
+        ("m2_air", "Apple M2", 16, "4P+4E cores", (2, "base")),
+        ("m3_pro", "Apple M3 Pro", 18, "5P+6E cores", (3, "pro")),
+        ("m4", "Apple M4", 16, "4P+6E cores", (4, "base")),
+        ("m5_max", "Apple M5 Max", 64, "6P+12E cores", (5, "max")),
+        ("intel_macbook", "Intel(R) Core(TM) i7-9750H CPU @ 2.60GHz", 16, "6 cores", None),
+        ("linux_box", "AMD Ryzen 7 5800X 8-Core Processor", 31, "8 cores", None),
+        ("cuda_host", "AMD Ryzen 9 7950X 16-Core Processor", 62, "16 cores", None),
+    ],
+)
+def test_recordings_parse_to_the_machine_they_describe(name, cpu, memory_gb, cores, apple_chip):
+    machine = recorded(name)
+    assert machine.cpu == cpu
+    assert machine.memory_gb == memory_gb
+    assert machine.cores_text() == cores
+    assert machine.apple_chip == apple_chip
+
+
+def test_every_recording_says_where_it_came_from():
+    folders = [p for p in RECORDINGS.iterdir() if p.is_dir()]
+    assert len(folders) >= 8
+    for folder in folders:
+        assert len((folder / "SOURCE.md").read_text().split()) > 10, folder.name
+
+
+def test_cuda_host_lists_its_gpu_with_memory():
+    (gpu,) = recorded("cuda_host").gpus
+    assert gpu.name == "NVIDIA GeForce RTX 4090"
+    assert gpu.memory_bytes == 24564 * 1024**2
+
+
+def test_sysctl_ignores_unknown_oid_errors_and_keeps_values_with_colons():
+    text = "machdep.cpu.brand_string: Apple M2\nsysctl: unknown oid 'hw.perflevel0.physicalcpu'\n"
+    assert parse_sysctl(text) == {"machdep.cpu.brand_string": "Apple M2"}
+
+
+def test_intel_mac_has_no_core_split_even_if_one_level_is_reported():
+    raw = RawMachine(
+        "Darwin",
+        "x86_64",
+        sysctl="machdep.cpu.brand_string: Intel i5\nhw.memsize: 8589934592\nhw.physicalcpu: 4\n"
+        "hw.nperflevels: 1\nhw.perflevel0.physicalcpu: 4\n",
+    )
+    machine = machine_from_raw(raw)
+    assert machine.performance_cores is None
+    assert machine.summary() == "Intel i5, 8 GB, 4 cores"
+
+
+def test_cpuinfo_without_core_ids_counts_logical_cpus():
+    text = "processor : 0\nmodel name : ARM board\n\nprocessor : 1\nmodel name : ARM board\n"
+    assert parse_cpuinfo(text) == ("ARM board", 2, 2)
+
+
+def test_hyperthreads_are_not_counted_as_cores():
+    _, physical, logical = parse_cpuinfo((RECORDINGS / "linux_box" / "cpuinfo.txt").read_text())
+    assert (physical, logical) == (8, 16)
+
+
+def test_meminfo_and_nvidia_smi_tolerate_missing_output():
+    assert parse_meminfo("") == 0
+    assert parse_nvidia_smi("") == ()
+    assert parse_nvidia_smi("NVIDIA A100-SXM4-80GB, 81920\n")[0].memory_bytes == 80 * GB
+
+
+def test_recording_round_trips_through_a_folder(tmp_path):
+    raw = RawMachine.from_dir(RECORDINGS / "cuda_host")
+    raw.write_dir(tmp_path / "copy")
+    assert RawMachine.from_dir(tmp_path / "copy") == raw
