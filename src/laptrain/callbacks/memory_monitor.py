@@ -1,0 +1,217 @@
+"""Device and host memory over a run, with cleanups, a swap alarm and a leak warning."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
+from laptrain.hardware.probe import DeviceProbe, MemoryReading, probe_for
+
+SWAP_HINT = (
+    "lower hardware.batch_size or the sequence length (data.max_length), or cap MPS memory with "
+    "PYTORCH_MPS_HIGH_WATERMARK_RATIO in the profile's env"
+)
+
+
+class MemoryMonitor(Callback):
+    """Log MPS/CUDA allocator figures, RSS, system memory and swap under ``memory/``.
+
+    Lightning's ``DeviceStatsMonitor`` on MPS reports only psutil percentages; this reads the MPS
+    allocator (``current_allocated_memory``, ``driver_allocated_memory``, share of
+    ``recommended_max_memory``) and CUDA's allocated/reserved/peak through the device probe. It
+    empties the allocator cache at epoch end and under memory pressure only: doing it on every log
+    throws the cache away and slows the next steps (FACTS.md §7). On unified memory a job that does
+    not fit swaps instead of failing (FACTS.md §1), so swap growth gets one warning, or with
+    ``on_swap="stop"`` a clean stop (``stop_reason = "swap"``; run.py saves the checkpoint).
+
+    Args:
+        enabled: False makes every hook a no-op.
+        every_n_steps: read and log every N optimizer steps; None = ``trainer.log_every_n_steps``.
+        cleanup_on_epoch_end: gc + empty_cache after each training epoch.
+        cleanup_above_percent: also clean when system memory passes this percent (None = never).
+        cleanup_cooldown_steps: at least this many steps between two pressure cleanups.
+        on_swap: ``"warn"`` or ``"stop"`` when swap grows by ``swap_growth_mb`` during training.
+        leak_window_steps, leak_mb_per_100_steps: see ``GrowthTrend``.
+        probe: device probe; None = the real one for ``trainer.strategy.root_device``.
+
+    Raises:
+        ValueError: on out-of-range values, naming the config key.
+    """
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        every_n_steps: int | None = None,
+        cleanup_on_epoch_end: bool = True,
+        cleanup_above_percent: float | None = 85.0,
+        cleanup_cooldown_steps: int = 100,
+        on_swap: str = "warn",
+        swap_growth_mb: float = 256.0,
+        leak_window_steps: int = 200,
+        leak_mb_per_100_steps: float = 50.0,
+        probe: DeviceProbe | None = None,
+    ) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(
+                "memory_monitor.every_n_steps must be >= 1 (or null for log_every_n_steps)"
+            )
+        if cleanup_above_percent is not None and not 0 < cleanup_above_percent <= 100:
+            raise ValueError("memory_monitor.cleanup_above_percent must be in (0, 100], or null")
+        if on_swap not in ("warn", "stop"):
+            raise ValueError(f"memory_monitor.on_swap must be 'warn' or 'stop', got {on_swap!r}")
+        self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
+        self.cleanup_on_epoch_end, self.cleanup_above = cleanup_on_epoch_end, cleanup_above_percent
+        self.cooldown, self.on_swap = cleanup_cooldown_steps, on_swap
+        self.swap = SwapWatch(swap_growth_mb)
+        self.trend = GrowthTrend(leak_window_steps, leak_mb_per_100_steps)
+        self.stop_reason: str | None = None
+        self.last: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
+        self.cleanups, self.freed_mb = 0, 0.0
+        self.leak_mb_per_100_steps: float | None = None
+        self._last_step, self._last_cleanup_step = -1, -(10**9)
+        self._warned_swap = False
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.probe is None:
+            self.probe = probe_for(trainer.strategy.root_device)
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        step = trainer.global_step
+        every_n = self.every_n or trainer.log_every_n_steps
+        if not self.enabled or step == self._last_step or step % every_n:
+            return
+        self._last_step = step
+        reading = self.probe.memory()
+        metrics = self.metrics(reading)
+        self._track(reading)
+        pressure = self.cleanup_above is not None and reading.system_percent >= self.cleanup_above
+        if pressure and step - self._last_cleanup_step >= self.cooldown:
+            self._last_cleanup_step = step
+            metrics["memory/cleanup_freed_mb"] = self.cleanup(
+                f"system memory at {reading.system_percent:.0f}%"
+            )
+        self._check_swap(trainer, reading)
+        rate = self.trend.update(step, reading.device_allocated or reading.rss)
+        if rate is not None and self.leak_mb_per_100_steps is None:
+            self.leak_mb_per_100_steps = rate
+            rank_zero_warn(
+                f"memory: grew steadily by {rate:.0f} MB per 100 steps over the last "
+                f"{self.trend.window_steps} steps; look for tensors kept across steps "
+                "(a loss stored without .item() or .detach(), a growing cache in the model)"
+            )
+        self.last = metrics
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.enabled and self.cleanup_on_epoch_end:
+            freed = self.cleanup("epoch end", announce=False)
+            for logger in trainer.loggers:
+                logger.log_metrics({"memory/cleanup_freed_mb": freed}, step=trainer.global_step)
+
+    def metrics(self, r: MemoryReading) -> dict[str, float]:
+        """The scalars of one reading, named by device kind."""
+        out = {
+            "memory/rss_mb": r.rss / MB,
+            "memory/system_percent": float(r.system_percent),
+            "memory/swap_used_mb": r.swap_used / MB,
+        }
+        kind = self.probe.kind
+        if kind == "mps" and r.device_allocated is not None:
+            out["memory/mps_allocated_mb"] = r.device_allocated / MB
+            out["memory/mps_driver_mb"] = (r.device_reserved or 0) / MB
+            if r.device_limit:
+                out["memory/mps_recommended_pct"] = (
+                    100.0 * (r.device_reserved or 0) / r.device_limit
+                )
+        elif kind == "cuda" and r.device_allocated is not None:
+            out["memory/cuda_allocated_mb"] = r.device_allocated / MB
+            out["memory/cuda_reserved_mb"] = (r.device_reserved or 0) / MB
+            out["memory/cuda_peak_mb"] = (r.device_peak or 0) / MB
+        return out
+
+    def cleanup(self, reason: str, announce: bool = True) -> float:
+        """gc + empty_cache; return the MB freed (device cache when there is one, else RSS)."""
+        before = self.probe.memory()
+        gc.collect()
+        self.probe.empty_cache()
+        after = self.probe.memory()
+        if before.device_reserved is not None and after.device_reserved is not None:
+            freed = (before.device_reserved - after.device_reserved) / MB
+        else:
+            freed = (before.rss - after.rss) / MB
+        self.cleanups += 1
+        self.freed_mb += max(freed, 0.0)
+        if announce:
+            rank_zero_info(f"memory: cleanup ({reason}) freed {freed:.0f} MB")
+        return freed
+
+    def _track(self, r: MemoryReading) -> None:
+        for key, value in (
+            ("rss_mb", r.rss / MB),
+            ("system_percent", r.system_percent),
+            (
+                "device_allocated_mb",
+                None if r.device_allocated is None else r.device_allocated / MB,
+            ),
+            ("device_reserved_mb", None if r.device_reserved is None else r.device_reserved / MB),
+            ("device_peak_mb", None if r.device_peak is None else r.device_peak / MB),
+            ("swap_used_mb", r.swap_used / MB),
+        ):
+            if value is not None:
+                self.peaks[key] = max(self.peaks.get(key, value), value)
+
+    def _check_swap(self, trainer: pl.Trainer, r: MemoryReading) -> None:
+        grown = self.swap.update(r.swap_used)
+        session_growth = (r.swap_used - (self.swap.start or 0)) / MB
+        self.peaks["swap_grew_mb"] = max(self.peaks.get("swap_grew_mb", 0.0), session_growth)
+        if grown is None or self._warned_swap:
+            return
+        self._warned_swap = True
+        stop = trainer.strategy.broadcast(self.on_swap == "stop")
+        action = (
+            "stopping with a checkpoint (memory_monitor.on_swap=stop)" if stop else "continuing"
+        )
+        rank_zero_warn(
+            f"memory: swap grew by {grown:.0f} MB during training, {action}; {SWAP_HINT}"
+        )
+        if stop:
+            self.stop_reason = "swap"
+            trainer.should_stop = True
+
+    def summary(self) -> dict[str, Any]:
+        """What the run report shows."""
+        peaks = {k: v for k, v in self.peaks.items() if k != "swap_grew_mb"}
+        return {
+            "kind": getattr(self.probe, "kind", None),
+            **{f"peak_{k}": v for k, v in peaks.items()},
+            "swap_grew_mb": self.peaks.get("swap_grew_mb", 0.0),
+            "swap_warning": self._warned_swap,
+            "cleanups": self.cleanups,
+            "cleanup_freed_mb": self.freed_mb,
+            "leak_mb_per_100_steps": self.leak_mb_per_100_steps,
+        }
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "peaks": dict(self.peaks),
+            "cleanups": self.cleanups,
+            "freed_mb": self.freed_mb,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.peaks = dict(state_dict["peaks"])
+        self.cleanups, self.freed_mb = state_dict["cleanups"], state_dict["freed_mb"]

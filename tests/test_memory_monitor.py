@@ -1,0 +1,229 @@
+"""MemoryMonitor: MPS/CUDA/CPU scalars, cleanup policy, swap alarm and stop, leak warning."""
+
+from __future__ import annotations
+
+from unittest.mock import Mock
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from laptrain.callbacks.memory_monitor import MemoryMonitor
+from laptrain.callbacks.memory_trend import GrowthTrend, SwapWatch
+from laptrain.hardware.probe import FakeProbe, MemoryReading
+
+MB = 1024 * 1024
+
+
+def reading(rss=100, percent=50.0, swap=0, alloc=None, reserved=None, peak=None, limit=None):
+    return MemoryReading(
+        rss=rss * MB,
+        system_total=16 * 1024 * MB,
+        system_available=8 * 1024 * MB,
+        system_percent=percent,
+        swap_used=swap * MB,
+        device_allocated=None if alloc is None else alloc * MB,
+        device_reserved=None if reserved is None else reserved * MB,
+        device_peak=None if peak is None else peak * MB,
+        device_limit=None if limit is None else limit * MB,
+    )
+
+
+def fit(
+    monitor: MemoryMonitor, steps: int, tmp_path, epochs: int = 1000, batches: int | None = None
+):
+    logger = Mock()
+    logger.save_dir = str(tmp_path)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        max_epochs=epochs,
+        limit_train_batches=batches,
+        limit_val_batches=0,
+        logger=logger,
+        callbacks=[monitor],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(BoringModel())
+    return trainer, logger
+
+
+def memory_calls(logger: Mock) -> list[tuple[int, dict]]:
+    calls = [
+        (c.kwargs.get("step"), c.args[0] if c.args else c.kwargs["metrics"])
+        for c in logger.log_metrics.call_args_list
+    ]
+    return [(s, m) for s, m in calls if any(k.startswith("memory/") for k in m)]
+
+
+def test_mps_branch_logs_allocator_figures_and_share_of_recommended(tmp_path):
+    probe = FakeProbe(kind="mps", readings=[reading(alloc=300, reserved=512, limit=1024)])
+    monitor = MemoryMonitor(every_n_steps=2, cleanup_on_epoch_end=False, probe=probe)
+    _, logger = fit(monitor, 4, tmp_path)
+    expected = {
+        "memory/rss_mb": 100.0,
+        "memory/system_percent": 50.0,
+        "memory/swap_used_mb": 0.0,
+        "memory/mps_allocated_mb": 300.0,
+        "memory/mps_driver_mb": 512.0,
+        "memory/mps_recommended_pct": 50.0,
+    }
+    assert memory_calls(logger) == [(2, expected), (4, expected)]
+    assert "empty_cache" not in probe.calls  # logging never throws the allocator cache away
+
+
+def test_cuda_branch_logs_allocated_reserved_and_peak(tmp_path):
+    probe = FakeProbe(
+        kind="cuda", readings=[reading(alloc=200, reserved=256, peak=250, limit=8192)]
+    )
+    monitor = MemoryMonitor(every_n_steps=3, cleanup_on_epoch_end=False, probe=probe)
+    _, logger = fit(monitor, 3, tmp_path)
+    assert memory_calls(logger) == [
+        (
+            3,
+            {
+                "memory/rss_mb": 100.0,
+                "memory/system_percent": 50.0,
+                "memory/swap_used_mb": 0.0,
+                "memory/cuda_allocated_mb": 200.0,
+                "memory/cuda_reserved_mb": 256.0,
+                "memory/cuda_peak_mb": 250.0,
+            },
+        )
+    ]
+    assert monitor.summary()["peak_device_peak_mb"] == 250.0
+
+
+def test_cpu_branch_logs_host_figures_only(tmp_path):
+    probe = FakeProbe(kind="cpu", readings=[reading(rss=64, percent=40.0, swap=8)])
+    monitor = MemoryMonitor(every_n_steps=1, cleanup_on_epoch_end=False, probe=probe)
+    _, logger = fit(monitor, 1, tmp_path)
+    assert memory_calls(logger) == [
+        (1, {"memory/rss_mb": 64.0, "memory/system_percent": 40.0, "memory/swap_used_mb": 8.0})
+    ]
+
+
+def test_cleanup_at_epoch_end_logs_what_it_freed(tmp_path):
+    before, after = reading(alloc=300, reserved=900), reading(alloc=300, reserved=400)
+    probe = FakeProbe(kind="mps", readings=[before, after])
+    monitor = MemoryMonitor(every_n_steps=100, probe=probe)
+    _, logger = fit(monitor, -1, tmp_path, epochs=1, batches=4)
+    assert memory_calls(logger) == [(4, {"memory/cleanup_freed_mb": 500.0})]
+    assert probe.calls == ["memory", "empty_cache", "memory"]
+    assert monitor.cleanups == 1 and monitor.freed_mb == 500.0
+
+
+def test_pressure_cleanup_respects_threshold_and_cooldown(tmp_path, caplog):
+    high = reading(percent=91.0, alloc=10, reserved=600)
+    probe = FakeProbe(kind="mps", readings=[high])
+    monitor = MemoryMonitor(
+        every_n_steps=1,
+        cleanup_on_epoch_end=False,
+        cleanup_above_percent=90.0,
+        cleanup_cooldown_steps=3,
+        probe=probe,
+    )
+    _, logger = fit(monitor, 7, tmp_path)
+    cleaned_at = [s for s, m in memory_calls(logger) if "memory/cleanup_freed_mb" in m]
+    assert cleaned_at == [1, 4, 7]
+    assert probe.calls.count("empty_cache") == 3
+
+
+def test_swap_growth_warns_once_naming_the_knobs(tmp_path):
+    probe = FakeProbe(
+        readings=[reading(swap=100), reading(swap=200), reading(swap=400), reading(swap=900)]
+    )
+    monitor = MemoryMonitor(
+        every_n_steps=1, cleanup_on_epoch_end=False, swap_growth_mb=256, probe=probe
+    )
+    with pytest.warns(UserWarning, match="swap grew by 300 MB") as record:
+        trainer, _ = fit(monitor, 4, tmp_path)
+    swap_warnings = [w for w in record if "swap" in str(w.message)]
+    assert len(swap_warnings) == 1
+    assert "hardware.batch_size" in str(swap_warnings[0].message)
+    assert "PYTORCH_MPS_HIGH_WATERMARK_RATIO" in str(swap_warnings[0].message)
+    assert trainer.global_step == 4 and monitor.stop_reason is None
+    assert monitor.summary()["swap_grew_mb"] == 800.0
+
+
+def test_swap_stop_ends_the_run_at_that_step(tmp_path):
+    probe = FakeProbe(readings=[reading(swap=0), reading(swap=0), reading(swap=512)])
+    monitor = MemoryMonitor(
+        every_n_steps=1, cleanup_on_epoch_end=False, on_swap="stop", swap_growth_mb=256, probe=probe
+    )
+    with pytest.warns(UserWarning, match="stopping with a checkpoint"):
+        trainer, _ = fit(monitor, 20, tmp_path)
+    assert trainer.global_step == 3 and monitor.stop_reason == "swap"
+
+
+def test_growth_trend_reports_steady_growth_only():
+    steady = GrowthTrend(window_steps=10, min_mb_per_100_steps=50)
+    rates = [steady.update(step, (1000 + 2 * step) * MB) for step in range(0, 11)]
+    assert rates[:-1] == [None] * 10 and rates[-1] == pytest.approx(200.0)
+
+    jump = GrowthTrend(window_steps=10, min_mb_per_100_steps=50)
+    rates = [jump.update(step, (1000 + (500 if step > 5 else 0)) * MB) for step in range(0, 11)]
+    assert rates == [None] * 11  # one jump is the cache growing, not a leak
+
+
+def test_leak_warning_in_a_run(tmp_path):
+    readings = [reading(rss=100 + 10 * i) for i in range(12)]
+    probe = FakeProbe(readings=readings)
+    monitor = MemoryMonitor(
+        every_n_steps=1,
+        cleanup_on_epoch_end=False,
+        leak_window_steps=5,
+        leak_mb_per_100_steps=100,
+        probe=probe,
+    )
+    with pytest.warns(UserWarning, match="grew steadily by 1000 MB per 100 steps"):
+        fit(monitor, 8, tmp_path)
+    assert monitor.leak_mb_per_100_steps == pytest.approx(1000.0)
+
+
+def test_swap_watch_threshold():
+    watch = SwapWatch(threshold_mb=100)
+    assert watch.update(50 * MB) is None and watch.update(149 * MB) is None
+    assert watch.update(150 * MB) == 100.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"every_n_steps": 0}, "memory_monitor.every_n_steps"),
+        ({"cleanup_above_percent": 120.0}, "memory_monitor.cleanup_above_percent"),
+        ({"on_swap": "panic"}, "memory_monitor.on_swap"),
+        ({"swap_growth_mb": 0}, "memory_monitor.swap_growth_mb"),
+        ({"leak_window_steps": 1}, "memory_monitor.leak_window_steps"),
+    ],
+)
+def test_bad_values_name_their_config_key(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MemoryMonitor(**kwargs)
+
+
+def test_peaks_and_cleanups_survive_a_checkpoint(tmp_path):
+    probe = FakeProbe(
+        kind="mps",
+        readings=[reading(rss=100, alloc=10, reserved=20), reading(rss=300, alloc=30, reserved=40)],
+    )
+    monitor = MemoryMonitor(every_n_steps=1, cleanup_on_epoch_end=False, probe=probe)
+    fit(monitor, 2, tmp_path)
+    restored = MemoryMonitor()
+    restored.load_state_dict(monitor.state_dict())
+    assert (
+        restored.peaks
+        == monitor.peaks
+        == {
+            "rss_mb": 300.0,
+            "system_percent": 50.0,
+            "device_allocated_mb": 30.0,
+            "device_reserved_mb": 40.0,
+            "swap_used_mb": 0.0,
+            "swap_grew_mb": 0.0,
+        }
+    )
+    assert monitor.state_dict()["version"] == 1
