@@ -10,13 +10,13 @@ import os
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import apply_env
-from laptrain.run_dir import choose_run_dir
+from laptrain.run_dir import register_resolvers
 
-OmegaConf.register_new_resolver("laptrain_run_dir", choose_run_dir, use_cache=True, replace=True)
+register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -26,11 +26,21 @@ def main(cfg: DictConfig) -> float | None:
         from laptrain.run import train  # imports torch: after the env is set
 
         return train(cfg, env)
-    except (ValueError, OSError, ConnectionError) as err:
-        if os.environ.get("LAPTRAIN_TRACEBACK"):
+    except Exception as err:
+        cause = user_error(err)
+        if cause is None or os.environ.get("LAPTRAIN_TRACEBACK"):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {cause}", file=sys.stderr)
         sys.exit(2)
+
+
+def user_error(err: BaseException) -> BaseException | None:
+    """The bad-input error behind ``err`` (Hydra wraps errors raised while instantiating), if any."""
+    while err is not None:
+        if isinstance(err, ValueError | OSError | ConnectionError):
+            return err
+        err = err.__cause__
+    return None
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 _chosen: dict[str, str] = {}
 
 
@@ -34,3 +36,17 @@ def choose_run_dir(base: str, resume: object) -> str:
             candidate = f"{base}-{n}"
         _chosen[base] = candidate
     return _chosen[base]
+
+
+def job_dir(override_dirname: str) -> str:
+    """A sweep job's folder name from its overrides: one level, no path separators, never empty."""
+    name = override_dirname.replace("/", "_").replace("\\", "_")
+    return name or "default"
+
+
+def register_resolvers() -> None:
+    """Make ``${laptrain_run_dir:base,resume}`` and ``${laptrain_job_dir:...}`` usable in configs."""
+    OmegaConf.register_new_resolver(
+        "laptrain_run_dir", choose_run_dir, use_cache=True, replace=True
+    )
+    OmegaConf.register_new_resolver("laptrain_job_dir", job_dir, replace=True)

@@ -1,0 +1,104 @@
+"""Shared fixtures: Hydra composition of conf/train.yaml, a small CSV data set, subprocess runs."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from laptrain.run_dir import register_resolvers
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+TRAIN = ROOT / "train.py"
+register_resolvers()
+
+# A tiny backbone so end-to-end runs take seconds.
+TINY = [
+    "model.backbone.hidden_size=32",
+    "model.backbone.intermediate_size=64",
+    "model.backbone.num_hidden_layers=1",
+    "data.vocab_size=300",
+]
+
+
+def compose_train(overrides: list[str], tmp_path: Path | None = None) -> DictConfig:
+    """Compose conf/train.yaml like `python train.py <overrides>` would, without running it."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    HydraConfig().set_config(cfg)
+    if tmp_path is not None:
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path / "run")
+            cfg.paths.cache_dir = str(tmp_path / "cache")
+    return cfg
+
+
+@pytest.fixture(autouse=True)
+def _clear_hydra():
+    yield
+    GlobalHydra.instance().clear()
+
+
+WORDS = {
+    "sports": "match goal team score player coach league season win ball",
+    "cooking": "oven recipe salt butter flour bake simmer garlic pan dough",
+    "weather": "rain cloud storm wind forecast sunny snow cold humid front",
+}
+
+
+def write_texts(path: Path, rows: int = 240, seed: int = 0, fmt: str = "csv") -> Path:
+    """Labelled texts of varying length (3-40 words) whose words give the label away."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(rows):
+        label = list(WORDS)[i % len(WORDS)]
+        words = WORDS[label].split() + ["the", "a", "of", "and", "to", "in", "is", "it"]
+        records.append(
+            {"text": " ".join(rng.choice(words) for _ in range(rng.randint(3, 40))), "label": label}
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "csv":
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["text", "label"])
+            writer.writeheader()
+            writer.writerows(records)
+    elif fmt == "jsonl":
+        import json
+
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif fmt == "parquet":
+        import pandas as pd
+
+        pd.DataFrame(records).to_parquet(path)
+    return path
+
+
+@pytest.fixture
+def texts_csv(tmp_path: Path) -> Path:
+    return write_texts(tmp_path / "texts.csv")
+
+
+def run_train(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 240
+) -> subprocess.CompletedProcess:
+    """`python train.py <args>` in a fresh process (env-before-import and signals only show there)."""
+    full_env = {**os.environ, "LAPTRAIN_CACHE": str(cwd / "cache"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(TRAIN), *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

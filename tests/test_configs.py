@@ -1,0 +1,94 @@
+"""Every option of every group composes and resolves; a new YAML is tested without editing this file."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import CONF, compose_train
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("hardware", options("hardware"))
+def test_every_hardware_profile_composes_with_every_model_and_data(hardware, tmp_path):
+    for model, data in itertools.product(options("model"), options("data")):
+        cfg = compose_train([f"hardware={hardware}", f"model={model}", f"data={data}"], tmp_path)
+        container = OmegaConf.to_container(cfg.hardware, resolve=True)
+        assert (
+            container["batch_size"] is None
+            or container["batch_size"] == "auto"
+            or container["batch_size"] >= 1
+        )
+        for key in ("trainer", "data", "model", "callbacks", "logger", "paths"):
+            OmegaConf.to_container(cfg[key], resolve=True)
+
+
+@pytest.mark.parametrize("hardware", options("hardware"))
+def test_profiles_are_data_with_the_keys_other_groups_read(hardware, tmp_path):
+    hw = compose_train([f"hardware={hardware}"], tmp_path).hardware
+    for key in (
+        "name",
+        "accelerator",
+        "devices",
+        "precision",
+        "batch_size",
+        "num_workers",
+        "pin_memory",
+        "persistent_workers",
+        "prefetch_factor",
+        "torch_threads",
+        "env",
+    ):
+        assert key in hw, f"conf/hardware/{hardware}.yaml lacks {key}"
+    assert "_target_" not in hw
+    # FACTS.md §5: these two are errors with workers == 0, and pinning only helps CUDA.
+    if hw.num_workers == 0:
+        assert not hw.persistent_workers and hw.prefetch_factor is None
+    if hw.accelerator != "cuda":
+        assert not hw.pin_memory
+    # FACTS.md §1: never the seed's 0.0, and LOW <= HIGH or the first MPS allocation fails.
+    env = hw.env or {}
+    if "PYTORCH_MPS_HIGH_WATERMARK_RATIO" in env:
+        high = float(env["PYTORCH_MPS_HIGH_WATERMARK_RATIO"])
+        assert high > 0.0
+        assert float(env.get("PYTORCH_MPS_LOW_WATERMARK_RATIO", 0)) <= high
+
+
+def test_m2_air_profile_carries_seed_000_settings(tmp_path):
+    cfg = compose_train(["hardware=m2_air"], tmp_path)
+    hw = cfg.hardware
+    # seed 000's batch 12 was SciBERT at 256 tokens on 16 GB; the preflight does that sum per job.
+    assert (hw.batch_size, hw.num_workers, hw.pin_memory, hw.accelerator) == (
+        "auto",
+        0,
+        False,
+        "mps",
+    )
+    assert hw.env.PYTORCH_ENABLE_MPS_FALLBACK == "1"
+    assert hw.env.OMP_NUM_THREADS == "4"
+    # the data and trainer groups follow the profile
+    assert hw.torch_threads == 4 and "PYTORCH_MPS_HIGH_WATERMARK_RATIO" in hw.env
+    assert cfg.data.num_workers == 0 and cfg.trainer.accelerator == "mps"
+    assert cfg.trainer.precision == hw.precision
+
+
+def test_seed_001_numbers_per_device(tmp_path):
+    want = {"m5": ("auto", 4), "cuda": (32, 2), "cpu": (16, 0)}
+    for name, (batch, workers) in want.items():
+        hw = compose_train([f"hardware={name}"], tmp_path).hardware
+        assert (hw.batch_size, hw.num_workers) == (batch, workers), name
+    assert compose_train(["hardware=cuda"], tmp_path).hardware.precision == "16-mixed"
+
+
+def test_run_folder_is_named_by_the_run_not_the_clock(tmp_path):
+    cfg = compose_train(["model=tiny_classifier", "data=stdlib_docstrings"], tmp_path)
+    assert cfg.run_name == "tiny_classifier-stdlib_docstrings"
+    assert (
+        OmegaConf.to_container(cfg.hydra.run, resolve=True)["dir"]
+        == "outputs/tiny_classifier-stdlib_docstrings"
+    )

@@ -1,0 +1,166 @@
+"""`python train.py` end to end in a subprocess: artifacts, resume, signals, env, sweeps, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tests.conftest import TINY, TRAIN, run_train, write_texts
+
+BASE = ["hardware=cpu", "model=tiny_classifier", "data=text_csv", "run_name=t", *TINY]
+
+
+def data_args(tmp_path: Path) -> list[str]:
+    return [f"data.files.train={write_texts(tmp_path / 'texts.csv')}"]
+
+
+def ckpt_step(path: Path) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+
+
+def test_run_writes_checkpoint_events_and_finite_metrics_then_resumes(tmp_path):
+    args = [*BASE, *data_args(tmp_path), "trainer.max_steps=4", "trainer.val_check_interval=2"]
+    first = run_train(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "outputs" / "t"
+    assert ckpt_step(run / "checkpoints" / "last.ckpt") == 4
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["val/acc"] >= 0 and all(math.isfinite(v) for v in metrics.values())
+    assert json.loads((run / "labels.json").read_text()) == ["cooking", "sports", "weather"]
+    assert (run / "model" / "config.json").is_file() and (
+        run / "tokenizer" / "tokenizer.json"
+    ).is_file()
+
+    # The same command with a larger budget continues from step 4, in the same folder.
+    second = run_train(
+        [*args[:-2], "trainer.max_steps=8", "trainer.val_check_interval=2"], tmp_path
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming from" in second.stdout and "global step 4" in second.stdout
+    assert ckpt_step(run / "checkpoints" / "last.ckpt") == 8
+    assert not (tmp_path / "outputs" / "t-2").exists()
+
+
+def test_resume_false_keeps_the_old_run_and_starts_a_new_folder(tmp_path):
+    args = [*BASE, *data_args(tmp_path), "trainer.max_steps=2", "test=false"]
+    assert run_train(args, tmp_path).returncode == 0
+    fresh = run_train([*args, "resume=false"], tmp_path)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert "resuming" not in fresh.stdout
+    assert ckpt_step(tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt") == 2
+    assert ckpt_step(tmp_path / "outputs" / "t-2" / "checkpoints" / "last.ckpt") == 2
+
+
+def test_sigint_saves_a_loadable_checkpoint_and_exits_nonzero(tmp_path):
+    args = [
+        *BASE,
+        *data_args(tmp_path),
+        "trainer.max_steps=100000",
+        "trainer.max_epochs=1000",
+        "test=false",
+    ]
+    env = {**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, str(TRAIN), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    info = tmp_path / "outputs" / "t" / "run_info.json"
+    deadline = time.monotonic() + 120
+    while not info.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(3)  # let a few steps run
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, out[-3000:]
+    assert "Resume with the same command" in out
+    last = tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt"
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["global_step"] > 0 and state["optimizer_states"]
+
+
+def test_profile_env_reaches_torch_and_an_exported_value_wins(tmp_path):
+    args = [
+        *BASE,
+        *data_args(tmp_path),
+        "trainer.max_steps=1",
+        "test=false",
+        "+hardware.env.OMP_NUM_THREADS=1",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    done = subprocess.run(
+        [sys.executable, str(TRAIN), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**env, "LAPTRAIN_CACHE": str(tmp_path / "cache")},
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads((tmp_path / "outputs" / "t" / "run_info.json").read_text())
+    assert info["torch_threads"] == 1 and info["env_applied"] == {"OMP_NUM_THREADS": "1"}
+
+    kept = run_train([*args, "resume=false"], tmp_path, env={"OMP_NUM_THREADS": "2"})
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    info = json.loads((tmp_path / "outputs" / "t-2" / "run_info.json").read_text())
+    assert info["torch_threads"] == 2 and info["env_kept"] == {"OMP_NUM_THREADS": "2"}
+
+
+def test_multirun_lays_out_one_readable_folder_per_job(tmp_path):
+    args = [
+        "-m",
+        *BASE,
+        *data_args(tmp_path),
+        "trainer.max_steps=2",
+        "test=false",
+        "model.optimizer.lr=1e-4,3e-4",
+    ]
+    done = run_train(args, tmp_path, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = sorted(p.name for p in (tmp_path / "outputs" / "multirun" / "t").iterdir() if p.is_dir())
+    assert [j for j in jobs if "lr=0.0001" in j] and [j for j in jobs if "lr=0.0003" in j]
+    for job in jobs:
+        assert list(
+            (tmp_path / "outputs" / "multirun" / "t" / job / "tensorboard").glob("events.*")
+        )
+
+
+def one_line_error(done: subprocess.CompletedProcess, *needles: str) -> None:
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+def test_missing_data_file_names_the_option(tmp_path):
+    done = run_train([*BASE, "data.files.train=nope.csv"], tmp_path)
+    one_line_error(done, "nope.csv", "data.files.train=")
+
+
+def test_missing_column_names_the_columns_and_the_option(tmp_path):
+    done = run_train([*BASE, *data_args(tmp_path), "data.text_column=body"], tmp_path)
+    one_line_error(done, "'body'", "columns: text, label", "data.text_column=")
+
+
+def test_batch_size_zero_names_the_option(tmp_path):
+    done = run_train([*BASE, *data_args(tmp_path), "hardware.batch_size=0"], tmp_path)
+    one_line_error(done, "hardware.batch_size")
+
+
+def test_unknown_hardware_option_lists_the_profiles(tmp_path):
+    done = run_train([*BASE[1:], *data_args(tmp_path), "hardware=m9_ultra"], tmp_path)
+    assert done.returncode != 0
+    assert "hardware/m9_ultra" in done.stderr and "m2_air" in done.stderr
