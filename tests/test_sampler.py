@@ -1,0 +1,92 @@
+import random
+
+import pytest
+import torch
+
+from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
+
+
+def long_tailed(n=2000, seed=0):
+    rng = random.Random(seed)
+    return [min(512, int(rng.paretovariate(1.2) * 8)) for _ in range(n)]
+
+
+def padded_tokens(sampler, lengths):
+    return sum(max(lengths[i] for i in b) * len(b) for b in sampler.batches())
+
+
+def test_every_index_once_and_order_depends_on_seed_and_epoch():
+    lengths = long_tailed(500)
+    s = LengthGroupedBatchSampler(lengths, 16, seed=3)
+    first = s.batches()
+    assert sorted(i for b in first for i in b) == list(range(500))
+    assert s.batches() == first
+    s.set_epoch(1)
+    assert s.batches() != first
+    assert LengthGroupedBatchSampler(lengths, 16, seed=4).batches() != first
+
+
+def test_grouping_by_length_removes_most_padding():
+    lengths = long_tailed()
+    grouped = padded_tokens(LengthGroupedBatchSampler(lengths, 16), lengths)
+    random_batches = padded_tokens(LengthGroupedBatchSampler(lengths, 16, mega_batches=0), lengths)
+    real = sum(lengths)
+    assert (grouped - real) < 0.25 * (random_batches - real)
+
+
+def test_eval_order_is_longest_first_and_complete():
+    lengths = [3, 9, 1, 7, 5]
+    s = LengthGroupedBatchSampler(lengths, 2, shuffle=False)
+    assert s.batches() == [[1, 3], [4, 0], [2]]
+
+
+def test_batch_size_zero_is_refused_with_the_option():
+    with pytest.raises(ValueError, match="hardware.batch_size"):
+        LengthGroupedBatchSampler([1, 2], 0)
+
+
+def make_loader(lengths):
+    data = [{"x": i} for i in range(len(lengths))]
+    return ResumableDataLoader(
+        data,
+        batch_sampler=LengthGroupedBatchSampler(lengths, 8, seed=1),
+        collate_fn=lambda rows: [r["x"] for r in rows],
+    )
+
+
+def test_restored_loader_serves_exactly_the_rest_of_the_epoch():
+    lengths = long_tailed(200)
+    full = list(make_loader(lengths))
+    loader = make_loader(lengths)
+    it = iter(loader)
+    seen = [next(it) for _ in range(7)]
+    state = loader.state_dict()
+    assert state["served"] == 7
+    restored = make_loader(lengths)
+    restored.load_state_dict(state)
+    rest = list(restored)
+    assert seen + rest == full
+    # the next epoch starts from its beginning again
+    assert len(list(restored)) == len(full)
+
+
+def test_state_at_epoch_end_resumes_at_next_epoch_start():
+    lengths = long_tailed(64)
+    loader = make_loader(lengths)
+    list(loader)
+    restored = make_loader(lengths)
+    restored.load_state_dict(loader.state_dict())
+    assert len(list(restored)) == len(loader)
+
+
+def test_loader_refuses_other_samplers():
+    with pytest.raises(TypeError):
+        ResumableDataLoader(list(range(4)), batch_size=2)
+
+
+def test_torch_generator_is_private_to_the_sampler():
+    torch.manual_seed(0)
+    expected = torch.rand(1)
+    torch.manual_seed(0)
+    LengthGroupedBatchSampler(long_tailed(100), 8).batches()
+    assert torch.rand(1) == expected

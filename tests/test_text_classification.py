@@ -1,0 +1,97 @@
+import pytest
+
+from laptrain.data import text_classification
+from laptrain.data.text_classification import TextClassificationDataModule
+from tests.conftest import write_texts
+
+
+def module(tmp_path, **kw):
+    kw.setdefault("files", {"train": str(write_texts(tmp_path / "t.csv"))})
+    return TextClassificationDataModule(
+        vocab_size=200, max_length=32, batch_size=8, cache_dir=str(tmp_path / "c"), **kw
+    )
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_each_file_format_gives_the_same_splits_and_labels(tmp_path, fmt):
+    path = write_texts(tmp_path / f"t.{fmt}", fmt=fmt)
+    dm = module(tmp_path, files={"train": str(path)})
+    dm.setup()
+    assert dm.label_names == ["cooking", "sports", "weather"]
+    sizes = {k: len(v) for k, v in dm.splits.items()}
+    assert sizes == {"train": 192, "val": 24, "test": 24}
+    kwargs = dm.model_kwargs()
+    assert kwargs["num_labels"] == 3 and kwargs["vocab_size"] <= 200
+
+
+def test_tokenized_data_is_cached_and_a_second_run_skips_the_work(tmp_path, monkeypatch):
+    module(tmp_path).setup()
+
+    def boom(*a, **k):
+        raise AssertionError("tokenizer trained again")
+
+    monkeypatch.setattr(text_classification, "train_wordpiece", boom)
+    dm = module(tmp_path)
+    dm.setup()
+    assert len(dm.splits["train"]) == 192
+    # a different max length is a different cache entry
+    with pytest.raises(AssertionError, match="trained again"):
+        TextClassificationDataModule(
+            files=dm.files, vocab_size=200, max_length=16, cache_dir=str(tmp_path / "c")
+        ).setup()
+
+
+def test_batches_are_padded_to_their_own_longest_not_max_length(tmp_path):
+    dm = module(tmp_path)
+    dm.setup()
+    widths = [b["input_ids"].shape[1] for b in dm.val_dataloader()]
+    assert max(widths) <= 32 and min(widths) < max(widths)
+    for batch in dm.train_dataloader():
+        assert batch["attention_mask"][:, -1].any()  # no all-pad column
+
+
+def test_given_splits_are_kept_and_groups_never_straddle_splits(tmp_path):
+    files = {
+        "train": str(write_texts(tmp_path / "a.csv", seed=1)),
+        "validation": str(write_texts(tmp_path / "b.csv", rows=30, seed=2)),
+        "test": str(write_texts(tmp_path / "c.csv", rows=21, seed=3)),
+    }
+    dm = module(tmp_path, files=files)
+    dm.setup()
+    assert (len(dm.splits["val"]), len(dm.splits["test"])) == (30, 21)
+
+    import datasets
+
+    dm2 = TextClassificationDataModule(vocab_size=200, cache_dir=str(tmp_path / "c2"))
+    ds = datasets.Dataset.from_dict(
+        {
+            "text": [f"w{i}" for i in range(100)],
+            "label": ["a", "b"] * 50,
+            "g": [i // 10 for i in range(100)],
+        }
+    )
+    dm2.group_column = "g"
+    splits = dm2._split({"train": ds})
+    groups = {s: set(v["g"]) for s, v in splits.items()}
+    assert not (groups["train"] & groups["val"]) and not (groups["train"] & groups["test"])
+
+
+def test_label_names_fix_the_order(tmp_path):
+    dm = module(tmp_path, label_names=["weather", "sports", "cooking"])
+    dm.setup()
+    assert dm.label_names == ["weather", "sports", "cooking"]
+
+
+def test_missing_file_and_missing_column_name_the_option(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"data\.files\.train="):
+        module(tmp_path, files={"train": str(tmp_path / "nope.csv")}).setup()
+    with pytest.raises(ValueError, match=r"columns: text, label.*data\.label_column="):
+        module(tmp_path, label_column="stars").setup()
+
+
+def test_artifacts_keep_tokenizer_and_labels_with_the_run(tmp_path):
+    dm = module(tmp_path)
+    dm.setup()
+    dm.save_artifacts(tmp_path / "run")
+    assert (tmp_path / "run" / "labels.json").read_text().count("sports") == 1
+    assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").is_file()

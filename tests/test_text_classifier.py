@@ -1,0 +1,67 @@
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from laptrain.model.text_classifier import TextClassifierModule
+
+BACKBONE = {
+    "model_type": "bert",
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
+
+
+def test_from_config_uses_the_data_vocabulary_and_labels():
+    m = TextClassifierModule(
+        num_labels=3, backbone=BACKBONE, label_names=["a", "b", "c"], vocab_size=123, pad_token_id=0
+    )
+    assert m.model.config.vocab_size == 123
+    assert m.model.config.id2label == {0: "a", 1: "b", 2: "c"}
+    logits = m(torch.randint(1, 123, (2, 7)), torch.ones(2, 7, dtype=torch.long))
+    assert logits.shape == (2, 3)
+
+
+def test_a_saved_folder_loads_through_the_same_path_as_a_hub_name(tmp_path):
+    config = BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=2,
+    )
+    torch.manual_seed(0)
+    original = BertForSequenceClassification(config)
+    original.save_pretrained(tmp_path / "tiny")
+    m = TextClassifierModule(num_labels=2, pretrained=str(tmp_path / "tiny"))
+    assert torch.equal(
+        m.model.bert.embeddings.word_embeddings.weight,
+        original.bert.embeddings.word_embeddings.weight,
+    )
+    # a different label count re-initialises only the head
+    m4 = TextClassifierModule(num_labels=4, pretrained=str(tmp_path / "tiny"))
+    assert m4.model.classifier.out_features == 4
+
+
+def test_offline_hub_name_fails_with_a_hint(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match="model.pretrained"):
+        TextClassifierModule(num_labels=2, pretrained=str(tmp_path / "missing-model"))
+
+
+def test_one_label_or_no_backbone_is_refused():
+    with pytest.raises(ValueError, match="label_column"):
+        TextClassifierModule(num_labels=1, backbone=BACKBONE)
+    with pytest.raises(ValueError, match="model.pretrained"):
+        TextClassifierModule(num_labels=2)
+
+
+def test_hyperparameters_are_plain_and_checkpoint_loadable(tmp_path):
+    m = TextClassifierModule(num_labels=2, backbone=BACKBONE, vocab_size=50)
+    torch.save({"hparams": dict(m.hparams)}, tmp_path / "h.pt")
+    assert (
+        torch.load(tmp_path / "h.pt", weights_only=True)["hparams"]["backbone"]["model_type"]
+        == "bert"
+    )
