@@ -1,0 +1,158 @@
+"""Back-propagate a batch in chunks, so that an out-of-memory error is retried, not fatal.
+
+A callback cannot catch an exception raised inside ``training_step``, and Lightning's automatic
+optimization back-propagates the returned loss in one piece. So the module does the backward
+itself: the batch becomes a queue of index ranges (the micro-batches), each range is forwarded and
+back-propagated with weight ``len(range) / len(batch) / accumulate_grad_batches`` through
+``trainer.strategy.backward`` (so the precision plugin's GradScaler applies), and an OOM in a range
+splits that range in two. Ranges already back-propagated stay valid: no sample is lost or counted
+twice, and the optimizer step that follows is the same one. The micro-batch size and the policy
+live in the ``OOMBackoff`` callback (``laptrain.callbacks.oom_backoff``).
+
+Gradients of a range are computed into fresh buffers and added to the ones already held, so an OOM
+in the middle of a backward pass leaves no partial gradient behind. The price is one extra set of
+gradient buffers while a second range (or a second accumulated batch) is back-propagated.
+
+Usage::
+
+    class MyModule(ChunkedBackward, LightningModule):
+        def training_step(self, batch, batch_idx):
+            loss = self.chunked_backward(batch, self.loss_of)  # loss_of(chunk) -> mean loss
+            self.log("train/loss", loss)
+            return loss
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def batch_length(batch: Any) -> int:
+    """Number of samples: the first dimension of the first tensor found."""
+    if isinstance(batch, Tensor) and batch.dim():
+        return batch.shape[0]
+    if isinstance(batch, Mapping):
+        values = list(batch.values())
+    else:
+        values = batch if isinstance(batch, (list, tuple)) else []
+    for value in values:
+        try:
+            return batch_length(value)
+        except TypeError:
+            continue
+    raise TypeError(f"no batched tensor in a batch of type {type(batch).__name__}")
+
+
+def slice_batch(batch: Any, start: int, stop: int, length: int | None = None) -> Any:
+    """Samples ``start:stop`` of every tensor (and every per-sample list) in the batch."""
+    length = batch_length(batch) if length is None else length
+    if isinstance(batch, Tensor):
+        return batch[start:stop] if batch.dim() and batch.shape[0] == length else batch
+    if isinstance(batch, Mapping):
+        return type(batch)({k: slice_batch(v, start, stop, length) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(slice_batch(v, start, stop, length) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        if len(batch) == length and not any(isinstance(v, Tensor) for v in batch):
+            return batch[start:stop]
+        return type(batch)(slice_batch(v, start, stop, length) for v in batch)
+    return batch
+
+
+def backward_in_chunks(
+    module: Any,
+    batch: Any,
+    loss_fn: Callable[[Any], Tensor],
+    size_fn: Callable[[Any], float] | None = None,
+) -> Tensor:
+    """Forward and backward ``batch`` range by range; return the batch's loss, detached.
+
+    ``loss_fn(chunk)`` returns the mean loss over the chunk. ``size_fn(chunk)`` is what that mean
+    is taken over (default: the number of samples; pass a token count for a per-token mean).
+    """
+    from laptrain.callbacks.oom_backoff import OOMBackoff, is_oom
+
+    if not isinstance(module, ChunkedBackward):
+        raise TypeError("backward_in_chunks needs a module that inherits ChunkedBackward")
+    trainer = module.trainer
+    backoff = next((c for c in trainer.callbacks if isinstance(c, OOMBackoff)), None)
+    n = batch_length(batch)
+    size = backoff.chunk_size(n) if backoff else n
+    queue = deque((s, min(s + size, n)) for s in range(0, n, size))
+    total = size_fn(batch) if size_fn else n
+    params = [p for p in module.parameters() if p.requires_grad]
+    batch_loss = torch.zeros((), device=module.device)
+    done = 0
+    while queue:
+        start, stop = queue.popleft()
+        held = [p.grad for p in params]
+        isolate = any(g is not None for g in held)
+        if isolate:
+            for p in params:
+                p.grad = None
+        failure = None
+        try:
+            chunk = slice_batch(batch, start, stop, n)
+            weight = (size_fn(chunk) if size_fn else stop - start) / total
+            loss = loss_fn(chunk)
+            trainer.strategy.backward(loss * (weight / trainer.accumulate_grad_batches), None)
+        except Exception as exc:  # only out-of-memory errors are kept, everything else re-raised
+            if backoff is None or not backoff.enabled or not is_oom(exc):
+                raise
+            failure = f"{type(exc).__name__}: {exc}"
+        if failure is not None:
+            chunk = loss = None  # drop the partial graph before the cache is emptied
+            for p, g in zip(params, held):
+                p.grad = g
+            half = backoff.handle_oom(failure, stop - start, trainer)
+            pending = [(start, stop), *queue]
+            queue = deque((s, min(s + half, e)) for a, e in pending for s in range(a, e, half))
+            continue
+        if isolate:
+            for p, g in zip(params, held):
+                if g is not None and p.grad is not None:
+                    p.grad = g.add_(p.grad)
+                elif g is not None:
+                    p.grad = g
+        batch_loss = batch_loss + loss.detach() * weight
+        done += 1
+    if backoff is not None:
+        backoff.step_done(n, done, trainer)
+    return batch_loss
+
+
+class ChunkedBackward:
+    """Mixin for a LightningModule whose ``training_step`` calls ``self.chunked_backward``.
+
+    Lightning zeroes gradients *after* ``training_step`` on the first batch of an accumulation
+    window, which here would wipe the gradients the step has just computed. The mixin therefore
+    zeroes them right after each optimizer step instead (which also frees them before the next
+    forward) and makes Lightning's own zeroing and backward of the returned loss no-ops.
+    """
+
+    def chunked_backward(
+        self,
+        batch: Any,
+        loss_fn: Callable[[Any], Tensor],
+        size_fn: Callable[[Any], float] | None = None,
+    ) -> Tensor:
+        return backward_in_chunks(self, batch, loss_fn, size_fn)
+
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """Skip Lightning's backward of the returned loss: every chunk was back-propagated already."""
+        if loss.requires_grad:
+            super().backward(loss, *args, **kwargs)  # type: ignore[misc]
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)  # type: ignore[misc]
+        optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Gradients were zeroed after the previous optimizer step; this batch's are kept."""

@@ -1,0 +1,155 @@
+"""Out-of-memory in a training step halves the micro-batch instead of ending the run."""
+
+from __future__ import annotations
+
+import gc
+import math
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from laptrain.hardware.probe import DeviceProbe, probe_for
+
+# What each device really raises (FACTS.md §7): CUDA torch.OutOfMemoryError; MPS a plain
+# RuntimeError "MPS backend out of memory (...)" or "Invalid buffer size: ..."; CPU
+# "DefaultCPUAllocator: can't allocate memory: ...".
+OOM_MARKERS = ("out of memory", "Invalid buffer size", "can't allocate memory")
+
+GIVE_UP_HINT = (
+    "one sample does not fit: shorten sequences (data.max_length), use a smaller model or bf16 "
+    "weights, enable gradient checkpointing, or close other applications"
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is an out-of-memory error on any device."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
+
+
+class OOMBackoff(Callback):
+    """Halve the micro-batch on OOM and redo the same optimizer step with more accumulation.
+
+    Lightning lets an OOM end the run (its batch-size finder only runs before training). With this
+    callback and a module whose ``training_step`` goes through ``ChunkedBackward``
+    (``laptrain.callbacks.chunked_backward``), an OOM frees memory, halves the micro-batch and
+    retries only the failed part of the batch: the effective batch, the optimizer-step count and the
+    samples seen are those of an uninterrupted run. The micro-batch is kept in the checkpoint, so a
+    resumed run starts with the size that fits. At micro-batch 1 it gives up with what to change.
+
+    Args:
+        enabled: False lets OOMs propagate as usual.
+        every_n_steps: log ``oom/*`` every N optimizer steps (and at each backoff);
+            None = ``trainer.log_every_n_steps``.
+        probe: device probe whose cache is emptied after an OOM; None = the real one.
+
+    Raises:
+        ValueError: when ``every_n_steps`` < 1.
+    """
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        every_n_steps: int | None = None,
+        probe: DeviceProbe | None = None,
+    ) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(
+                "oom_backoff.every_n_steps must be >= 1 (or null for log_every_n_steps)"
+            )
+        self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
+        self.micro_batch: int | None = None
+        self.events: list[dict[str, Any]] = []
+        self.batch_size, self.chunks = 0, 0
+        self._last_step, self._pending, self._warned = -1, False, False
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.probe is None:
+            self.probe = probe_for(trainer.strategy.root_device)
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.micro_batch is not None:
+            rank_zero_info(f"oom_backoff: resuming with micro-batch {self.micro_batch}")
+
+    def chunk_size(self, batch_size: int) -> int:
+        """Micro-batch to use for a batch of ``batch_size`` samples."""
+        if not self.enabled or self.micro_batch is None:
+            return batch_size
+        return max(1, min(self.micro_batch, batch_size))
+
+    def handle_oom(self, message: str, size: int, trainer: pl.Trainer) -> int:
+        """Free memory after an OOM on ``size`` samples; return the new micro-batch."""
+        gc.collect()
+        self.probe.empty_cache()
+        first_line = message.splitlines()[0][:300]
+        if size <= 1:
+            raise RuntimeError(
+                f"oom_backoff: out of memory at micro-batch 1; {GIVE_UP_HINT}. {first_line}"
+            )
+        new = math.ceil(size / 2)
+        self.micro_batch = min(self.micro_batch or size, new)
+        self.events.append(
+            {"step": trainer.global_step, "from": size, "to": new, "error": first_line}
+        )
+        self._pending = True
+        warn = rank_zero_warn if len(self.events) == 1 else rank_zero_info
+        warn(
+            f"oom_backoff: out of memory at step {trainer.global_step} with micro-batch {size}; "
+            f"retrying with {new} (same effective batch). Lower hardware.batch_size to start there."
+        )
+        return new
+
+    def step_done(self, batch_size: int, chunks: int, trainer: pl.Trainer) -> None:
+        """Called by ``backward_in_chunks`` after every batch."""
+        self.batch_size, self.chunks = batch_size, chunks
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if not self.enabled:
+            return
+        if not self.chunks:
+            if not self._warned:
+                self._warned = True
+                rank_zero_warn(
+                    "oom_backoff: the model's training_step does not use laptrain's ChunkedBackward,"
+                    " so out-of-memory errors are not caught; see callbacks/chunked_backward.py"
+                )
+            return
+        step = trainer.global_step
+        due = step % (self.every_n or trainer.log_every_n_steps) == 0 and step != self._last_step
+        if not (due or self._pending):
+            return
+        self._last_step, self._pending = step, False
+        accumulate = trainer.accumulate_grad_batches
+        metrics = {
+            "oom/micro_batch": float(self.chunk_size(self.batch_size)),
+            "oom/accumulation": float(self.chunks * accumulate),
+            "oom/effective_batch": float(self.batch_size * accumulate),
+            "oom/backoffs": float(len(self.events)),
+        }
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def summary(self) -> dict[str, Any]:
+        """What the run report shows."""
+        return {
+            "backoffs": len(self.events),
+            "micro_batch": self.micro_batch,
+            "events": self.events,
+        }
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": 1, "micro_batch": self.micro_batch, "events": self.events}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.micro_batch = state_dict["micro_batch"]
+        self.events = list(state_dict["events"])
