@@ -1,0 +1,104 @@
+"""Train in chunks: stop this process after a time or epoch budget, resume with the same command."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+
+class SessionBudget(Callback):
+    """Stop at a batch boundary once this process has trained ``max_minutes`` or ``max_epochs``.
+
+    Lightning's ``max_time`` (the ``Timer`` callback) restores its elapsed time from the checkpoint,
+    so its budget is cumulative over resumes (FACTS.md §8) and a resumed run would stop at once.
+    This budget is per process: "train 2-3 epochs at a time, then let the machine rest" (seed 000).
+    When it runs out it sets ``trainer.should_stop`` and ``stop_reason = "session"``; ``run.train``
+    then saves ``last.ckpt`` and exits 0 with "resume with the same command". A run that would end
+    anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.
+
+    Args:
+        max_minutes: wall-clock minutes of training per process; None = no limit.
+        max_epochs: training epochs per process; None = no limit.
+        clock: injectable ``time.monotonic``.
+
+    Raises:
+        ValueError: when a limit is not positive.
+
+    Example::
+
+        python train.py callbacks.session_budget.max_epochs=2   # rerun the same line to go on
+    """
+
+    def __init__(
+        self,
+        max_minutes: float | None = None,
+        max_epochs: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_minutes is not None and max_minutes <= 0:
+            raise ValueError("session_budget.max_minutes must be > 0, or null for no time limit")
+        if max_epochs is not None and max_epochs < 1:
+            raise ValueError("session_budget.max_epochs must be >= 1, or null for no epoch limit")
+        self.max_minutes, self.max_epochs, self.clock = max_minutes, max_epochs, clock
+        self.stop_reason: str | None = None
+        self._start, self._first_epoch = 0.0, 0
+
+    @property
+    def stopped_for_session(self) -> bool:
+        return self.stop_reason == "session"
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start, self._first_epoch = self.clock(), trainer.current_epoch
+        self.stop_reason = None
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self.max_minutes is None or trainer.should_stop:
+            return
+        spent = trainer.strategy.broadcast(self.clock() - self._start)
+        if spent >= self.max_minutes * 60 and not self._ends_anyway(trainer, batch_idx):
+            self._stop(trainer, f"{self.max_minutes:g} min")
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.max_epochs is None or trainer.should_stop:
+            return
+        done = trainer.current_epoch + 1 - self._first_epoch
+        last_epoch = (
+            trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+        )
+        if done >= self.max_epochs and not last_epoch and not self._steps_done(trainer):
+            self._stop(trainer, f"{self.max_epochs} epoch(s)")
+
+    @staticmethod
+    def _steps_done(trainer: pl.Trainer) -> bool:
+        return trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps
+
+    def _ends_anyway(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+        last_batch = batch_idx + 1 >= trainer.num_training_batches
+        last_epoch = (
+            trainer.max_epochs not in (None, -1) and trainer.current_epoch + 1 >= trainer.max_epochs
+        )
+        return self._steps_done(trainer) or (last_batch and last_epoch)
+
+    def _stop(self, trainer: pl.Trainer, budget: str) -> None:
+        self.stop_reason = "session"
+        trainer.should_stop = True
+        rank_zero_info(
+            f"session: this session's budget ({budget}) is used at step {trainer.global_step}; "
+            "saving a checkpoint. Resume with the same command."
+        )

@@ -1,0 +1,124 @@
+"""SessionBudget: per-process epoch and minute budgets; two chunks equal one uninterrupted run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from laptrain.callbacks.graceful_stop import GracefulStop
+from laptrain.callbacks.session_budget import SessionBudget
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class LoggedModel(BoringModel):
+    """Logs train and val loss; each step takes ``step_s`` on the fake clock."""
+
+    def __init__(self, clock: FakeClock | None = None, step_s: float = 10.0) -> None:
+        super().__init__()
+        self.clock, self.step_s = clock, step_s
+
+    def training_step(self, batch, batch_idx):
+        if self.clock:
+            self.clock.now += self.step_s
+        out = super().training_step(batch, batch_idx)
+        self.log("train/loss", out["loss"])
+        return out
+
+    def validation_step(self, batch, batch_idx):
+        out = super().validation_step(batch, batch_idx)
+        self.log("val/loss", out["x"])
+        return out
+
+
+def session(tmp_path, budget, *, max_epochs=3, max_steps=-1, resume=False, clock=None):
+    """One process' worth of training, saving last.ckpt at the end like run.train does."""
+    seed_everything(1)
+    model = LoggedModel(clock)
+    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"))
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        limit_train_batches=8,
+        limit_val_batches=2,
+        callbacks=[c for c in (budget, stop) if c],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, ckpt_path=str(stop.path) if resume else None)
+    return trainer, model
+
+
+def test_two_epoch_chunks_equal_one_uninterrupted_run(tmp_path):
+    whole, whole_model = session(tmp_path / "whole", None)
+
+    first_budget = SessionBudget(max_epochs=2)
+    first, _ = session(tmp_path / "chunked", first_budget)
+    assert first.global_step == 16 and first_budget.stopped_for_session
+
+    second_budget = SessionBudget(max_epochs=2)
+    second, model = session(tmp_path / "chunked", second_budget, resume=True)
+    assert not second_budget.stopped_for_session  # the run ended on its own: nothing to resume
+
+    assert second.global_step == whole.global_step == 24
+    assert second.current_epoch == whole.current_epoch == 3
+    assert second.callback_metrics.keys() == whole.callback_metrics.keys()
+    for key, value in whole.callback_metrics.items():
+        assert torch.equal(second.callback_metrics[key], value), key
+    for name, value in whole_model.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_minutes_budget_stops_at_a_batch_boundary_and_resume_finishes(tmp_path):
+    clock = FakeClock()
+    budget = SessionBudget(max_minutes=1, clock=clock)  # 10 s per step: 6 steps per session
+    trainer, _ = session(tmp_path, budget, max_steps=20, clock=clock)
+    assert trainer.global_step == 6 and budget.stop_reason == "session"
+
+    clock.now = 10_000.0  # a new process: the budget is per session, not cumulative
+    budget = SessionBudget(max_minutes=1, clock=clock)
+    trainer, _ = session(tmp_path, budget, max_steps=20, resume=True, clock=clock)
+    assert trainer.global_step == 12 and budget.stopped_for_session
+
+
+def test_lightning_max_time_would_stop_a_resumed_run_at_once(tmp_path):
+    """Why this callback exists: Timer restores its elapsed time from the checkpoint (FACTS.md §8)."""
+    timer = Timer(duration={"seconds": 100})
+    timer.load_state_dict({"time_elapsed": {"train": 120.0}})
+    assert timer.time_remaining() < 0
+
+
+def test_budget_that_runs_out_on_the_last_step_is_not_a_session_stop(tmp_path):
+    clock = FakeClock()
+    budget = SessionBudget(max_minutes=1, clock=clock)
+    trainer, _ = session(tmp_path, budget, max_steps=6, clock=clock)
+    assert trainer.global_step == 6 and budget.stop_reason is None
+
+    budget = SessionBudget(max_epochs=1)
+    trainer, _ = session(tmp_path / "epochs", budget, max_epochs=1)
+    assert trainer.current_epoch == 1 and not budget.stopped_for_session
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_minutes": 0}, "session_budget.max_minutes"),
+        ({"max_epochs": 0}, "session_budget.max_epochs"),
+    ],
+)
+def test_bad_values_name_their_config_key(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SessionBudget(**kwargs)
