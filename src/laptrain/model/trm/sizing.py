@@ -1,0 +1,125 @@
+"""TRM size presets and ``size=auto``: pick by memory (seed 002's rule) and a time budget.
+
+The presets themselves are data in ``conf/model/trm_sudoku.yaml`` (each number cited there); this
+module validates them and holds the choosing rule as a pure function, testable without a machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SizePreset:
+    """One named size: architecture, recursion, optimisation and what it costs on the reference.
+
+    ``ram_class_gb`` is seed 002's RAM class (8, 16, or .inf = "more"); presets with None are
+    only picked by ``auto`` as a faster fallback. ``ref_samples_per_s`` and ``ref_step_memory_gb``
+    are measured on the 2-core x86 reference machine (TRM.md §9).
+    """
+
+    hidden_size: int
+    num_heads: int
+    layers: int
+    expansion: float
+    swiglu_multiple: int
+    mixer: str
+    positions: str
+    prefix_len: int
+    cycles: int
+    latent_steps: int
+    n_sup: int
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    ema_decay: float
+    micro_batch_size: int | None = None
+    ram_class_gb: float | None = None
+    in_auto: bool = True
+    ref_samples_per_s: float | None = None
+    ref_step_memory_gb: float | None = None
+
+
+def parse_presets(sizes: Mapping[str, Mapping[str, Any]]) -> dict[str, SizePreset]:
+    """Validate ``model.sizes``: every preset must have exactly the :class:`SizePreset` keys."""
+    known = {f.name for f in fields(SizePreset)}
+    presets = {}
+    for name, values in sizes.items():
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(
+                f"model.sizes.{name} has unknown keys {sorted(unknown)}; allowed: {sorted(known)}"
+            )
+        try:
+            presets[name] = SizePreset(**dict(values))
+        except TypeError as err:
+            raise ValueError(f"model.sizes.{name}: {err}") from None
+    return presets
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """The outcome of ``size=auto``: the name and the lines that explain it."""
+
+    name: str
+    lines: tuple[str, ...]
+
+
+def estimate_minutes(preset: SizePreset, target_samples: int, speed_scale: float) -> float | None:
+    """Minutes to train ``target_samples`` supervision samples, from the reference speed."""
+    if not preset.ref_samples_per_s:
+        return None
+    return target_samples / (preset.ref_samples_per_s * speed_scale) / 60.0
+
+
+def choose_size(
+    presets: Mapping[str, SizePreset],
+    memory_gb: float,
+    time_budget_min: float,
+    target_samples: int,
+    speed_scale: float = 1.0,
+) -> SizeChoice:
+    """Seed 002's pick by RAM, stepped down to a faster preset when it would overrun the budget.
+
+    1. RAM class: the smallest preset whose ``ram_class_gb`` is >= ``memory_gb``, else the one
+       (``.inf`` = "more"); the largest class when memory exceeds them all.
+    2. Candidates: presets in ``auto`` at most as slow as that pick whose measured step memory
+       fits in half the RAM. The slowest candidate whose estimate fits ``time_budget_min`` wins
+       (bigger within the budget); if none fits, the fastest, with a warning line.
+
+    ``speed_scale`` multiplies the reference speeds (e.g. threads / 2 for a CPU with more cores).
+    """
+    if memory_gb <= 0 or time_budget_min <= 0 or target_samples <= 0 or speed_scale <= 0:
+        raise ValueError(
+            "model.size=auto needs memory_gb, time_budget_min, auto_target_samples > 0; "
+            "set hardware.memory_budget_gb or model.memory_gb"
+        )
+    auto = {n: p for n, p in presets.items() if p.in_auto and p.ref_samples_per_s}
+    classed = sorted((p.ram_class_gb, n) for n, p in auto.items() if p.ram_class_gb is not None)
+    if not classed:
+        raise ValueError("model.size=auto needs presets with ram_class_gb in model.sizes")
+    ram_pick = next((n for gb, n in classed if memory_gb <= gb), classed[-1][1])
+    pick_speed = presets[ram_pick].ref_samples_per_s
+    lines = [f"size=auto: {memory_gb:.1f} GB RAM -> seed 002's RAM class picks {ram_pick!r}"]
+    candidates = []
+    for name, preset in sorted(auto.items(), key=lambda kv: kv[1].ref_samples_per_s):
+        minutes = estimate_minutes(preset, target_samples, speed_scale)
+        mem = preset.ref_step_memory_gb or 0.0
+        fits_mem = mem <= memory_gb / 2
+        lines.append(
+            f"  {name:>10}: ~{minutes:,.0f} min for {target_samples:,} supervision samples, "
+            f"~{mem:.2f} GB per step" + ("" if fits_mem else " (too big for this RAM)")
+        )
+        if preset.ref_samples_per_s >= pick_speed and fits_mem:
+            candidates.append((name, minutes))
+    within = [(n, m) for n, m in candidates if m <= time_budget_min]
+    if within:
+        name = within[0][0]
+        reason = f"the biggest that fits the {time_budget_min:g}-minute budget"
+    else:
+        name = candidates[-1][0] if candidates else ram_pick
+        reason = f"none fits the {time_budget_min:g}-minute budget; taking the fastest"
+    lines.append(f"size=auto chose {name!r}: {reason}")
+    return SizeChoice(name=name, lines=tuple(lines))

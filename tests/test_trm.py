@@ -1,0 +1,196 @@
+"""TRM network, recursion, heads, loss, sizing and micro-batch accumulation (CPU, tiny shapes)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+
+from laptrain.data.sudoku import SudokuDataModule
+from laptrain.model.trm import TinyRecursiveModel, TRMArch, TRMSudokuModule
+from laptrain.model.trm.loss import per_puzzle_answer_loss, stablemax_log_probs
+from laptrain.model.trm.sizing import choose_size, parse_presets
+
+SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
+    "sizes"
+]
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize(("size", "official"), [("paper", 5.03e6), ("paper_attention", 6.83e6)])
+def test_paper_parameter_count_matches_official(size: str, official: float) -> None:
+    module = TRMSudokuModule(vocab_size=11, seq_len=81, size=size, sizes=SIZES)
+    assert abs(n_params(module) - official) / official < 0.02
+
+
+def test_tiny_is_the_measured_188k_model() -> None:
+    module = TRMSudokuModule(vocab_size=11, seq_len=81, size="tiny", sizes=SIZES)
+    assert abs(n_params(module) - 188_000) < 1_000
+
+
+@pytest.mark.parametrize("board", [4, 6, 9])
+@pytest.mark.parametrize("mixer", ["mlp", "attention"])
+def test_shapes_for_each_board(board: int, mixer: str) -> None:
+    arch = TRMArch(
+        vocab_size=board + 2,
+        seq_len=board * board,
+        hidden_size=32,
+        num_heads=4,
+        mixer=mixer,
+        positions="rope" if mixer == "attention" else "none",
+        prefix_len=2,
+    )
+    model = TinyRecursiveModel(arch)
+    tokens = torch.randint(1, board + 2, (3, board * board))
+    y, z = model.initial_states(3)
+    out = model.supervision_step(model.embed_inputs(tokens), y, z)
+    assert out.logits.shape == (3, board * board, board + 2)
+    assert out.halt_logit.shape == (3,)
+    assert out.y.shape == out.z.shape == (3, 2 + board * board, 32)
+
+
+def small_model(**kw) -> TinyRecursiveModel:
+    torch.manual_seed(0)
+    arch = TRMArch(vocab_size=6, seq_len=16, hidden_size=16, cycles=3, latent_steps=2, **kw)
+    return TinyRecursiveModel(arch)
+
+
+def test_gradients_reach_only_the_last_recursion() -> None:
+    model = small_model()
+    calls: list[bool] = []
+    grads: list[int] = []
+
+    def hook(module, args, output):
+        calls.append(output.requires_grad)
+        if output.requires_grad:
+            output.register_hook(lambda g: grads.append(1))
+
+    model.net.register_forward_hook(hook)
+    tokens = torch.randint(1, 6, (2, 16))
+    y, z = model.initial_states(2)
+    y.requires_grad_(True)
+    out = model.supervision_step(model.embed_inputs(tokens), y, z)
+    out.logits.sum().backward()
+    # T=3, n=2: 2 latent recursions (6 net calls) without grad, then 3 calls with grad.
+    assert calls == [False] * 6 + [True] * 3
+    assert len(grads) == 3
+    assert y.grad is None  # the carried-in state is not part of the graph
+
+
+def test_carry_is_detached() -> None:
+    model = small_model()
+    y, z = model.initial_states(2)
+    out = model.supervision_step(model.embed_inputs(torch.randint(1, 6, (2, 16))), y, z)
+    assert out.logits.requires_grad
+    assert not out.y.requires_grad and not out.z.requires_grad
+
+
+def test_halt_head_starts_at_dont_halt() -> None:
+    model = small_model()
+    assert torch.count_nonzero(model.halt_head.weight) == 0
+    y, z = model.initial_states(4)
+    out = model.supervision_step(model.embed_inputs(torch.randint(1, 6, (4, 16))), y, z)
+    torch.testing.assert_close(out.halt_logit, torch.full((4,), -5.0))
+
+
+def test_stablemax_matches_its_formula() -> None:
+    x = torch.tensor([[2.0, -1.0, 0.0, -3.0]])
+    s = torch.tensor([3.0, 0.5, 1.0, 0.25], dtype=torch.float64)
+    torch.testing.assert_close(stablemax_log_probs(x)[0], torch.log(s / s.sum()))
+    labels = torch.tensor([[0]])
+    loss = per_puzzle_answer_loss(x[:, None, :], labels, "stablemax")
+    torch.testing.assert_close(loss, -torch.log(s[:1] / s.sum()).float())
+
+
+def test_grad_checkpoint_gives_equal_gradients() -> None:
+    tokens = torch.randint(1, 6, (2, 16))
+    grads = []
+    for flag in (False, True):
+        model = small_model()
+        model.grad_checkpoint = flag
+        y, z = model.initial_states(2)
+        model.supervision_step(model.embed_inputs(tokens), y, z).logits.square().sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_compile_failure_warns_and_runs_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: broken)
+    module = TRMSudokuModule(vocab_size=6, seq_len=16, size="tiny", sizes=SIZES, compile=True)
+    tokens = torch.randint(1, 6, (2, 16))
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        out = module.solve(tokens)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = module.solve(tokens)  # warns once only
+    torch.testing.assert_close(out["pred"], again["pred"])
+
+
+def test_bad_options_name_the_key() -> None:
+    with pytest.raises(ValueError, match="model.size='huge'"):
+        TRMSudokuModule(vocab_size=11, seq_len=81, size="huge", sizes=SIZES)
+    with pytest.raises(ValueError, match="positions=rope needs mixer=attention"):
+        TRMArch(vocab_size=11, seq_len=81, mixer="mlp", positions="rope")
+    with pytest.raises(ValueError, match="model.sizes.tiny has unknown keys"):
+        parse_presets({"tiny": {**SIZES["tiny"], "hiden_size": 3}})
+
+
+def test_auto_size_follows_seed_ram_rule_within_budget() -> None:
+    presets = parse_presets(SIZES)
+    roomy = choose_size(presets, memory_gb=8, time_budget_min=1e6, target_samples=51200)
+    assert roomy.name == "ram_8gb"
+    assert choose_size(presets, 16, 1e6, 51200).name == "ram_16gb"
+    assert choose_size(presets, 64, 1e6, 51200).name == "ram_32gb"
+
+
+def test_auto_size_steps_down_when_the_budget_is_short() -> None:
+    presets = parse_presets(SIZES)
+    # 32 GB would pick ram_32gb (~1400 min on the reference); 90 min allows ram_8gb (~64 min).
+    choice = choose_size(presets, memory_gb=32, time_budget_min=90, target_samples=51200)
+    assert choice.name == "ram_8gb"
+    assert any("ram_32gb" in line and "min" in line for line in choice.lines)
+    # Nothing but tiny fits 15 minutes.
+    assert choose_size(presets, 32, 15, 51200).name == "tiny"
+    # A machine 4x the reference fits ram_8gb into 30 minutes.
+    assert choose_size(presets, 8, 30, 51200, speed_scale=4).name == "ram_8gb"
+
+
+def fit_steps(micro: int | None, steps: int, tmp_path: Path) -> TRMSudokuModule:
+    sizes = {"tiny": {**SIZES["tiny"], "hidden_size": 32, "micro_batch_size": micro}}
+    data = SudokuDataModule(
+        board_size=4, givens=(6, 9), train_size=40, val_size=4, test_size=4, batch_size=64
+    )
+    data.prepare_data()
+    data.setup("fit")
+    torch.manual_seed(0)
+    module = TRMSudokuModule(**data.model_kwargs(), size="tiny", sizes=sizes)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, data)
+    return module
+
+
+def test_micro_batches_give_the_same_update_as_the_whole_carry(tmp_path: Path) -> None:
+    whole = fit_steps(None, 3, tmp_path)
+    chunked = fit_steps(16, 3, tmp_path)
+    for (name, a), b in zip(whole.named_parameters(), chunked.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(whole.carry.y, chunked.carry.y, rtol=1e-3, atol=1e-3)
