@@ -191,16 +191,19 @@ class MemoryMonitor(Callback):
 
     def summary(self) -> dict[str, Any]:
         """What the run report shows."""
-        peaks = {k: v for k, v in self.peaks.items() if k != "swap_grew_mb"}
-        return {
+        peaks = {f"peak_{k}": v for k, v in self.peaks.items() if k != "swap_grew_mb"}
+        out = {
             "kind": getattr(self.probe, "kind", None),
-            **{f"peak_{k}": v for k, v in peaks.items()},
+            **peaks,
             "swap_grew_mb": self.peaks.get("swap_grew_mb", 0.0),
             "swap_warning": self._warned_swap,
             "cleanups": self.cleanups,
             "cleanup_freed_mb": self.freed_mb,
-            "leak_mb_per_100_steps": self.leak_mb_per_100_steps,
+            "leak_warning": self.leak_mb_per_100_steps is not None,
         }
+        if self.leak_mb_per_100_steps is not None:
+            out["leak_mb_per_100_steps"] = self.leak_mb_per_100_steps
+        return out
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -95,13 +95,12 @@ class OOMBackoff(Callback):
             )
         new = math.ceil(size / 2)
         self.micro_batch = min(self.micro_batch or size, new)
-        self.events.append(
-            {"step": trainer.global_step, "from": size, "to": new, "error": first_line}
-        )
+        step = trainer.global_step + 1  # the optimizer step being computed, as loggers number it
+        self.events.append({"step": step, "from": size, "to": new, "error": first_line})
         self._pending = True
         warn = rank_zero_warn if len(self.events) == 1 else rank_zero_info
         warn(
-            f"oom_backoff: out of memory at step {trainer.global_step} with micro-batch {size}; "
+            f"oom_backoff: out of memory in step {step} with micro-batch {size}; "
             f"retrying with {new} (same effective batch). Lower hardware.batch_size to start there."
         )
         return new

@@ -1,0 +1,114 @@
+"""Write a run report: ``report.json``, ``report.md`` and the ``report.png`` it embeds.
+
+Plain functions over plain dicts, so the files can be rebuilt and tested without a Trainer. The plot
+uses matplotlib's object API with the Agg canvas: no pyplot, no GUI backend, no global state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+PLOT_NAME = "report.png"
+
+
+def write_report(folder: str | os.PathLike[str], report: dict[str, Any]) -> Path:
+    """Write the three files into ``folder``; return the path of ``report.json``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    plot_history(report.get("history", []), report, folder / PLOT_NAME)
+    _atomic_write(folder / "report.md", render_markdown(report))
+    _atomic_write(folder / "report.json", json.dumps(report, indent=2, default=str) + "\n")
+    return folder / "report.json"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return "—" if value is None else str(value)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The human-readable report: one table per section, then the plot and the events."""
+    run = report["run"]
+    lines = [f"# Run report: {run['name']}", "", f"Status: **{run['status']}**", ""]
+    for section in (
+        "run",
+        "hardware",
+        "versions",
+        "time",
+        "throughput",
+        "memory",
+        "thermal",
+        "oom",
+    ):
+        rows = {k: v for k, v in report.get(section, {}).items() if not isinstance(v, (list, dict))}
+        if not rows:
+            continue
+        lines += [f"## {section}", "", "| | |", "|---|---|"]
+        lines += [f"| {key} | {_fmt(value)} |" for key, value in rows.items()]
+        lines.append("")
+    metrics = report.get("metrics", {})
+    if metrics:
+        lines += ["## final metrics", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in sorted(metrics.items())]
+        lines.append("")
+    lines += [
+        "## over steps",
+        "",
+        f"![loss, throughput, memory and thermal state]({PLOT_NAME})",
+        "",
+    ]
+    for title, events in (
+        ("cooling breaks", report.get("thermal", {}).get("events", [])),
+        ("OOM backoffs", report.get("oom", {}).get("events", [])),
+    ):
+        if events:
+            lines += [f"## {title}", ""] + [f"- {json.dumps(e)}" for e in events] + [""]
+    return "\n".join(lines)
+
+
+def plot_history(history: list[dict[str, Any]], report: dict[str, Any], path: Path) -> None:
+    """Loss, samples/s, memory and thermal state over steps, with breaks and backoffs marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 9), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(4, 1, sharex=True)
+    steps = [p["step"] for p in history]
+    panels = (
+        (axes[0], "loss", [("loss", "train loss")]),
+        (axes[1], "samples/s", [("samples_per_s", "samples/s")]),
+        (axes[2], "MB", [("rss_mb", "process RSS"), ("device_mb", "device allocated")]),
+        (axes[3], "thermal", [("thermal_state", "state (0-3)"), ("drift_pct", "drift % / 10")]),
+    )
+    for ax, ylabel, series in panels:
+        for key, label in series:
+            xs = [s for s, p in zip(steps, history) if p.get(key) is not None]
+            ys = [p[key] for p in history if p.get(key) is not None]
+            if key == "drift_pct":
+                ys = [y / 10 for y in ys]
+            if xs:
+                ax.plot(xs, ys, label=label, marker="." if len(xs) < 30 else None)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="upper right", fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center", va="center")
+        for event in report.get("thermal", {}).get("events", []):
+            ax.axvline(event["step"], color="tab:blue", linestyle="--", alpha=0.5)
+        for event in report.get("oom", {}).get("events", []):
+            ax.axvline(event["step"], color="tab:red", linestyle=":", alpha=0.7)
+    axes[-1].set_xlabel("optimizer step (dashed: cooling break, dotted: OOM backoff)")
+    fig.suptitle(f"{report['run']['name']}: {report['run']['status']}")
+    fig.savefig(path, dpi=80)

@@ -1,0 +1,239 @@
+"""One report per run, covering all its sessions: what ran where, how fast, and what the guards did."""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import psutil
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from torch import Tensor
+from typing_extensions import override
+
+from laptrain.callbacks.chunked_backward import batch_length
+from laptrain.callbacks.memory_monitor import MemoryMonitor
+from laptrain.callbacks.oom_backoff import OOMBackoff
+from laptrain.callbacks.report_writer import write_report
+from laptrain.callbacks.thermal_guard import ThermalGuard
+
+PACKAGES = ("laptrain", "torch", "lightning", "transformers", "peft", "hydra-core")
+
+
+def token_count(batch: Any) -> int | None:
+    """Real tokens in a tokenized batch (``attention_mask`` sum, else ``input_ids`` size)."""
+    if isinstance(batch, Mapping):
+        for key in ("attention_mask", "input_ids"):
+            value = batch.get(key)
+            if isinstance(value, Tensor):
+                return int(value.sum()) if key == "attention_mask" else value.numel()
+    return None
+
+
+class RunReport(Callback):
+    """Write ``report.json``, ``report.md`` and ``report.png`` in the run folder.
+
+    Lightning leaves a run's story spread over logger files; this gathers it in one place: hardware
+    and profile, versions, wall and training time, samples/s and tokens/s, peak memory per kind,
+    swap, cooling breaks, OOM backoffs (read from the other guard callbacks when present), final
+    metrics and a plot over steps. It writes at the end of fit, after test, after an exception
+    (Ctrl-C) and at a session-budget stop. Its totals live in the checkpoint, so a resumed run's
+    report covers every session.
+
+    Args:
+        output_dir: run folder; None = ``trainer.default_root_dir``.
+        profile: hardware profile name (``${hardware.name}``) shown in the report.
+        every_n_steps: one plot point every N optimizer steps; None = ``trainer.log_every_n_steps``.
+        max_points: plot points kept; beyond that every other point is dropped.
+        clock: injectable ``time.monotonic``.
+
+    Raises:
+        ValueError: when ``every_n_steps`` or ``max_points`` is too small.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | None = None,
+        profile: str | None = None,
+        every_n_steps: int | None = None,
+        max_points: int = 2000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(
+                "run_report.every_n_steps must be >= 1 (or null for log_every_n_steps)"
+            )
+        if max_points < 10:
+            raise ValueError("run_report.max_points must be >= 10")
+        self.output_dir, self.profile, self.every_n = output_dir, profile, every_n_steps
+        self.max_points, self.clock = max_points, clock
+        self.totals = {"wall_s": 0.0, "train_s": 0.0, "samples": 0, "tokens": 0, "sessions": 0}
+        self.history: list[dict[str, Any]] = []
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.status = "running"
+        self._session_start = self._t0 = self.clock()
+        self._cooling0 = 0.0
+        self._wall_before, self._last_step = 0.0, -1
+        self._point = {"t": self._session_start, "samples": 0}
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._session_start = self._point["t"] = self.clock()
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.totals["sessions"] += 1  # after a resume's load_state_dict
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._t0, self._cooling0 = self.clock(), _cooling_s(trainer)
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        now = self.clock()
+        # a cooling break taken between this callback's two hooks is not training time
+        self.totals["train_s"] += now - self._t0 - (_cooling_s(trainer) - self._cooling0)
+        self.totals["samples"] += batch_length(batch)
+        self.totals["tokens"] += token_count(batch) or 0
+        step = trainer.global_step
+        if step == self._last_step or step % (self.every_n or trainer.log_every_n_steps):
+            return
+        self._last_step = step
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        samples = self.totals["samples"] - self._point["samples"]
+        point = {
+            "step": step,
+            "loss": float(loss) if isinstance(loss, Tensor) else None,
+            "samples_per_s": samples / max(now - self._point["t"], 1e-9),
+        }
+        self._point = {"t": now, "samples": self.totals["samples"]}
+        for cb in trainer.callbacks:
+            if isinstance(cb, MemoryMonitor) and cb.last:
+                point["rss_mb"] = cb.last.get("memory/rss_mb")
+                point["device_mb"] = cb.last.get(
+                    "memory/mps_allocated_mb", cb.last.get("memory/cuda_allocated_mb")
+                )
+            if isinstance(cb, ThermalGuard):
+                point["thermal_state"], point["drift_pct"] = cb.last_level, cb.last_drift_pct
+        self.history.append(point)
+        if len(self.history) > self.max_points:
+            self.history = self.history[::2]
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        reasons = [getattr(cb, "stop_reason", None) for cb in trainer.callbacks]
+        reason = next((r for r in reasons if r), None)
+        self.status = f"stopped ({reason}); resume with the same command" if reason else "finished"
+        self.write(trainer)
+
+    @override
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.write(trainer)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self.status = f"interrupted ({type(exception).__name__})"
+        self.write(trainer)
+
+    def wall_s(self) -> float:
+        return self._wall_before + self.clock() - self._session_start
+
+    @rank_zero_only
+    def write(self, trainer: pl.Trainer) -> Path:
+        """Build the report from this callback's totals and the other guards; write the files."""
+        folder = Path(self.output_dir or trainer.default_root_dir)
+        path = write_report(folder, self.build(trainer))
+        rank_zero_info(f"report: {path} ({self.status})")
+        return path
+
+    def build(self, trainer: pl.Trainer) -> dict[str, Any]:
+        wall, t = self.wall_s(), self.totals
+        guards = {type(cb): cb for cb in trainer.callbacks}
+        memory, thermal, oom = (guards.get(c) for c in (MemoryMonitor, ThermalGuard, OOMBackoff))
+        train_s = max(t["train_s"], 1e-9)
+        return {
+            "run": {
+                "name": Path(self.output_dir or trainer.default_root_dir).name,
+                "status": self.status,
+                "started_at": self.started_at,
+                "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "sessions": t["sessions"],
+                "global_step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+            },
+            "hardware": {
+                "profile": self.profile,
+                "accelerator": type(trainer.accelerator).__name__,
+                "device": str(trainer.strategy.root_device),
+                "precision": str(trainer.precision),
+                "platform": platform.platform(),
+                "machine": platform.machine(),
+                "cpu_count": psutil.cpu_count(logical=False) or psutil.cpu_count(),
+                "ram_gb": round(psutil.virtual_memory().total / 1024**3, 1),
+            },
+            "versions": {"python": platform.python_version(), **_versions()},
+            "time": {
+                "wall_s": wall,
+                "train_s": t["train_s"],
+                "cooling_s": thermal.cooling_s if thermal else 0.0,
+            },
+            "throughput": {
+                "samples": t["samples"],
+                "tokens": t["tokens"] or None,
+                "samples_per_s": t["samples"] / train_s,
+                "tokens_per_s": t["tokens"] / train_s if t["tokens"] else None,
+                "samples_per_s_wall": t["samples"] / max(wall, 1e-9),
+            },
+            "memory": memory.summary() if memory else {},
+            "thermal": thermal.summary() if thermal else {},
+            "oom": oom.summary() if oom else {},
+            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
+            "history": self.history,
+        }
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        totals = {**self.totals, "wall_s": self.wall_s()}
+        return {
+            "version": 1,
+            "totals": totals,
+            "history": self.history,
+            "started_at": self.started_at,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.totals = dict(state_dict["totals"])
+        self._wall_before = self.totals["wall_s"]
+        self.history = list(state_dict["history"])
+        self.started_at = state_dict["started_at"]
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _cooling_s(trainer: pl.Trainer) -> float:
+    return sum(cb.cooling_s for cb in trainer.callbacks if isinstance(cb, ThermalGuard))

@@ -1,0 +1,209 @@
+"""RunReport: every field filled with all guards on, exact throughput, interrupts, two sessions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from matplotlib.image import imread
+from torch.utils.data import DataLoader
+
+from laptrain.callbacks.chunked_backward import ChunkedBackward
+from laptrain.callbacks.graceful_stop import GracefulStop
+from laptrain.callbacks.memory_monitor import MemoryMonitor
+from laptrain.callbacks.oom_backoff import OOMBackoff
+from laptrain.callbacks.report_writer import render_markdown
+from laptrain.callbacks.run_report import RunReport, token_count
+from laptrain.callbacks.session_budget import SessionBudget
+from laptrain.callbacks.thermal_guard import ThermalGuard
+from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.hardware.thermal import FakeThermal, ThermalReading
+
+MB = 1024 * 1024
+MPS_READING = MemoryReading(
+    rss=900 * MB,
+    system_total=16384 * MB,
+    system_available=8192 * MB,
+    system_percent=50.0,
+    swap_used=64 * MB,
+    device_allocated=300 * MB,
+    device_reserved=400 * MB,
+    device_limit=12288 * MB,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Model(ChunkedBackward, BoringModel):
+    """Batches of 8; each step takes 2 s on the fake clock; OOM once at step ``oom_step``."""
+
+    def __init__(
+        self, clock: FakeClock, oom_step: int | None = None, crash_step: int | None = None
+    ):
+        super().__init__()
+        self.clock, self.oom_step, self.crash_step = clock, oom_step, crash_step
+
+    def train_dataloader(self):
+        return DataLoader(RandomDataset(32, 64), batch_size=8)
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.crash_step:
+            raise RuntimeError("boom")
+        self.clock.now += 2.0
+        loss = self.chunked_backward(batch, self.loss_of)
+        self.log("train/loss", loss)
+        return loss
+
+    def loss_of(self, chunk):
+        if self.global_step == self.oom_step and len(chunk) > 4:
+            raise RuntimeError("MPS backend out of memory (MPS allocated: 1 GB). Tried to allocate")
+        return self.step(chunk)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self.step(batch))
+
+
+def guards(clock: FakeClock, tmp_path, **budget) -> list:
+    probe = FakeProbe(kind="mps", readings=[MPS_READING])
+    return [
+        MemoryMonitor(every_n_steps=2, probe=probe),
+        ThermalGuard(
+            source=FakeThermal([ThermalReading(0), ThermalReading(2), ThermalReading(0)]),
+            check_every_n_steps=2,
+            break_seconds=5,
+            probe=probe,
+            clock=clock,
+            sleep=clock.sleep,
+        ),
+        OOMBackoff(probe=probe),
+        SessionBudget(**budget, clock=clock),
+        GracefulStop(dirpath=str(tmp_path / "checkpoints")),
+        RunReport(output_dir=str(tmp_path), profile="m2_air", every_n_steps=2, clock=clock),
+    ]
+
+
+def fit(tmp_path, clock, steps=8, resume=False, oom_step=3, crash_step=None, **budget):
+    seed_everything(5)
+    callbacks = guards(clock, tmp_path, **budget)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        limit_val_batches=2,
+        val_check_interval=4,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    ckpt = str(tmp_path / "checkpoints" / "last.ckpt") if resume else None
+    trainer.fit(Model(clock, oom_step=oom_step, crash_step=crash_step), ckpt_path=ckpt)
+    return trainer, json.loads((tmp_path / "report.json").read_text())
+
+
+def test_report_has_every_field_and_a_plot_that_opens(tmp_path):
+    clock = FakeClock()
+    trainer, report = fit(tmp_path, clock)
+    assert report["run"]["status"] == "finished" and report["run"]["global_step"] == 8
+    assert report["hardware"]["profile"] == "m2_air"
+    assert {"python", "torch", "lightning", "laptrain"} <= report["versions"].keys()
+    assert report["time"] == {"wall_s": 21.0, "train_s": 16.0, "cooling_s": 5.0}
+    assert report["throughput"]["samples"] == 64
+    assert report["throughput"]["samples_per_s"] == 4.0  # 8 samples per 2 s step
+    assert report["memory"]["kind"] == "mps"
+    assert report["memory"]["peak_device_allocated_mb"] == 300.0
+    assert report["memory"]["peak_swap_used_mb"] == 64.0 and report["memory"]["swap_grew_mb"] == 0.0
+    assert (
+        report["thermal"]["cooling_breaks"] == 1 and report["thermal"]["worst_state"] == "serious"
+    )
+    assert report["oom"]["backoffs"] == 1 and report["oom"]["micro_batch"] == 4
+    assert report["oom"]["events"][0]["step"] == 4  # global_step 3 while the 4th step ran
+    assert set(report["metrics"]) == {"train/loss", "val/loss"}
+    assert [p["step"] for p in report["history"]] == [2, 4, 6, 8]
+    assert report["history"][0]["device_mb"] == 300.0 and report["history"][1]["thermal_state"] == 2
+    for section in ("run", "hardware", "time", "memory", "thermal", "oom"):
+        # drift needs warmup + baseline + window steps (30 by default), more than this run has
+        missing = [
+            k
+            for k, v in report[section].items()
+            if v is None and k not in ("max_drift_pct", "baseline_step_s")
+        ]
+        assert not missing, (section, missing)
+
+    markdown = (tmp_path / "report.md").read_text()
+    assert "![loss, throughput, memory and thermal state](report.png)" in markdown
+    assert "| cooling_breaks | 1 |" in markdown and "| backoffs | 1 |" in markdown
+    image = imread(tmp_path / "report.png")
+    assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 300
+
+
+def test_an_exception_still_writes_the_report(tmp_path):
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(tmp_path, FakeClock(), crash_step=5)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["run"]["status"] == "interrupted (RuntimeError)"
+    assert report["run"]["global_step"] == 5 and report["throughput"]["samples"] == 40
+
+
+def test_a_resumed_run_reports_all_its_sessions(tmp_path):
+    clock = FakeClock()
+    whole, whole_report = fit(tmp_path / "whole", clock)
+
+    clock = FakeClock()
+    first, report = fit(
+        tmp_path / "chunked", clock, max_minutes=14 / 60
+    )  # 4 steps + a 5 s break = 13 s
+    assert first.global_step == 5
+    assert report["run"]["status"] == "stopped (session); resume with the same command"
+    assert report["run"]["sessions"] == 1
+
+    clock.now += 1000.0  # the machine rested between sessions: not counted as wall time
+    second, report = fit(tmp_path / "chunked", clock, resume=True, max_minutes=14 / 60)
+    assert report["run"]["status"] == "finished" and report["run"]["sessions"] == 2
+    assert report["run"]["global_step"] == whole.global_step == 8
+    assert report["throughput"]["samples"] == whole_report["throughput"]["samples"] == 64
+    assert report["time"]["train_s"] == whole_report["time"]["train_s"] == 16.0
+    assert report["oom"]["backoffs"] == 1 and report["thermal"]["cooling_breaks"] == 1
+    assert [p["step"] for p in report["history"]] == [2, 4, 6, 8]
+
+
+def test_token_count_reads_the_attention_mask():
+    batch = {
+        "input_ids": torch.ones(2, 5, dtype=torch.long),
+        "attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]),
+    }
+    assert token_count(batch) == 8
+    assert token_count({"input_ids": torch.ones(2, 5)}) == 10
+    assert token_count(torch.ones(2, 5)) is None
+
+
+def test_markdown_renders_without_optional_sections():
+    text = render_markdown(
+        {"run": {"name": "r", "status": "finished"}, "metrics": {"val/acc": 0.5}}
+    )
+    assert "| val/acc | 0.5 |" in text and "## thermal" not in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"every_n_steps": 0}, "run_report.every_n_steps"),
+        ({"max_points": 2}, "run_report.max_points"),
+    ],
+)
+def test_bad_values_name_their_config_key(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RunReport(**kwargs)
