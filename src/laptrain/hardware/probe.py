@@ -35,6 +35,8 @@ class MemoryReading:
     device_peak: int | None = None
     # MPS: torch.mps.recommended_max_memory; CUDA: total memory of the device.
     device_limit: int | None = None
+    # CUDA: free memory on the device for all processes (torch.cuda.mem_get_info); the preflight's budget.
+    device_free: int | None = None
 
 
 @runtime_checkable
@@ -114,6 +116,7 @@ class TorchProbe:
                 device_reserved=torch.cuda.memory_reserved(self.index),
                 device_peak=torch.cuda.max_memory_allocated(self.index),
                 device_limit=torch.cuda.get_device_properties(self.index).total_memory,
+                device_free=torch.cuda.mem_get_info(self.index)[0],
             )
         if self.kind == "mps" and torch.backends.mps.is_available():
             return MemoryReading(

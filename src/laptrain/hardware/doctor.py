@@ -1,0 +1,301 @@
+"""``laptrain doctor``: is this machine ready to train, and if not, what to change (seed 004's self-test).
+
+Each check returns a ``Check``; "ready" means every check passed, including a few real training
+steps of a tiny model on the profile's device with its precision. Warnings (``ok`` with a note)
+inform without blocking. Inputs (environment, machine, profile) are arguments, so tests can make a
+check fail on purpose.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from laptrain.hardware.auto import choose_profile, describe
+from laptrain.hardware.detect import MachineInfo, detect_machine
+from laptrain.hardware.profile import ProfileError, load_profile, validate_precision
+
+GB = 1024**3
+PACKAGES = ("torch", "lightning", "transformers", "peft", "hydra", "omegaconf")
+HIGH, LOW = "PYTORCH_MPS_HIGH_WATERMARK_RATIO", "PYTORCH_MPS_LOW_WATERMARK_RATIO"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    warning: bool = False
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok and not self.warning else ("warn" if self.ok else "FAIL")
+        return f"[{mark}] {self.name}: {self.detail}" + (f" -> {self.fix}" if self.fix else "")
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+
+    @property
+    def ready(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def text(self) -> str:
+        lines = [c.line() for c in self.checks]
+        failed = [c.name for c in self.checks if not c.ok]
+        lines.append(
+            "ready" if self.ready else f"not ready: {', '.join(failed)} failed (see above)"
+        )
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"ready": self.ready, "checks": [asdict(c) for c in self.checks]}, indent=1
+        )
+
+
+def check_machine(machine: MachineInfo, profile_name: str, profile: Mapping[str, Any]) -> Check:
+    auto = choose_profile(machine)
+    detail = describe(auto, load_profile(auto.profile), auto.threads())
+    if profile_name != auto.profile:
+        detail += f"; checking hardware={profile_name} as asked"
+    return Check("machine", True, detail)
+
+
+def check_versions() -> Check:
+    found, missing = [f"python {platform.python_version()}"], []
+    for name in PACKAGES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+            continue
+        found.append(f"{name} {getattr(module, '__version__', '?')}")
+    if missing:
+        return Check("versions", False, f"missing {', '.join(missing)}", "pip install -e .")
+    return Check("versions", True, ", ".join(found))
+
+
+def check_device(machine: MachineInfo, profile: Mapping[str, Any]) -> Check:
+    import torch
+
+    mps_built, mps_ok = torch.backends.mps.is_built(), torch.backends.mps.is_available()
+    cuda_ok = torch.cuda.is_available()
+    detail = f"MPS built {mps_built}, available {mps_ok}; CUDA available {cuda_ok}"
+    if cuda_ok:
+        detail += f" ({torch.cuda.get_device_name(0)} x{torch.cuda.device_count()})"
+    if machine.apple_silicon and not mps_built:
+        return Check(
+            "device",
+            False,
+            detail + "; this torch build has no MPS on an Apple Silicon Mac",
+            "pip install --force-reinstall torch (the macOS arm64 wheel from PyPI), "
+            "or run with hardware=cpu",
+        )
+    wanted = profile.get("accelerator", "cpu")
+    available = {"cpu": True, "mps": mps_ok, "cuda": cuda_ok}.get(wanted, False)
+    if not available:
+        return Check(
+            "device",
+            False,
+            detail + f"; hardware={profile.get('name')} needs {wanted}",
+            "use hardware=auto (or hardware=cpu)",
+        )
+    return Check("device", True, detail + f"; training on {wanted}")
+
+
+def check_env(profile: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    wanted = {k: str(v) for k, v in (profile.get("env") or {}).items() if v is not None}
+    applied = [f"{k}={v}" for k, v in wanted.items() if k not in environ]
+    yours = [f"{k}={environ[k]}" for k in wanted if k in environ and environ[k] != wanted[k]]
+    detail = f"profile sets {', '.join(applied) or 'nothing'}"
+    if yours:
+        detail += f"; you exported (wins over the profile): {', '.join(yours)}"
+    return Check("env", True, detail, warning=bool(yours))
+
+
+def check_watermarks(profile: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
+    env = {**{k: str(v) for k, v in (profile.get("env") or {}).items()}, **environ}
+    if environ.get(HIGH) is not None and _ratio(environ[HIGH]) == 0.0:
+        return Check(
+            "mps watermark",
+            False,
+            f"you exported {HIGH}=0.0, which removes the cap on MPS memory: the job swaps "
+            "instead of failing cleanly (FACTS.md §1)",
+            f"unset {HIGH} (the profile caps it at 0.8 with LOW 0.7)",
+        )
+    high, low = _ratio(env.get(HIGH)), _ratio(env.get(LOW))
+    if high is not None and low is not None and low > high:
+        return Check(
+            "mps watermark",
+            False,
+            f"{LOW}={low} > {HIGH}={high}: the first MPS allocation fails",
+            f"export {LOW} <= {HIGH} (e.g. 0.7 and 0.8)",
+        )
+    if high is not None and low is None and high < 1.4:
+        return Check(
+            "mps watermark",
+            False,
+            f"{HIGH}={high} without {LOW}: the default LOW 1.4 > HIGH, so the first MPS "
+            "allocation fails",
+            f"also export {LOW}={min(high, 0.7)}",
+        )
+    return Check("mps watermark", True, f"HIGH {high}, LOW {low}" if high else "defaults")
+
+
+def _ratio(value: str | None) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return math.nan
+
+
+def check_quantization(machine: MachineInfo) -> Check:
+    if machine.system != "Darwin":
+        return Check("qlora", True, "bitsandbytes is not checked off macOS")
+    return Check(
+        "qlora",
+        True,
+        "no bitsandbytes on macOS, so no 4-bit QLoRA: use LoRA on a bf16 base (seed 004)",
+        warning=True,
+    )
+
+
+def check_disk(folder: Path, need_bytes: float, what: str) -> Check:
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    detail = f"{free / GB:.1f} GB free in {existing}; {what} need {need_bytes / GB:.1f} GB"
+    if free < need_bytes:
+        return Check("disk", False, detail, "free disk space or set paths.* to another drive")
+    return Check("disk", True, detail)
+
+
+def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
+    """Bytes for the kept checkpoints: fp32 weights + AdamW state per file (FACTS.md §9), 1 GB spare."""
+    if params is None:
+        return 2.0 * GB, "checkpoints (model size unknown)"
+    return params * 12.0 * kept + GB, f"{kept} checkpoints of a {params / 1e6:.1f} M model + 1 GB"
+
+
+def check_training(profile: Mapping[str, Any]) -> Check:
+    """Three real optimizer steps of a tiny BERT classifier on the profile's device and precision."""
+    import lightning.pytorch as pl
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from laptrain.hardware.preflight import plan_batch
+    from laptrain.hardware.probe import TorchProbe
+
+    kind = str(profile.get("accelerator", "cpu"))
+    probe = TorchProbe(kind)
+    try:
+        precision = validate_precision(profile.get("precision"), kind, probe.bf16_supported())
+    except ProfileError as err:
+        return Check("training", False, str(err), "fix hardware.precision in the profile")
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            config = BertConfig(
+                vocab_size=256,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            )
+            self.model = BertForSequenceClassification(config)
+            self.losses: list[float] = []
+
+        def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+            loss = self.model(**batch).loss
+            self.losses.append(float(loss.detach()))
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    # Lightning's "GPU available" / tips lines would bury the report.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    torch.manual_seed(0)
+    module = Tiny()
+    plan = plan_batch(module, 32, {**profile, "batch_size": 4, "precision": precision}, probe)
+    data = [
+        {
+            "input_ids": torch.randint(0, 256, (32,)),
+            "attention_mask": torch.ones(32, dtype=torch.long),
+            "labels": torch.tensor(i % 2),
+        }
+        for i in range(12)
+    ]
+    trainer = pl.Trainer(
+        accelerator=kind,
+        devices=1,
+        precision=precision,
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=plan.micro_batch))
+    if len(module.losses) < 3 or not all(math.isfinite(x) for x in module.losses):
+        return Check("training", False, f"losses {module.losses}", "report this with --json output")
+    return Check(
+        "training",
+        True,
+        f"3 steps on {kind} in {precision}, loss {module.losses[0]:.3f} -> {module.losses[-1]:.3f}; "
+        f"preflight estimate {plan.estimate.total / GB:.2f} GB",
+    )
+
+
+def _guard(name: str, check: Callable[[], Check]) -> Check:
+    """A check that raises becomes a failed check naming the error, not a traceback."""
+    try:
+        return check()
+    except Exception as err:  # noqa: BLE001 - the doctor reports every failure
+        return Check(name, False, f"{type(err).__name__}: {err}".splitlines()[0])
+
+
+def run_doctor(
+    profile_name: str = "auto",
+    environ: Mapping[str, str] | None = None,
+    machine: MachineInfo | None = None,
+    output_dir: Path | None = None,
+    params: int | None = None,
+) -> Report:
+    """Run every check; nothing here raises."""
+    environ = dict(os.environ if environ is None else environ)
+    machine = machine or detect_machine()
+    name = choose_profile(machine).profile if profile_name == "auto" else profile_name
+    try:
+        profile = load_profile(name)
+    except ProfileError as err:
+        return Report([Check("profile", False, str(err))])
+    need, what = checkpoint_need(params)
+    checks = [
+        _guard("machine", lambda: check_machine(machine, name, profile)),
+        _guard("versions", check_versions),
+        _guard("device", lambda: check_device(machine, profile)),
+        _guard("env", lambda: check_env(profile, environ)),
+        _guard("mps watermark", lambda: check_watermarks(profile, environ)),
+        _guard("qlora", lambda: check_quantization(machine)),
+        _guard("disk", lambda: check_disk(output_dir or Path("outputs"), need, what)),
+    ]
+    if all(c.ok for c in checks):
+        checks.append(_guard("training", lambda: check_training(profile)))
+    else:
+        checks.append(Check("training", False, "skipped: fix the failures above first"))
+    return Report(checks)

@@ -1,0 +1,532 @@
+"""Memory preflight: will this job fit, and what micro batch should it use?
+
+Lightning's BatchSizeFinder and HF's ``auto_find_batch_size`` search by provoking OOM. On unified
+memory a too-large batch often does not OOM: it swaps and the laptop crawls (FACTS.md §1, §7). So
+laptrain estimates first:
+
+    peak = overhead + weights (all params) + grads + optimizer state (trainable params only)
+           + activations (measured per sample, a function of sequence length; activations.py)
+           + backward's transient gradient buffers
+
+and compares it with the device budget of the hardware profile (``memory_fraction`` of: MPS
+``recommended_max_memory`` capped by available RAM, CUDA free memory, CPU available RAM).
+``plan_batch`` is the one entry point: it picks the largest micro batch that fits (``batch_size:
+auto``), keeps the configured effective batch through accumulation, refuses a job that cannot fit
+at micro batch 1 with the fixes ordered by effect, and optionally (``verify``) runs two real steps
+to measure the peak.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import resource
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from laptrain.hardware.activations import (
+    ActivationProfile,
+    LossFn,
+    MakeBatch,
+    hf_batch_maker,
+    hf_loss,
+    measure_activations,
+)
+from laptrain.hardware.probe import DeviceProbe, TorchProbe
+from laptrain.hardware.profile import validate_precision
+
+GB = 1024**3
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a step needs beyond weights, grads, optimizer state and saved activations.
+
+    ``step_overhead``: bytes the first training step adds once (lazy imports, autograd engine,
+    optimizer set-up). ``per_activation``: extra bytes per saved-activation byte (the gradients of
+    activations, and freed forward temporaries the allocator keeps). ``per_largest``: extra bytes per
+    byte of the largest saved tensor of one sample (the gradient buffers at the start of backward,
+    e.g. a causal LM's logits).
+    """
+
+    step_overhead: float
+    per_activation: float
+    per_largest: float
+
+
+# (device kind, gradient checkpointing) -> calibration. The CPU rows are least-squares fits of
+# benchmarks/preflight.py (BERT and Llama, 3 batches x 2 lengths, torch 2.13 CPU, glibc; README).
+# The device rows are NOT measured (no GPU or Mac was available): the caching allocators of CUDA and
+# MPS reuse freed blocks, so they assume only backward's gradient buffers; preflight.verify=true
+# measures the real peak on the device.
+CALIBRATION = {
+    ("cpu", False): Calibration(step_overhead=100e6, per_activation=0.65, per_largest=0.95),
+    ("cpu", True): Calibration(step_overhead=100e6, per_activation=1.85, per_largest=0.0),
+    ("device", False): Calibration(step_overhead=0.0, per_activation=0.25, per_largest=2.0),
+    ("device", True): Calibration(step_overhead=0.0, per_activation=1.0, per_largest=2.0),
+}
+# Device allocators round and cache blocks: fraction added to device estimates (CUDA/MPS), where the
+# process baseline is outside the budget.
+DEVICE_ALLOCATOR_SLACK = 0.10
+
+
+class PreflightError(ValueError):
+    """The job cannot fit; the message is one line with the estimate and the fixes, best first."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Peak memory of one training step at ``micro_batch``, in bytes, by part."""
+
+    micro_batch: int
+    seq_len: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    transient: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.weights
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.transient
+            + self.overhead
+        )
+
+    def line(self) -> str:
+        parts = (
+            ("weights", self.weights),
+            ("grads", self.grads),
+            ("optimizer", self.optimizer),
+            ("activations", self.activations + self.transient),
+            ("overhead", self.overhead),
+        )
+        detail = ", ".join(f"{name} {value / GB:.2f}" for name, value in parts)
+        return f"{self.total / GB:.2f} GB at micro batch {self.micro_batch} x {self.seq_len} tokens ({detail})"
+
+
+@dataclass(frozen=True)
+class Budget:
+    bytes: float
+    source: str  # e.g. "0.8 x MPS recommended max 12.0 GB"
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """What the estimate needs from the model; measured once, reused for every batch size."""
+
+    params: int
+    trainable: int
+    param_bytes: int  # bytes per parameter in the precision it trains in
+    materialized_cpu_bytes: int  # parameter bytes already resident in this process (CPU)
+    activations: ActivationProfile
+    activation_scale: float  # 0.5 for 16-true/bf16-true, 2 for 64-true (measured in fp32)
+
+    def estimate(
+        self,
+        micro_batch: int,
+        seq_len: int,
+        kind: str,
+        baseline: float,
+        optimizer_states: int = 2,
+        checkpointing: bool | None = None,
+    ) -> Estimate:
+        acts = self.activations
+        on = acts.checkpointing if checkpointing is None else checkpointing
+        calibration = CALIBRATION["cpu" if kind == "cpu" else "device", bool(on and acts.blocks)]
+        per_sample = acts.per_sample(seq_len, on)
+        activations = (acts.fixed + micro_batch * per_sample) * self.activation_scale
+        largest = micro_batch * acts.largest_tensor(seq_len) * self.activation_scale
+        transient = calibration.per_activation * activations + calibration.per_largest * largest
+        weights = float(self.params * self.param_bytes)
+        grads = float(self.trainable * self.param_bytes)
+        optimizer = float(self.trainable * self.param_bytes * optimizer_states)
+        overhead = calibration.step_overhead
+        if kind == "cpu":
+            overhead += baseline
+        else:
+            static = weights + grads + optimizer
+            overhead += DEVICE_ALLOCATOR_SLACK * (static + activations + transient)
+        return Estimate(
+            micro_batch, seq_len, weights, grads, optimizer, activations, transient, overhead
+        )
+
+
+def _param_bytes(model: nn.Module, precision: str) -> tuple[int, float]:
+    if precision in ("16-true", "bf16-true"):
+        return 2, 0.5
+    if precision == "64-true":
+        return 8, 2.0
+    first = next(model.parameters(), None)
+    return (first.element_size() if first is not None else 4), 1.0
+
+
+def model_memory(
+    model: nn.Module,
+    seq_len: int,
+    precision: str,
+    make_batch: MakeBatch | None = None,
+    loss_fn: LossFn | None = None,
+) -> ModelMemory:
+    """Count parameters (a frozen base once, trainable ones again for grads and optimizer) and
+    measure activations."""
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    param_bytes, scale = _param_bytes(model, precision)
+    resident = sum(
+        p.numel() * p.element_size() for p in model.parameters() if p.device.type == "cpu"
+    )
+    measured_precision = precision if precision.endswith("-mixed") else "32-true"
+    acts = measure_activations(model, seq_len, measured_precision, make_batch, loss_fn)
+    return ModelMemory(params, trainable, param_bytes, resident, acts, scale)
+
+
+def device_budget(
+    probe: DeviceProbe, memory_fraction: float, memory_budget_gb: float | None = None
+) -> Budget:
+    """The profile's budget rule applied to what the probe reads now."""
+    if memory_budget_gb:
+        return Budget(float(memory_budget_gb) * GB, f"hardware.memory_budget_gb={memory_budget_gb}")
+    reading = probe.memory()
+    if probe.kind == "mps" and reading.device_limit:
+        limit = memory_fraction * reading.device_limit
+        if reading.system_available and reading.system_available < limit:
+            return Budget(
+                float(reading.system_available),
+                f"available RAM {reading.system_available / GB:.1f} GB (below "
+                f"{memory_fraction} x MPS recommended max {reading.device_limit / GB:.1f} GB)",
+            )
+        return Budget(
+            limit, f"{memory_fraction} x MPS recommended max {reading.device_limit / GB:.1f} GB"
+        )
+    if probe.kind == "cuda":
+        free = reading.device_free
+        if free is None and reading.device_limit:
+            free = reading.device_limit - (reading.device_reserved or 0)
+        if free:
+            return Budget(
+                memory_fraction * free, f"{memory_fraction} x free GPU memory {free / GB:.1f} GB"
+            )
+    available = reading.system_available
+    return Budget(
+        memory_fraction * available + reading.rss,
+        f"{memory_fraction} x available RAM {available / GB:.1f} GB + this process {reading.rss / GB:.1f} GB",
+    )
+
+
+@dataclass
+class Plan:
+    """The preflight's answer: micro batch, accumulation, and the estimate behind them."""
+
+    micro_batch: int
+    accumulation: int
+    devices: int
+    seq_len: int
+    precision: str
+    device: str
+    budget: Budget
+    estimate: Estimate
+    requested_batch: int | str
+    effective_target: int | None
+    checkpointing: bool
+    measured_peak: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.accumulation * self.devices
+
+    def summary_lines(self) -> list[str]:
+        lines = [
+            f"preflight: estimate {self.estimate.line()}",
+            f"preflight: budget {self.budget.bytes / GB:.2f} GB ({self.budget.source}) on {self.device}, "
+            f"precision {self.precision}, gradient checkpointing {'on' if self.checkpointing else 'off'}",
+            f"preflight: micro batch {self.micro_batch} x accumulation {self.accumulation} x devices "
+            f"{self.devices} = effective batch {self.effective_batch}"
+            + (" (batch_size auto)" if self.requested_batch == "auto" else ""),
+        ]
+        if self.measured_peak is not None:
+            ratio = self.estimate.total / self.measured_peak
+            lines.append(
+                f"preflight: verified with 2 real steps: peak {self.measured_peak / GB:.2f} GB, "
+                f"estimate / measured = {ratio:.2f}"
+            )
+        return lines + [f"preflight: {note}" for note in self.notes]
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["estimate"]["total"] = self.estimate.total
+        data["effective_batch"] = self.effective_batch
+        return json.dumps(data, indent=1)
+
+
+def _aligned(value: int, multiple: int) -> int:
+    return value - value % multiple if multiple > 1 and value >= multiple else value
+
+
+def choose_micro_batch(largest_fit: int, effective: int | None, multiple: int) -> tuple[int, int]:
+    """(micro batch, accumulation) for the largest micro batch that fits.
+
+    With a target effective batch the micro batch divides it exactly (aligned when possible), so
+    micro x accumulation == effective; without one accumulation stays 1.
+    """
+    if effective is None:
+        return _aligned(largest_fit, multiple), 1
+    top = min(largest_fit, effective)
+    divisors = [m for m in range(top, 0, -1) if effective % m == 0]
+    aligned = [m for m in divisors if multiple > 1 and m % multiple == 0]
+    micro = (aligned or divisors)[0]
+    return micro, effective // micro
+
+
+def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, Any]) -> list[str]:
+    """Changes that would make micro batch 1 fit, largest saving first."""
+    seq_len, kind = est.seq_len, args["kind"]
+    options: list[tuple[float, str]] = []
+    for fraction in (2, 4):
+        shorter = memory.estimate(
+            1, max(8, seq_len // fraction), kind, args["baseline"], args["optimizer_states"]
+        )
+        options.append(
+            (
+                est.total - shorter.total,
+                f"shorter sequences (data.max_length={max(8, seq_len // fraction)})",
+            )
+        )
+    if memory.activations.blocks and not args["checkpointing"]:
+        ckpt = memory.estimate(1, seq_len, kind, args["baseline"], args["optimizer_states"], True)
+        options.append(
+            (est.total - ckpt.total, "gradient checkpointing (model.gradient_checkpointing=true)")
+        )
+    if args["precision"] == "32-true" and (kind == "cuda" or args["bf16"]):
+        lower = "16-mixed" if kind == "cuda" else "bf16-mixed"
+        saving = 0.5 * (est.activations + est.transient)
+        options.append(
+            (saving, f"lower precision (hardware.precision={lower}, about half the activations)")
+        )
+    static = est.weights + est.grads + est.optimizer
+    options.append(
+        (
+            static / 2,
+            "a smaller model (model=..., half the parameters halves weights/grads/optimizer)",
+        )
+    )
+    options.sort(key=lambda item: -item[0])
+    need = est.total - budget.bytes
+    return [
+        f"{text} saves {saving / GB:.2f} GB" + (" (enough)" if saving >= need else "")
+        for saving, text in options
+        if saving > 0
+    ]
+
+
+def _process_peak_bytes() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return float(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def measure_peak(
+    model: nn.Module,
+    micro_batch: int,
+    seq_len: int,
+    probe: DeviceProbe,
+    precision: str,
+    make_batch: MakeBatch,
+    loss_fn: LossFn,
+) -> float:
+    """Run two real training steps and return the peak memory they reached (bytes).
+
+    AdamW with lr=0 and no weight decay allocates its state like the real optimizer but leaves the
+    weights unchanged, so the run that follows starts from the same model. CPU: process peak RSS;
+    CUDA: max allocated; MPS: driver-allocated memory after each step (MPS has no peak API, FACTS.md §7).
+    """
+    from laptrain.hardware.activations import _autocast
+
+    device = torch.device(probe.kind)
+    model.to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=0.0, weight_decay=0.0)
+    probe.reset_peak()
+    peak = 0.0
+    with torch.random.fork_rng(devices=[]):
+        for _ in range(2):
+            with _autocast(device, precision):
+                loss = loss_fn(model, make_batch(micro_batch, seq_len))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            probe.synchronize()
+            reading = probe.memory()
+            peak = max(peak, float(reading.device_peak or reading.device_reserved or 0))
+    del optimizer, loss
+    gc.collect()
+    probe.empty_cache()
+    return peak if probe.kind != "cpu" else _process_peak_bytes()
+
+
+def plan_batch(
+    model: nn.Module,
+    seq_len: int,
+    profile: Mapping[str, Any],
+    probe: DeviceProbe,
+    effective_batch: int | None = None,
+    accumulation: int = 1,
+    checkpointing: bool | None = None,
+    optimizer_states: int = 2,
+    max_batch: int = 256,
+    verify: bool = False,
+    make_batch: MakeBatch | None = None,
+    loss_fn: LossFn | None = None,
+) -> Plan:
+    """Plan the micro batch of a job before the Trainer is built.
+
+    Args:
+        model: the module to train (on CPU, as built); a transformers model inside it is used to
+            make sample batches unless ``make_batch``/``loss_fn`` are given.
+        seq_len: the longest sequence a batch can have (the datamodule's ``max_length``).
+        profile: the hardware profile as a plain dict: ``precision``, ``batch_size`` (int or
+            ``"auto"``), ``batch_multiple``, ``memory_fraction``, ``memory_budget_gb``, ``devices``.
+        probe: reads the device's memory (a FakeProbe in tests).
+        effective_batch: micro x accumulation x devices to keep; None keeps ``accumulation``.
+        accumulation: the configured gradient accumulation when ``effective_batch`` is None.
+        checkpointing: override whether gradient checkpointing is on (default: as the model is).
+        optimizer_states: tensors per trainable parameter the optimizer keeps (AdamW: 2).
+        max_batch: the largest micro batch ``auto`` may pick.
+        verify: run two real steps at the chosen batch and report the measured peak.
+
+    Raises:
+        PreflightError: the job does not fit even at micro batch 1 (or the fixed batch does not fit).
+        ProfileError: the profile's precision cannot run on this device.
+    """
+    kind = probe.kind
+    precision = validate_precision(
+        profile.get("precision", "32-true"), kind, probe.bf16_supported()
+    )
+    devices = int(profile.get("devices", 1) or 1)
+    requested = profile.get("batch_size", "auto")
+    multiple = int(profile.get("batch_multiple", 1) or 1)
+    budget = device_budget(
+        probe, float(profile.get("memory_fraction", 0.8)), profile.get("memory_budget_gb")
+    )
+    make_batch = make_batch or hf_batch_maker(model)
+    loss_fn = loss_fn or hf_loss
+    reading = probe.memory()  # before the measuring passes, whose blocks the allocator may keep
+    memory = model_memory(model, seq_len, precision, make_batch, loss_fn)
+    on = memory.activations.checkpointing if checkpointing is None else checkpointing
+    baseline = (
+        max(0.0, float(reading.rss) - memory.materialized_cpu_bytes) if kind == "cpu" else 0.0
+    )
+    args = {
+        "kind": kind,
+        "baseline": baseline,
+        "optimizer_states": optimizer_states,
+        "checkpointing": on,
+        "precision": precision,
+        "bf16": probe.bf16_supported(),
+    }
+
+    def estimate(batch: int) -> Estimate:
+        return memory.estimate(batch, seq_len, kind, baseline, optimizer_states, on)
+
+    one = estimate(1)
+    if one.total > budget.bytes:
+        fixes = "; ".join(_fixes(memory, one, budget, args))
+        raise PreflightError(
+            f"this job does not fit even at micro batch 1: estimate {one.total / GB:.2f} GB > budget "
+            f"{budget.bytes / GB:.2f} GB ({budget.source}). Fixes, largest first: {fixes}"
+        )
+    per_sample = estimate(2).total - one.total
+    largest_fit = 1 + int((budget.bytes - one.total) // per_sample) if per_sample > 0 else max_batch
+    notes: list[str] = []
+    if str(requested) == "auto":
+        micro, accum = choose_micro_batch(min(largest_fit, max_batch), effective_batch, multiple)
+    else:
+        micro = int(requested)
+        if micro > largest_fit:
+            raise PreflightError(
+                f"hardware.batch_size={micro} does not fit: estimate {estimate(micro).total / GB:.2f} GB > "
+                f"budget {budget.bytes / GB:.2f} GB ({budget.source}); the largest that fits is "
+                f"{largest_fit}: set hardware.batch_size=auto (or <= {largest_fit})"
+            )
+        accum = accumulation
+        if effective_batch:
+            accum = max(1, math.ceil(effective_batch / (micro * devices)))
+            if micro * accum * devices != effective_batch:
+                notes.append(
+                    f"effective batch {micro * accum * devices} instead of {effective_batch} "
+                    f"(micro batch {micro} does not divide it; batch_size=auto would)"
+                )
+    plan = Plan(
+        micro_batch=micro,
+        accumulation=accum,
+        devices=devices,
+        seq_len=seq_len,
+        precision=precision,
+        device=kind,
+        budget=budget,
+        estimate=estimate(micro),
+        requested_batch=requested if str(requested) == "auto" else int(requested),
+        effective_target=effective_batch,
+        checkpointing=on,
+        notes=notes,
+    )
+    if verify:
+        plan.measured_peak = measure_peak(
+            model, micro, seq_len, probe, precision, make_batch, loss_fn
+        )
+    return plan
+
+
+def preflight_for_run(
+    model: nn.Module,
+    datamodule: Any,
+    hardware: Mapping[str, Any],
+    accumulation: int = 1,
+    effective_batch: int | None = None,
+    max_batch: int = 256,
+    verify: bool = False,
+    output_dir: Path | None = None,
+) -> Plan:
+    """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it.
+
+    Sequence length = the datamodule's ``max_length`` (or ``seq_len``); the chosen micro batch is set
+    on the datamodule when ``batch_size`` is auto; the plan is written to ``preflight.json``.
+    """
+    seq_len = getattr(datamodule, "max_length", None) or getattr(datamodule, "seq_len", None)
+    if not seq_len:
+        raise PreflightError(
+            "the memory preflight needs the datamodule's max_length or seq_len: "
+            "set preflight.enabled=false and hardware.batch_size=<n>"
+        )
+    probe = TorchProbe(str(hardware.get("accelerator", "cpu")))
+    plan = plan_batch(
+        model,
+        int(seq_len),
+        hardware,
+        probe,
+        effective_batch=effective_batch,
+        accumulation=accumulation,
+        max_batch=max_batch,
+        verify=verify,
+    )
+    if hasattr(datamodule, "batch_size"):
+        datamodule.batch_size = plan.micro_batch
+    if str(hardware.get("batch_size")) == "auto" and hasattr(datamodule, "eval_batch_size"):
+        datamodule.eval_batch_size = plan.micro_batch
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "preflight.json").write_text(plan.to_json())
+    return plan

@@ -1,0 +1,190 @@
+import json
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from laptrain.hardware.activations import (
+    Quadratic,
+    hf_batch_maker,
+    hf_loss,
+    measure_activations,
+    measure_once,
+    repeated_blocks,
+)
+from laptrain.hardware.preflight import (
+    GB,
+    PreflightError,
+    choose_micro_batch,
+    device_budget,
+    model_memory,
+    plan_batch,
+)
+from laptrain.hardware.probe import FakeProbe, MemoryReading
+
+SEQ = 64
+
+
+def tiny_bert() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    return BertForSequenceClassification(config)
+
+
+def reading(**kw) -> MemoryReading:
+    base = dict(
+        rss=0, system_total=16 * GB, system_available=8 * GB, system_percent=50.0, swap_used=0
+    )
+    return MemoryReading(**{**base, **kw})
+
+
+def cpu_profile(budget_gb: float, **kw) -> dict:
+    return {
+        "precision": "32-true",
+        "batch_size": "auto",
+        "batch_multiple": 1,
+        "memory_fraction": 0.8,
+        "memory_budget_gb": budget_gb,
+        "devices": 1,
+        **kw,
+    }
+
+
+def test_quadratic_through_three_points_is_exact():
+    q = Quadratic.through([(10, 1 + 20 + 300), (20, 1 + 40 + 1200), (30, 1 + 60 + 2700)])
+    assert q(100) == pytest.approx(1 + 200 + 30000)
+
+
+def test_activations_fitted_at_short_lengths_match_a_direct_measurement_at_full_length():
+    model = tiny_bert()
+    profile = measure_activations(model, SEQ)
+    direct = measure_once(
+        model, hf_batch_maker(model)(3, 128), hf_loss, "32-true", repeated_blocks(model)
+    )
+    measured = direct.outside + sum(direct.by_block)
+    assert profile.fixed + 3 * profile.total(128) == pytest.approx(measured, rel=0.01)
+    assert profile.total.b > 0  # attention's seq² term is seen
+
+
+def test_auto_picks_the_largest_batch_within_a_tiny_budget():
+    model = tiny_bert()
+    memory = model_memory(model, SEQ, "32-true")
+    budget = memory.estimate(10, SEQ, "cpu", 0).total + 1
+    plan = plan_batch(model, SEQ, cpu_profile(budget / GB), FakeProbe(readings=[reading()]))
+    assert plan.micro_batch == 10
+    assert plan.estimate.total <= plan.budget.bytes
+    assert memory.estimate(11, SEQ, "cpu", 0).total > plan.budget.bytes
+
+
+def test_auto_keeps_the_effective_batch_through_accumulation():
+    model = tiny_bert()
+    memory = model_memory(model, SEQ, "32-true")
+    budget = memory.estimate(10, SEQ, "cpu", 0).total + 1
+    plan = plan_batch(
+        model, SEQ, cpu_profile(budget / GB), FakeProbe(readings=[reading()]), effective_batch=64
+    )
+    assert (plan.micro_batch, plan.accumulation, plan.effective_batch) == (8, 8, 64)
+    assert "micro batch 8 x accumulation 8 x devices 1 = effective batch 64" in "\n".join(
+        plan.summary_lines()
+    )
+
+
+def test_alignment_rounds_down_to_a_multiple_of_8_and_prefers_aligned_divisors():
+    assert choose_micro_batch(23, None, 8) == (16, 1)
+    assert choose_micro_batch(5, None, 8) == (5, 1)  # below 8: nothing to align to
+    assert choose_micro_batch(30, 48, 8) == (24, 2)
+    assert choose_micro_batch(30, 48, 1) == (24, 2)
+    assert choose_micro_batch(30, 100, 8) == (25, 4)  # exact effective batch wins over alignment
+
+
+def test_cuda_profile_plans_against_free_gpu_memory_with_alignment():
+    model = tiny_bert()
+    probe = FakeProbe(kind="cuda", readings=[reading(device_limit=8 * GB, device_free=1 * GB)])
+    profile = cpu_profile(None, precision="16-mixed", batch_multiple=8)
+    plan = plan_batch(model, SEQ, profile, probe, max_batch=100)
+    assert plan.budget.source == "0.8 x free GPU memory 1.0 GB"
+    assert plan.micro_batch == 96 and plan.micro_batch % 8 == 0
+
+
+def test_mps_budget_is_a_fraction_of_recommended_max_capped_by_available_ram():
+    roomy = FakeProbe(
+        kind="mps", readings=[reading(device_limit=12 * GB, system_available=20 * GB)]
+    )
+    assert device_budget(roomy, 0.8).bytes == pytest.approx(0.8 * 12 * GB)
+    busy = FakeProbe(kind="mps", readings=[reading(device_limit=12 * GB, system_available=4 * GB)])
+    budget = device_budget(busy, 0.8)
+    assert budget.bytes == 4 * GB and budget.source.startswith("available RAM 4.0 GB")
+    assert device_budget(busy, 0.8, memory_budget_gb=2).bytes == 2 * GB
+
+
+def test_a_job_that_cannot_fit_is_refused_with_fixes_ordered_by_effect():
+    model = tiny_bert()
+    with pytest.raises(PreflightError) as err:
+        plan_batch(model, SEQ, cpu_profile(0.0001), FakeProbe(readings=[reading()]))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("this job does not fit even at micro batch 1")
+    fixes = message.split("Fixes, largest first: ")[1].split("; ")
+    names = " ".join(fixes)
+    for fix in ("data.max_length=32", "gradient_checkpointing", "bf16-mixed", "smaller model"):
+        assert fix in names
+    savings = [float(f.split(" saves ")[1].split(" GB")[0]) for f in fixes]
+    assert savings == sorted(savings, reverse=True)
+
+
+def test_a_fixed_batch_that_does_not_fit_names_the_option():
+    model = tiny_bert()
+    memory = model_memory(model, SEQ, "32-true")
+    budget = memory.estimate(4, SEQ, "cpu", 0).total + 1
+    with pytest.raises(
+        PreflightError, match=r"hardware.batch_size=16 does not fit.*largest that fits is 4"
+    ):
+        plan_batch(
+            model, SEQ, cpu_profile(budget / GB, batch_size=16), FakeProbe(readings=[reading()])
+        )
+
+
+def test_frozen_base_counts_once_and_checkpointing_shrinks_activations():
+    model = tiny_bert()
+    for param in model.bert.parameters():
+        param.requires_grad = False
+    probe = FakeProbe(readings=[reading()])
+    plan = plan_batch(model, SEQ, cpu_profile(1.0, batch_size=4), probe)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    assert plan.estimate.grads == trainable * 4 and plan.estimate.optimizer == trainable * 8
+    assert plan.estimate.weights == total * 4
+    full = plan_batch(tiny_bert(), SEQ, cpu_profile(1.0, batch_size=4), probe)
+    ckpt_model = tiny_bert()
+    ckpt_model.gradient_checkpointing_enable()
+    ckpt = plan_batch(ckpt_model, SEQ, cpu_profile(1.0, batch_size=4), probe)
+    assert ckpt.checkpointing and not full.checkpointing
+    assert ckpt.estimate.activations < full.estimate.activations
+
+
+def test_precision_the_device_lacks_is_refused_before_measuring():
+    from laptrain.hardware.profile import ProfileError
+
+    probe = FakeProbe(kind="mps", readings=[reading(device_limit=8 * GB)])
+    with pytest.raises(ProfileError, match="hardware.precision=16-mixed needs a CUDA GPU"):
+        plan_batch(tiny_bert(), SEQ, cpu_profile(None, precision="16-mixed"), probe)
+
+
+def test_verify_runs_two_steps_without_changing_the_weights_and_reports_the_ratio():
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    from laptrain.hardware.probe import TorchProbe
+
+    plan = plan_batch(model, SEQ, cpu_profile(None, batch_size=4), TorchProbe("cpu"), verify=True)
+    assert plan.measured_peak > 0
+    assert "estimate / measured" in plan.summary_lines()[-1]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    data = json.loads(plan.to_json())
+    assert data["micro_batch"] == 4 and data["estimate"]["total"] > 0
