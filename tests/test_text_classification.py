@@ -76,6 +76,21 @@ def test_given_splits_are_kept_and_groups_never_straddle_splits(tmp_path):
     assert not (groups["train"] & groups["val"]) and not (groups["train"] & groups["test"])
 
 
+def test_split_is_stratified_so_one_big_group_cannot_fill_a_split(tmp_path):
+    import datasets
+
+    # label "a": one 60-row group and many small ones; "b": small groups only
+    groups = [0] * 60 + [1 + i // 4 for i in range(140)]
+    labels = ["a"] * 60 + ["a" if i < 60 else "b" for i in range(140)]
+    ds = datasets.Dataset.from_dict({"text": ["x"] * 200, "label": labels, "g": groups})
+    dm = TextClassificationDataModule(vocab_size=200, group_column="g", cache_dir=str(tmp_path))
+    splits = dm._split({"train": ds})
+    assert 0 not in set(splits["val"]["g"]) | set(splits["test"]["g"])
+    for split in ("val", "test"):
+        shares = [splits[split]["label"].count(x) for x in ("a", "b")]
+        assert 8 <= shares[0] <= 16 and 6 <= shares[1] <= 12, (split, shares)
+
+
 def test_label_names_fix_the_order(tmp_path):
     dm = module(tmp_path, label_names=["weather", "sports", "cooking"])
     dm.setup()
