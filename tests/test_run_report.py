@@ -74,6 +74,9 @@ class Model(ChunkedBackward, BoringModel):
     def validation_step(self, batch, batch_idx):
         self.log("val/loss", self.step(batch))
 
+    def test_step(self, batch, batch_idx):
+        self.log("test/loss", self.step(batch))
+
 
 def guards(clock: FakeClock, tmp_path, **budget) -> list:
     probe = FakeProbe(kind="mps", readings=[MPS_READING])
@@ -148,6 +151,20 @@ def test_report_has_every_field_and_a_plot_that_opens(tmp_path):
     assert "| cooling_breaks | 1 |" in markdown and "| backoffs | 1 |" in markdown
     image = imread(tmp_path / "report.png")
     assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 300
+
+
+def test_testing_an_older_checkpoint_only_adds_the_test_metrics(tmp_path):
+    clock = FakeClock()
+    trainer, report = fit(tmp_path, clock)
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint["callbacks"]["RunReport"]["totals"]["train_s"] = 1.0  # as if saved early on
+    torch.save(checkpoint, tmp_path / "older.ckpt")
+    trainer.test(
+        trainer.lightning_module, ckpt_path=str(tmp_path / "older.ckpt"), weights_only=False
+    )
+    after = json.loads((tmp_path / "report.json").read_text())
+    assert after["time"] == report["time"] and after["throughput"] == report["throughput"]
+    assert set(after["metrics"]) == {"train/loss", "val/loss", "test/loss"}
 
 
 def test_an_exception_still_writes_the_report(tmp_path):

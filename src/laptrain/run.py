@@ -153,6 +153,17 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
             "Resume with the same command (or ckpt_path=<that file>)."
         )
         sys.exit(128 + stop.signal_received)
+    # A callback that stops the run on purpose (session budget, swap) leaves it resumable: exit 0.
+    paused = next((c.stop_reason for c in callbacks if getattr(c, "stop_reason", None)), None)
+    if paused:
+        last = stop.path if stop is not None else Path(cfg.paths.ckpt_dir) / "last.ckpt"
+        if stop is None:
+            trainer.save_checkpoint(str(last))
+        rank_zero_info(
+            f"stopped ({paused}) at global step {trainer.global_step}; checkpoint {last}. "
+            "Resume with the same command."
+        )
+        return None
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:

@@ -140,7 +140,10 @@ class OOMBackoff(Callback):
         """What the run report shows."""
         return {
             "backoffs": len(self.events),
-            "micro_batch": self.micro_batch,
+            "micro_batch": self.chunk_size(self.batch_size)
+            if self.batch_size
+            else self.micro_batch,
+            "chunks_per_batch": self.chunks,
             "events": self.events,
         }
 

@@ -81,6 +81,7 @@ class RunReport(Callback):
         self._cooling0 = 0.0
         self._wall_before, self._last_step = 0.0, -1
         self._point = {"t": self._session_start, "samples": 0}
+        self._report: dict[str, Any] | None = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -142,7 +143,13 @@ class RunReport(Callback):
 
     @override
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.write(trainer)
+        # trainer.test(ckpt_path=...) restores every callback's state from that (older) checkpoint,
+        # so only the test metrics are added to the report written at the end of fit.
+        if self._report is None:
+            self.write(trainer)
+            return
+        self._report["metrics"].update(_scalars(trainer))
+        self._write(trainer, self._report)
 
     @override
     def on_exception(
@@ -154,13 +161,15 @@ class RunReport(Callback):
     def wall_s(self) -> float:
         return self._wall_before + self.clock() - self._session_start
 
-    @rank_zero_only
-    def write(self, trainer: pl.Trainer) -> Path:
+    def write(self, trainer: pl.Trainer) -> None:
         """Build the report from this callback's totals and the other guards; write the files."""
-        folder = Path(self.output_dir or trainer.default_root_dir)
-        path = write_report(folder, self.build(trainer))
-        rank_zero_info(f"report: {path} ({self.status})")
-        return path
+        self._report = self.build(trainer)
+        self._write(trainer, self._report)
+
+    @rank_zero_only
+    def _write(self, trainer: pl.Trainer, report: dict[str, Any]) -> None:
+        path = write_report(Path(self.output_dir or trainer.default_root_dir), report)
+        rank_zero_info(f"report: {path} ({report['run']['status']})")
 
     def build(self, trainer: pl.Trainer) -> dict[str, Any]:
         wall, t = self.wall_s(), self.totals
@@ -203,7 +212,7 @@ class RunReport(Callback):
             "memory": memory.summary() if memory else {},
             "thermal": thermal.summary() if thermal else {},
             "oom": oom.summary() if oom else {},
-            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
+            "metrics": _scalars(trainer),
             "history": self.history,
         }
 
@@ -237,3 +246,7 @@ def _versions() -> dict[str, str]:
 
 def _cooling_s(trainer: pl.Trainer) -> float:
     return sum(cb.cooling_s for cb in trainer.callbacks if isinstance(cb, ThermalGuard))
+
+
+def _scalars(trainer: pl.Trainer) -> dict[str, float]:
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}

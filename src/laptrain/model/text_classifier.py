@@ -21,6 +21,8 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
+from laptrain.callbacks.chunked_backward import ChunkedBackward
+
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 
 
@@ -63,8 +65,11 @@ def build_classifier(
     return AutoModelForSequenceClassification.from_config(config)
 
 
-class TextClassifierModule(pl.LightningModule):
+class TextClassifierModule(ChunkedBackward, pl.LightningModule):
     """Fine-tune or train a text classifier; logs loss, accuracy and macro-F1 per stage.
+
+    The training step back-propagates through ``ChunkedBackward``, so that with the ``oom_backoff``
+    callback an out-of-memory error halves the micro-batch instead of ending the run.
 
     Args:
         num_labels, label_names, vocab_size, pad_token_id: from the datamodule (``model_kwargs``).
@@ -112,7 +117,8 @@ class TextClassifierModule(pl.LightningModule):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self.model(**batch).loss
+        # the loss is a mean over samples, so chunks weighted by their size add up to it
+        loss = self.chunked_backward(batch, lambda chunk: self.model(**chunk).loss)
         self.log(
             "train/loss", loss, on_step=True, prog_bar=True, batch_size=batch["labels"].shape[0]
         )
