@@ -110,3 +110,13 @@ def test_artifacts_keep_tokenizer_and_labels_with_the_run(tmp_path):
     dm.save_artifacts(tmp_path / "run")
     assert (tmp_path / "run" / "labels.json").read_text().count("sports") == 1
     assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_integer_labels_index_label_names_and_unknown_labels_are_refused(tmp_path):
+    rows = "text,label\n" + "".join(f"word{i} text here,{i % 2}\n" for i in range(40))
+    (tmp_path / "ints.csv").write_text(rows)
+    dm = module(tmp_path, files={"train": str(tmp_path / "ints.csv")}, label_names=["neg", "pos"])
+    dm.setup()
+    assert dm.label_names == ["neg", "pos"] and set(dm.splits["train"]["labels"]) == {0, 1}
+    with pytest.raises(ValueError, match="not in data.label_names"):
+        module(tmp_path, label_names=["sports", "cooking"]).setup()

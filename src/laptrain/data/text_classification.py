@@ -285,24 +285,23 @@ class TextClassificationDataModule(pl.LightningDataModule):
         tmp = entry.with_name(f"{entry.name}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
 
+        def label_id(value: Any) -> int:
+            """A label by name, or an integer label by position in ``label_names``."""
+            if str(value) in index:
+                return index[str(value)]
+            if isinstance(value, int) and 0 <= value < len(label_names):
+                return value
+            raise ValueError(
+                f"label {value!r} is not in data.label_names ({', '.join(label_names)})"
+            )
+
         def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
             ids = tokenizer(
                 [str(t) for t in batch[self.text_column]],
                 truncation=True,
                 max_length=self.max_length,
             )["input_ids"]
-            labels = []
-            for v in batch[self.label_column]:
-                key = (
-                    str(v)
-                    if str(v) in index
-                    else (label_names[v] if isinstance(v, int) and v < len(label_names) else None)
-                )
-                if key is None:
-                    raise ValueError(
-                        f"label {v!r} is not in data.label_names ({', '.join(label_names)})"
-                    )
-                labels.append(index[key])
+            labels = [label_id(v) for v in batch[self.label_column]]
             return {"input_ids": ids, "labels": labels, "length": [len(x) for x in ids]}
 
         for split, ds in splits.items():
