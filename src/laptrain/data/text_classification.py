@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from torch.utils.data import DataLoader
 
 from laptrain.data.collate import PadCollator
@@ -381,6 +382,9 @@ class TextClassificationDataModule(pl.LightningDataModule):
             "collate_fn": PadCollator(int(self.tokenizer.pad_token_id), self.pad_to_multiple_of),
             "num_workers": workers,
             "pin_memory": bool(self.pin_memory),
+            # Each new iterator draws a base seed; from a private generator it leaves the global
+            # RNG (dropout) alone, so a resumed run's masks match an uninterrupted run's.
+            "generator": torch.Generator().manual_seed(self.seed),
         }
         if workers > 0:  # both are errors with workers == 0 (FACTS.md §5)
             kwargs["persistent_workers"] = bool(self.persistent_workers)
