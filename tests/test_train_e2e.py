@@ -88,7 +88,14 @@ def test_sigint_saves_a_loadable_checkpoint_and_exits_nonzero(tmp_path):
     assert "Resume with the same command" in out
     last = tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt"
     state = torch.load(last, map_location="cpu", weights_only=True)
-    assert state["global_step"] > 0 and state["optimizer_states"]
+    step = state["global_step"]
+    assert step > 0 and state["optimizer_states"]
+
+    # rerunning continues from the interrupted step (a shorter budget so it ends)
+    again = run_train([*args, f"trainer.max_steps={step + 2}"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"global step {step}," in again.stdout
+    assert ckpt_step(last) == step + 2
 
 
 def test_profile_env_reaches_torch_and_an_exported_value_wins(tmp_path):
