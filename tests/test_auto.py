@@ -73,3 +73,9 @@ def test_explicit_profile_is_kept_with_a_note_when_the_machine_differs():
 def test_every_profile_auto_can_choose_exists():
     for name in ("m1_mini", "m2_air", "m3_pro", "m4", "m5_max", "intel_macbook", "cuda_host"):
         assert load_profile(choose_profile(recorded(name)).profile)["name"]
+
+
+def test_line_follows_a_batch_size_override():
+    argv = ["t.py", "hardware.batch_size=auto"]
+    _, line = resolve_hardware_argv(argv, detect=lambda: recorded("linux_box"))
+    assert line.endswith("(threads 8, batch from preflight)")

@@ -188,3 +188,35 @@ def test_verify_runs_two_steps_without_changing_the_weights_and_reports_the_rati
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     data = json.loads(plan.to_json())
     assert data["micro_batch"] == 4 and data["estimate"]["total"] > 0
+
+
+class _Data:
+    max_length = SEQ
+    batch_size = 1
+    eval_batch_size = 1
+
+
+def test_run_entry_sets_the_datamodule_batch_writes_json_and_keeps_it_on_resume(tmp_path):
+    from laptrain.hardware.preflight import preflight_for_run
+
+    model = tiny_bert()
+    hardware = cpu_profile(None, accelerator="cpu")
+    plan = preflight_for_run(model, _Data(), hardware, max_batch=8, output_dir=tmp_path)
+    assert plan.micro_batch == 8
+    data = _Data()
+    record = json.loads((tmp_path / "preflight.json").read_text())
+    record["micro_batch"], record["accumulation"] = 6, 2
+    (tmp_path / "preflight.json").write_text(json.dumps(record))
+    again = preflight_for_run(model, data, hardware, max_batch=8, output_dir=tmp_path)
+    assert (again.micro_batch, again.accumulation) == (6, 2)
+    assert (data.batch_size, data.eval_batch_size) == (6, 6)
+    assert "earlier session" in again.summary_lines()[-1]
+
+
+def test_run_entry_skips_models_it_cannot_measure_unless_auto_was_asked():
+    from laptrain.hardware.preflight import preflight_for_run
+
+    plain = torch.nn.Linear(4, 2)
+    assert preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4)) is None
+    with pytest.raises(PreflightError, match="set hardware.batch_size=<n>"):
+        preflight_for_run(plain, _Data(), cpu_profile(None))

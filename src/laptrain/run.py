@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
+from laptrain.hardware.preflight import preflight_for_run
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:
@@ -105,6 +106,36 @@ def _single_log_stream() -> None:
         logger.propagate = True
 
 
+def plan_preflight(cfg: DictConfig, model: Any, datamodule: Any, output_dir: Path) -> None:
+    """Memory preflight: print the estimate, set the micro batch (auto) and the accumulation."""
+    options = cfg.get("preflight") or {}
+    auto = str(cfg.hardware.get("batch_size")) == "auto"
+    if not options.get("enabled", True):
+        if auto:
+            raise ValueError(
+                "hardware.batch_size=auto needs preflight.enabled=true (or set hardware.batch_size=<n>)"
+            )
+        return
+    plan = preflight_for_run(
+        model,
+        datamodule,
+        OmegaConf.to_container(cfg.hardware, resolve=True),
+        accumulation=int(cfg.trainer.get("accumulate_grad_batches") or 1),
+        effective_batch=options.get("effective_batch_size"),
+        max_batch=int(options.get("max_batch_size") or 256),
+        verify=bool(options.get("verify", False)),
+        output_dir=output_dir,
+    )
+    if plan is None:
+        rank_zero_info("preflight: skipped (no transformers model to measure); batch as configured")
+        return
+    for line in plan.summary_lines():
+        rank_zero_info(line)
+    if auto:
+        cfg.hardware.batch_size = plan.micro_batch
+    cfg.trainer.accumulate_grad_batches = plan.accumulation
+
+
 def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
     """Train (resuming when the run folder has a checkpoint), test on the best checkpoint, export."""
     if HydraConfig.initialized():
@@ -115,11 +146,14 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))
 
-    datamodule = instantiate(cfg.data, _convert_="all")
+    # batch_size auto: a placeholder until the preflight has measured the model
+    auto_batch = str(cfg.hardware.get("batch_size")) == "auto"
+    datamodule = instantiate(cfg.data, _convert_="all", **({"batch_size": 1} if auto_batch else {}))
     datamodule.prepare_data()
     datamodule.setup("fit")
     model_kwargs = datamodule.model_kwargs() if hasattr(datamodule, "model_kwargs") else {}
     model = instantiate(cfg.model, _convert_="all", **model_kwargs)
+    plan_preflight(cfg, model, datamodule, output_dir)
 
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))

@@ -120,6 +120,9 @@ def resolve_hardware_argv(
         profile = profile_loader(choice.profile)
     except ProfileError:
         profile = {}
+    batch = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == "hardware.batch_size"]
+    if batch:
+        profile = {**profile, "batch_size": batch[-1]}  # the line shows what will run
     threads = None
     if (
         profile.get("accelerator") == "cpu"

@@ -35,6 +35,7 @@ from laptrain.hardware.activations import (
     ActivationProfile,
     LossFn,
     MakeBatch,
+    find_hf_model,
     hf_batch_maker,
     hf_loss,
     measure_activations,
@@ -390,6 +391,7 @@ def plan_batch(
     verify: bool = False,
     make_batch: MakeBatch | None = None,
     loss_fn: LossFn | None = None,
+    previous: tuple[int, int] | None = None,
 ) -> Plan:
     """Plan the micro batch of a job before the Trainer is built.
 
@@ -406,6 +408,8 @@ def plan_batch(
         optimizer_states: tensors per trainable parameter the optimizer keeps (AdamW: 2).
         max_batch: the largest micro batch ``auto`` may pick.
         verify: run two real steps at the chosen batch and report the measured peak.
+        previous: (micro batch, accumulation) an earlier session of this run used; ``auto`` keeps
+            it while it still fits, so a resumed run sees the same batches.
 
     Raises:
         PreflightError: the job does not fit even at micro batch 1 (or the fixed batch does not fit).
@@ -451,7 +455,12 @@ def plan_batch(
     per_sample = estimate(2).total - one.total
     largest_fit = 1 + int((budget.bytes - one.total) // per_sample) if per_sample > 0 else max_batch
     notes: list[str] = []
-    if str(requested) == "auto":
+    if str(requested) == "auto" and previous and previous[0] <= largest_fit:
+        micro, accum = previous
+        notes.append(
+            f"kept micro batch {micro} x accumulation {accum} of this run's earlier session"
+        )
+    elif str(requested) == "auto":
         micro, accum = choose_micro_batch(min(largest_fit, max_batch), effective_batch, multiple)
     else:
         micro = int(requested)
@@ -499,34 +508,52 @@ def preflight_for_run(
     max_batch: int = 256,
     verify: bool = False,
     output_dir: Path | None = None,
-) -> Plan:
+) -> Plan | None:
     """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it.
 
-    Sequence length = the datamodule's ``max_length`` (or ``seq_len``); the chosen micro batch is set
-    on the datamodule when ``batch_size`` is auto; the plan is written to ``preflight.json``.
+    Sequence length = the datamodule's ``max_length`` (or ``seq_len``). With ``batch_size: auto`` the
+    chosen micro batch is set on the datamodule, and a resumed run keeps the batch recorded in its
+    ``preflight.json`` while it fits. Returns None (nothing measured) for a model without a
+    transformers model inside when the batch is fixed.
+
+    Raises:
+        PreflightError: nothing fits, or ``auto`` was asked for a model the preflight cannot measure.
     """
+    auto = str(hardware.get("batch_size")) == "auto"
     seq_len = getattr(datamodule, "max_length", None) or getattr(datamodule, "seq_len", None)
-    if not seq_len:
-        raise PreflightError(
-            "the memory preflight needs the datamodule's max_length or seq_len: "
-            "set preflight.enabled=false and hardware.batch_size=<n>"
-        )
-    probe = TorchProbe(str(hardware.get("accelerator", "cpu")))
+    if find_hf_model(model) is None or not seq_len:
+        if auto:
+            raise PreflightError(
+                "hardware.batch_size=auto needs a transformers model and the datamodule's "
+                "max_length, which this job lacks: set hardware.batch_size=<n>"
+            )
+        return None
+    if not auto and getattr(datamodule, "batch_size", None):
+        hardware = {
+            **hardware,
+            "batch_size": int(datamodule.batch_size),
+        }  # data.batch_size may differ
+    record = output_dir / "preflight.json" if output_dir is not None else None
+    previous = None
+    if auto and record is not None and record.is_file():
+        earlier = json.loads(record.read_text())
+        previous = (int(earlier["micro_batch"]), int(earlier["accumulation"]))
     plan = plan_batch(
         model,
         int(seq_len),
         hardware,
-        probe,
+        TorchProbe(str(hardware.get("accelerator", "cpu"))),
         effective_batch=effective_batch,
         accumulation=accumulation,
         max_batch=max_batch,
         verify=verify,
+        previous=previous,
     )
-    if hasattr(datamodule, "batch_size"):
-        datamodule.batch_size = plan.micro_batch
-    if str(hardware.get("batch_size")) == "auto" and hasattr(datamodule, "eval_batch_size"):
-        datamodule.eval_batch_size = plan.micro_batch
-    if output_dir is not None:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "preflight.json").write_text(plan.to_json())
+    if auto:
+        for name in ("batch_size", "eval_batch_size"):
+            if hasattr(datamodule, name):
+                setattr(datamodule, name, plan.micro_batch)
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(plan.to_json())
     return plan
