@@ -221,44 +221,45 @@ def measure_activations(
     make_batch: MakeBatch | None = None,
     loss_fn: LossFn | None = None,
 ) -> ActivationProfile:
-    """Measure at batch 2 and three short lengths (and batch 1 once), fit, extrapolate to any length.
+    """Measure at batch 1 and three short lengths (and batch 2 once), fit, extrapolate to any length.
 
     "true" half/double precisions are measured in fp32 and scaled by the caller.
     """
     make_batch = make_batch or hf_batch_maker(model)
     loss_fn = loss_fn or hf_loss
-    base = min(max(8, seq_len // 4), 64)
+    base = min(max(8, seq_len // 4), 32)
     lengths = [base, 2 * base, 3 * base]
     blocks = repeated_blocks(model)
     was_training = model.training
     model.train()
-    fits: dict[str, list[tuple[int, float]]] = {
-        k: [] for k in ("total", "outside", "inputs", "block", "largest")
-    }
-    # fork_rng: dropout in these passes must not shift the training run's random stream.
+
+    def parts(batch: int, length: int) -> list[float]:
+        c = measure_once(model, make_batch(batch, length), loss_fn, precision, blocks)
+        block = max(c.by_block, default=0.0)
+        return [c.outside + sum(c.by_block), c.outside, c.inputs, block, c.largest]
+
+    # Batch 1 at three lengths, batch 2 at one: 2 x one - two is what does not grow with the batch
+    # (e.g. autocast's weight copies); the rest is per sample. fork_rng: dropout in these passes
+    # must not shift the training run's random stream.
     try:
         with torch.random.fork_rng(devices=[]), _checkpointing_off(blocks) as checkpointing:
-            for length in lengths:
-                two = measure_once(model, make_batch(2, length), loss_fn, precision, blocks)
-                one = measure_once(model, make_batch(1, length), loss_fn, precision, blocks)
-                total = lambda c: c.outside + sum(c.by_block)  # noqa: E731
-                fits["total"].append((length, total(two) - total(one)))
-                fits["outside"].append((length, two.outside - one.outside))
-                fits["inputs"].append((length, two.inputs - one.inputs))
-                fits["block"].append(
-                    (length, max(two.by_block, default=0.0) - max(one.by_block, default=0.0))
-                )
-                fits["largest"].append((length, two.largest / 2))
-                fixed = 2 * total(one) - total(two)
+            ones = [parts(1, length) for length in lengths]
+            two = parts(2, lengths[0])
     finally:
         model.train(was_training)
+    fixed = [max(0.0, 2 * a - b) for a, b in zip(ones[0], two, strict=True)]
+    fixed[4] = 0.0  # the largest tensor is a size, not a sum
+    total, outside, inputs, block, largest = (
+        Quadratic.through([(n, one[i] - fixed[i]) for n, one in zip(lengths, ones, strict=True)])
+        for i in range(5)
+    )
     return ActivationProfile(
-        fixed=max(0.0, fixed),
-        total=Quadratic.through(fits["total"]),
-        outside=Quadratic.through(fits["outside"]),
-        block_inputs=Quadratic.through(fits["inputs"]),
-        largest_block=Quadratic.through(fits["block"]),
-        largest_tensor=Quadratic.through(fits["largest"]),
+        fixed=fixed[0],
+        total=total,
+        outside=outside,
+        block_inputs=inputs,
+        largest_block=block,
+        largest_tensor=largest,
         blocks=len(blocks),
         checkpointing=checkpointing,
     )
