@@ -5,6 +5,7 @@ from __future__ import annotations
 from unittest.mock import Mock
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -152,11 +153,17 @@ def test_swap_growth_warns_once_naming_the_knobs(tmp_path):
 def test_swap_stop_ends_the_run_at_that_step(tmp_path):
     probe = FakeProbe(readings=[reading(swap=0), reading(swap=0), reading(swap=512)])
     monitor = MemoryMonitor(
-        every_n_steps=1, cleanup_on_epoch_end=False, on_swap="stop", swap_growth_mb=256, probe=probe
+        every_n_steps=1,
+        cleanup_on_epoch_end=False,
+        on_swap="stop",
+        swap_growth_mb=256,
+        ckpt_path=str(tmp_path / "last.ckpt"),
+        probe=probe,
     )
     with pytest.warns(UserWarning, match="stopping with a checkpoint"):
         trainer, _ = fit(monitor, 20, tmp_path)
     assert trainer.global_step == 3 and monitor.stop_reason == "swap"
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 3
 
 
 def test_growth_trend_reports_steady_growth_only():

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from matplotlib.image import imread
 from torch.utils.data import DataLoader
@@ -91,8 +92,12 @@ def guards(clock: FakeClock, tmp_path, **budget) -> list:
             sleep=clock.sleep,
         ),
         OOMBackoff(probe=probe),
-        SessionBudget(**budget, clock=clock),
+        SessionBudget(**budget, ckpt_path=str(tmp_path / "checkpoints" / "last.ckpt"), clock=clock),
         GracefulStop(dirpath=str(tmp_path / "checkpoints")),
+        # as conf/callbacks/periodic_checkpoint.yaml (it rewrites last.ckpt at train end)
+        ModelCheckpoint(
+            dirpath=tmp_path / "checkpoints", every_n_train_steps=250, save_top_k=0, save_last=True
+        ),
         RunReport(output_dir=str(tmp_path), profile="m2_air", every_n_steps=2, clock=clock),
     ]
 
@@ -109,7 +114,6 @@ def fit(tmp_path, clock, steps=8, resume=False, oom_step=3, crash_step=None, **b
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
     ckpt = str(tmp_path / "checkpoints" / "last.ckpt") if resume else None

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.session_budget import SessionBudget
+from laptrain.callbacks.stop_checkpoint import StopCheckpoint
 
 
 class FakeClock:
@@ -41,21 +42,26 @@ class LoggedModel(BoringModel):
 
 
 def session(tmp_path, budget, *, max_epochs=3, max_steps=-1, resume=False, clock=None):
-    """One process' worth of training, saving last.ckpt at the end like run.train does."""
+    """One process' worth of training with the callbacks run.train uses to save last.ckpt."""
     seed_everything(1)
     model = LoggedModel(clock)
     stop = GracefulStop(dirpath=str(tmp_path / "ckpt"))
+    # as conf/callbacks/periodic_checkpoint.yaml: its on_train_end rewrites last.ckpt (lightning 2.6)
+    periodic = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=250, save_top_k=0, save_last=True
+    )
+    if budget is not None:
+        budget.checkpoint = StopCheckpoint(str(stop.path))
     trainer = Trainer(
         accelerator="cpu",
         max_epochs=max_epochs,
         max_steps=max_steps,
         limit_train_batches=8,
         limit_val_batches=2,
-        callbacks=[c for c in (budget, stop) if c],
+        callbacks=[c for c in (budget, stop, periodic) if c],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(model, ckpt_path=str(stop.path) if resume else None)
@@ -87,6 +93,10 @@ def test_minutes_budget_stops_at_a_batch_boundary_and_resume_finishes(tmp_path):
     budget = SessionBudget(max_minutes=1, clock=clock)  # 10 s per step: 6 steps per session
     trainer, _ = session(tmp_path, budget, max_steps=20, clock=clock)
     assert trainer.global_step == 6 and budget.stop_reason == "session"
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    # saved at the stop, in the middle of epoch 0: saved after fit, the epoch would count as done
+    assert (saved["global_step"], saved["epoch"]) == (6, 0)
+    assert not (tmp_path / "ckpt" / "last.ckpt.stop").exists()
 
     clock.now = 10_000.0  # a new process: the budget is per session, not cumulative
     budget = SessionBudget(max_minutes=1, clock=clock)

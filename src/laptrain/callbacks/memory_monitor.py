@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
+from laptrain.callbacks.stop_checkpoint import StopCheckpoint
 from laptrain.hardware.probe import DeviceProbe, MemoryReading, probe_for
 
 SWAP_HINT = (
@@ -28,7 +29,7 @@ class MemoryMonitor(Callback):
     empties the allocator cache at epoch end and under memory pressure only: doing it on every log
     throws the cache away and slows the next steps (FACTS.md §7). On unified memory a job that does
     not fit swaps instead of failing (FACTS.md §1), so swap growth gets one warning, or with
-    ``on_swap="stop"`` a clean stop (``stop_reason = "swap"``; run.py saves the checkpoint).
+    ``on_swap="stop"`` a checkpoint and a clean stop (``stop_reason = "swap"``, run.py exits 0).
 
     Args:
         enabled: False makes every hook a no-op.
@@ -37,6 +38,7 @@ class MemoryMonitor(Callback):
         cleanup_above_percent: also clean when system memory passes this percent (None = never).
         cleanup_cooldown_steps: at least this many steps between two pressure cleanups.
         on_swap: ``"warn"`` or ``"stop"`` when swap grows by ``swap_growth_mb`` during training.
+        ckpt_path: checkpoint written at a swap stop (the run's ``last.ckpt``); None = none.
         leak_window_steps, leak_mb_per_100_steps: see ``GrowthTrend``.
         probe: device probe; None = the real one for ``trainer.strategy.root_device``.
 
@@ -55,6 +57,7 @@ class MemoryMonitor(Callback):
         swap_growth_mb: float = 256.0,
         leak_window_steps: int = 200,
         leak_mb_per_100_steps: float = 50.0,
+        ckpt_path: str | None = None,
         probe: DeviceProbe | None = None,
     ) -> None:
         if every_n_steps is not None and every_n_steps < 1:
@@ -68,6 +71,7 @@ class MemoryMonitor(Callback):
         self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
         self.cleanup_on_epoch_end, self.cleanup_above = cleanup_on_epoch_end, cleanup_above_percent
         self.cooldown, self.on_swap = cleanup_cooldown_steps, on_swap
+        self.checkpoint = StopCheckpoint(ckpt_path)
         self.swap = SwapWatch(swap_growth_mb)
         self.trend = GrowthTrend(leak_window_steps, leak_mb_per_100_steps)
         self.stop_reason: str | None = None
@@ -118,6 +122,10 @@ class MemoryMonitor(Callback):
             freed = self.cleanup("epoch end", announce=False)
             for logger in trainer.loggers:
                 logger.log_metrics({"memory/cleanup_freed_mb": freed}, step=trainer.global_step)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.checkpoint.put_in_place(trainer)
 
     def metrics(self, r: MemoryReading) -> dict[str, float]:
         """The scalars of one reading, named by device kind."""
@@ -187,6 +195,7 @@ class MemoryMonitor(Callback):
         )
         if stop:
             self.stop_reason = "swap"
+            self.checkpoint.save(trainer)
             trainer.should_stop = True
 
     def summary(self) -> dict[str, Any]:

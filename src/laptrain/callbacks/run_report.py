@@ -82,9 +82,12 @@ class RunReport(Callback):
         self._wall_before, self._last_step = 0.0, -1
         self._point = {"t": self._session_start, "samples": 0}
         self._report: dict[str, Any] | None = None
+        self._batch: dict[str, int] | None = None
+        self._trainer: pl.Trainer | None = None
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer  # state_dict() needs it for a batch in flight
         if stage == "fit":
             self._session_start = self._point["t"] = self.clock()
 
@@ -93,8 +96,24 @@ class RunReport(Callback):
         self.totals["sessions"] += 1  # after a resume's load_state_dict
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._t0, self._cooling0 = self.clock(), _cooling_s(trainer)
+        self._batch = {"samples": batch_length(batch), "tokens": token_count(batch) or 0}
+
+    def _batch_totals(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """Totals with the current batch counted (it is done once its end hooks run)."""
+        if self._batch is None:
+            return dict(self.totals)
+        # a cooling break taken between this callback's two hooks is not training time
+        spent = self.clock() - self._t0 - (_cooling_s(trainer) - self._cooling0)
+        return {
+            **self.totals,
+            "train_s": self.totals["train_s"] + spent,
+            "samples": self.totals["samples"] + self._batch["samples"],
+            "tokens": self.totals["tokens"] + self._batch["tokens"],
+        }
 
     @override
     def on_train_batch_end(
@@ -106,10 +125,7 @@ class RunReport(Callback):
         batch_idx: int,
     ) -> None:
         now = self.clock()
-        # a cooling break taken between this callback's two hooks is not training time
-        self.totals["train_s"] += now - self._t0 - (_cooling_s(trainer) - self._cooling0)
-        self.totals["samples"] += batch_length(batch)
-        self.totals["tokens"] += token_count(batch) or 0
+        self.totals, self._batch = self._batch_totals(trainer), None
         step = trainer.global_step
         if step == self._last_step or step % (self.every_n or trainer.log_every_n_steps):
             return
@@ -135,7 +151,7 @@ class RunReport(Callback):
             self.history = self.history[::2]
 
     @override
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         reasons = [getattr(cb, "stop_reason", None) for cb in trainer.callbacks]
         reason = next((r for r in reasons if r), None)
         self.status = f"stopped ({reason}); resume with the same command" if reason else "finished"
@@ -218,7 +234,8 @@ class RunReport(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        totals = {**self.totals, "wall_s": self.wall_s()}
+        # a checkpoint saved by an earlier callback's on_train_batch_end (a stop) includes this batch
+        totals = {**self._batch_totals(self._trainer), "wall_s": self.wall_s()}
         return {
             "version": 1,
             "totals": totals,

@@ -11,6 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+
 
 class SessionBudget(Callback):
     """Stop at a batch boundary once this process has trained ``max_minutes`` or ``max_epochs``.
@@ -18,13 +20,16 @@ class SessionBudget(Callback):
     Lightning's ``max_time`` (the ``Timer`` callback) restores its elapsed time from the checkpoint,
     so its budget is cumulative over resumes (FACTS.md §8) and a resumed run would stop at once.
     This budget is per process: "train 2-3 epochs at a time, then let the machine rest" (seed 000).
-    When it runs out it sets ``trainer.should_stop`` and ``stop_reason = "session"``; ``run.train``
-    then saves ``last.ckpt`` and exits 0 with "resume with the same command". A run that would end
-    anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.
+    When it runs out it sets ``trainer.should_stop`` and ``stop_reason = "session"`` (saving
+    ``ckpt_path`` at that batch boundary); ``run.train`` then exits 0 with "resume with the same command". A
+    run that would end anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.
 
     Args:
         max_minutes: wall-clock minutes of training per process; None = no limit.
         max_epochs: training epochs per process; None = no limit.
+        ckpt_path: the run's ``last.ckpt``: a stop in the middle of an epoch is saved there (see
+            ``StopCheckpoint``), so the resumed run finishes that epoch. None = leave the save to
+            another callback (an epoch-end stop always does: any end-of-fit save is right there).
         clock: injectable ``time.monotonic``.
 
     Raises:
@@ -39,6 +44,7 @@ class SessionBudget(Callback):
         self,
         max_minutes: float | None = None,
         max_epochs: int | None = None,
+        ckpt_path: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_minutes is not None and max_minutes <= 0:
@@ -46,6 +52,7 @@ class SessionBudget(Callback):
         if max_epochs is not None and max_epochs < 1:
             raise ValueError("session_budget.max_epochs must be >= 1, or null for no epoch limit")
         self.max_minutes, self.max_epochs, self.clock = max_minutes, max_epochs, clock
+        self.checkpoint = StopCheckpoint(ckpt_path)
         self.stop_reason: str | None = None
         self._start, self._first_epoch = 0.0, 0
 
@@ -71,6 +78,7 @@ class SessionBudget(Callback):
             return
         spent = trainer.strategy.broadcast(self.clock() - self._start)
         if spent >= self.max_minutes * 60 and not self._ends_anyway(trainer, batch_idx):
+            self.checkpoint.save(trainer)  # mid-epoch: see laptrain/callbacks/stop_checkpoint.py
             self._stop(trainer, f"{self.max_minutes:g} min")
 
     @override
@@ -83,6 +91,10 @@ class SessionBudget(Callback):
         )
         if done >= self.max_epochs and not last_epoch and not self._steps_done(trainer):
             self._stop(trainer, f"{self.max_epochs} epoch(s)")
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.checkpoint.put_in_place(trainer)
 
     @staticmethod
     def _steps_done(trainer: pl.Trainer) -> bool:
