@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from matplotlib.image import imread
 from torch.utils.data import DataLoader
@@ -169,6 +170,38 @@ def test_testing_an_older_checkpoint_only_adds_the_test_metrics(tmp_path):
     after = json.loads((tmp_path / "report.json").read_text())
     assert after["time"] == report["time"] and after["throughput"] == report["throughput"]
     assert set(after["metrics"]) == {"train/loss", "val/loss", "test/loss"}
+
+
+class CtrlC(Callback):
+    """What GracefulStop records when SIGINT arrives (its handler only sets the attribute)."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.signal_received = step, None
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            self.signal_received = signal.SIGINT
+            trainer.should_stop = True
+
+
+def test_a_signal_stop_is_reported_as_interrupted(tmp_path):
+    seed_everything(5)
+    report = RunReport(output_dir=str(tmp_path), clock=FakeClock())
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=8,
+        limit_val_batches=0,
+        callbacks=[CtrlC(3), report],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Model(FakeClock()))
+    written = json.loads((tmp_path / "report.json").read_text())["run"]
+    assert written["status"] == "interrupted (SIGINT); resume with the same command"
+    assert (written["global_step"], written["epoch"]) == (4, 0)  # Lightning's current_epoch says 1
 
 
 def test_an_exception_still_writes_the_report(tmp_path):

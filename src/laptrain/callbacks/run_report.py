@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import signal
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -83,6 +84,7 @@ class RunReport(Callback):
         self._point = {"t": self._session_start, "samples": 0}
         self._report: dict[str, Any] | None = None
         self._batch: dict[str, int] | None = None
+        self._epoch = 0
         self._trainer: pl.Trainer | None = None
 
     @override
@@ -126,6 +128,7 @@ class RunReport(Callback):
     ) -> None:
         now = self.clock()
         self.totals, self._batch = self._batch_totals(trainer), None
+        self._epoch = trainer.current_epoch
         step = trainer.global_step
         if step == self._last_step or step % (self.every_n or trainer.log_every_n_steps):
             return
@@ -152,9 +155,19 @@ class RunReport(Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # duck-typed: SessionBudget/MemoryMonitor set stop_reason, GracefulStop signal_received
         reasons = [getattr(cb, "stop_reason", None) for cb in trainer.callbacks]
+        signals = [getattr(cb, "signal_received", None) for cb in trainer.callbacks]
         reason = next((r for r in reasons if r), None)
-        self.status = f"stopped ({reason}); resume with the same command" if reason else "finished"
+        signum = next((s for s in signals if s), None)
+        if signum:
+            self.status = (
+                f"interrupted ({signal.Signals(signum).name}); resume with the same command"
+            )
+        elif reason:
+            self.status = f"stopped ({reason}); resume with the same command"
+        else:
+            self.status = "finished"
         self.write(trainer)
 
     @override
@@ -200,7 +213,7 @@ class RunReport(Callback):
                 "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "sessions": t["sessions"],
                 "global_step": trainer.global_step,
-                "epoch": trainer.current_epoch,
+                "epoch": self._epoch,  # of the last trained batch (a stop mid-epoch is not "done")
             },
             "hardware": {
                 "profile": self.profile,
@@ -241,6 +254,7 @@ class RunReport(Callback):
             "totals": totals,
             "history": self.history,
             "started_at": self.started_at,
+            "epoch": self._trainer.current_epoch if self._batch else self._epoch,
         }
 
     @override
@@ -249,6 +263,7 @@ class RunReport(Callback):
         self._wall_before = self.totals["wall_s"]
         self.history = list(state_dict["history"])
         self.started_at = state_dict["started_at"]
+        self._epoch = state_dict["epoch"]
 
 
 def _versions() -> dict[str, str]:
