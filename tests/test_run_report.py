@@ -23,6 +23,7 @@ from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
+from tests.conftest import TINY, run_train, write_texts
 
 MB = 1024 * 1024
 MPS_READING = MemoryReading(
@@ -261,3 +262,47 @@ def test_markdown_renders_without_optional_sections():
 def test_bad_values_name_their_config_key(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RunReport(**kwargs)
+
+
+def test_train_py_on_an_apple_profile_with_fake_mps_reads_two_sessions(tmp_path):
+    """Acceptance: `python train.py hardware=m2_air ...` on CPU, guards on, MPS reads faked."""
+    args = [
+        "hardware=m2_air",
+        "hardware.accelerator=cpu",  # the test-only part: no MPS here ...
+        "hardware.batch_size=8",
+        "callbacks=fake_mps",  # ... and the guards' MPS reads answered by a FakeProbe
+        "callbacks.thermal_guard.break_seconds=0.2",
+        "callbacks.session_budget.max_epochs=1",
+        "model=tiny_classifier",
+        "data=text_csv",
+        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
+        "run_name=guarded",
+        "trainer.max_epochs=2",
+        "trainer.log_every_n_steps=5",
+        *TINY,
+    ]
+    first = run_train(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "Resume with the same command" in first.stdout + first.stderr
+    run = tmp_path / "outputs" / "guarded"
+    report = json.loads((run / "report.json").read_text())
+    assert report["run"]["status"] == "stopped (session); resume with the same command"
+    steps_first = report["run"]["global_step"]
+
+    second = run_train(args, tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    report = json.loads((run / "report.json").read_text())
+    assert report["run"]["status"] == "finished" and report["run"]["sessions"] == 2
+    assert report["run"]["global_step"] == 2 * steps_first
+    assert report["hardware"]["profile"] == "m2_air" and report["memory"]["kind"] == "mps"
+    assert (
+        report["thermal"]["cooling_breaks"] >= 1 and report["thermal"]["worst_state"] == "serious"
+    )
+    assert report["throughput"]["tokens_per_s"] > 0 and "test/acc" in report["metrics"]
+    for section in ("run", "hardware", "versions", "time", "throughput", "memory", "oom"):
+        assert all(v is not None for v in report[section].values()), section
+    assert (
+        "![loss, throughput, memory and thermal state](report.png)"
+        in (run / "report.md").read_text()
+    )
+    assert imread(run / "report.png").ndim == 3
