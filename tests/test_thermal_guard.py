@@ -277,3 +277,54 @@ def test_disabled_guard_reads_nothing(tmp_path):
     )
     logger = fit(guard, TimedModel(clock), 3, tmp_path)
     assert source.calls == 0 and thermal_calls(logger) == [] and clock.slept == []
+
+
+def test_hot_micro_batch_divisor_splits_batches_only_while_hot(tmp_path):
+    from laptrain.callbacks.oom_backoff import OOMBackoff
+    from tests.test_oom_backoff import ChunkedModel, PlainModel
+
+    seed_everything(3)
+    plain = PlainModel()
+    fit(None, plain, 6, tmp_path)
+
+    clock = FakeClock()
+    guard = ThermalGuard(
+        source=FakeThermal([SERIOUS, NOMINAL]),
+        check_every_n_steps=2,
+        break_seconds=1,
+        drift_threshold_pct=None,
+        hot_micro_batch_divisor=4,
+        probe=FakeProbe(),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    backoff = OOMBackoff(every_n_steps=1, probe=FakeProbe())
+    seed_everything(3)
+    model = ChunkedModel()
+    logger = Mock()
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=6,
+        limit_val_batches=0,
+        logger=logger,
+        callbacks=[guard, backoff],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model)
+    logged = [
+        c.args[0] for c in logger.log_metrics.call_args_list if "oom/accumulation" in c.args[0]
+    ]
+    # hot at the check after step 2, nominal again after step 4
+    assert [m["oom/accumulation"] for m in logged] == [1.0, 1.0, 4.0, 4.0, 1.0, 1.0]
+    assert {m["oom/effective_batch"] for m in logged} == {8.0}
+    assert model.samples_seen == 6 * 8
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value)
+
+
+def test_divisor_below_one_names_its_key():
+    with pytest.raises(ValueError, match="thermal_guard.hot_micro_batch_divisor"):
+        ThermalGuard(hot_micro_batch_divisor=0)

@@ -64,6 +64,7 @@ class OOMBackoff(Callback):
             )
         self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
         self.micro_batch: int | None = None
+        self.hot_divisor = 1  # set by ThermalGuard(hot_micro_batch_divisor=...) while hot
         self.events: list[dict[str, Any]] = []
         self.batch_size, self.chunks = 0, 0
         self._last_step, self._pending, self._warned = -1, False, False
@@ -80,9 +81,10 @@ class OOMBackoff(Callback):
 
     def chunk_size(self, batch_size: int) -> int:
         """Micro-batch to use for a batch of ``batch_size`` samples."""
-        if not self.enabled or self.micro_batch is None:
+        if not self.enabled:
             return batch_size
-        return max(1, min(self.micro_batch, batch_size))
+        size = batch_size if self.micro_batch is None else min(self.micro_batch, batch_size)
+        return max(1, math.ceil(size / self.hot_divisor))
 
     def handle_oom(self, message: str, size: int, trainer: pl.Trainer) -> int:
         """Free memory after an OOM on ``size`` samples; return the new micro-batch."""

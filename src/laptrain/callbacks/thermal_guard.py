@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from laptrain.callbacks.oom_backoff import OOMBackoff
 from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
 from laptrain.hardware.probe import DeviceProbe, probe_for
 from laptrain.hardware.thermal import LEVEL_NAMES, ThermalSource, thermal_source
@@ -35,6 +36,8 @@ class ThermalGuard(Callback):
         warmup_steps, baseline_steps, window_steps: see ``ThroughputDrift``.
         break_seconds: length of one break; max_break_seconds_per_hour caps all breaks.
         check_every_n_steps: how often the source is read, the scalars logged and a break decided.
+        hot_micro_batch_divisor: while hot, also divide the micro-batch by this (more accumulation,
+            same effective batch; needs ``OOMBackoff`` and a ``ChunkedBackward`` model); 1 = off.
         probe: device probe (synchronised before each clock read); clock, sleep: injectable time.
 
     Raises:
@@ -58,6 +61,7 @@ class ThermalGuard(Callback):
         break_seconds: float = 30.0,
         max_break_seconds_per_hour: float = 300.0,
         check_every_n_steps: int = 10,
+        hot_micro_batch_divisor: int = 1,
         probe: DeviceProbe | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -75,7 +79,9 @@ class ThermalGuard(Callback):
         self.enabled, self.source, self.probe = enabled, source, probe
         self.use_os_source = use_os_source
         self.hot_level, self.drift_threshold_pct = hot_level, drift_threshold_pct
-        self.every_n = check_every_n_steps
+        if hot_micro_batch_divisor < 1:
+            raise ValueError("thermal_guard.hot_micro_batch_divisor must be >= 1 (1 = off)")
+        self.every_n, self.hot_divisor = check_every_n_steps, hot_micro_batch_divisor
         self.drift = ThroughputDrift(warmup_steps, baseline_steps, window_steps)
         self.budget = CoolingBudget(break_seconds, max_break_seconds_per_hour)
         self.clock, self.sleep = clock, sleep
@@ -122,6 +128,7 @@ class ThermalGuard(Callback):
             self.max_drift_pct = max(drift, self.max_drift_pct or drift)
             metrics["thermal/drift_pct"] = drift
         reason = self._reason(reading.level if reading else None, drift)
+        self._split_while_hot(trainer, hot=reason is not None)
         seconds = trainer.strategy.broadcast(self.budget.allowed(self.clock()) if reason else 0.0)
         if reason and seconds > 0:
             metrics["thermal/cooling_break_s"] = self._cool(trainer, reason, seconds)
@@ -133,6 +140,13 @@ class ThermalGuard(Callback):
             )
         for logger in trainer.loggers if metrics else ():
             logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _split_while_hot(self, trainer: pl.Trainer, hot: bool) -> None:
+        divisor = self.hot_divisor if hot else 1
+        for cb in trainer.callbacks:
+            if self.hot_divisor > 1 and isinstance(cb, OOMBackoff) and cb.hot_divisor != divisor:
+                cb.hot_divisor = divisor
+                rank_zero_info(f"thermal: micro-batch divided by {divisor} (effective batch kept)")
 
     def _reason(self, level: int | None, drift: float | None) -> str | None:
         if level is not None and level >= self.hot_level:
