@@ -17,8 +17,8 @@ from laptrain.callbacks.chunked_backward import ChunkedBackward
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.oom_backoff import OOMBackoff
-from laptrain.callbacks.report_writer import render_markdown
-from laptrain.callbacks.run_report import RunReport, token_count
+from laptrain.callbacks.report_writer import render_markdown, token_count
+from laptrain.callbacks.run_report import RunReport
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.hardware.probe import FakeProbe, MemoryReading

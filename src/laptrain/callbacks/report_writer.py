@@ -8,10 +8,47 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
+from torch import Tensor
+
 PLOT_NAME = "report.png"
+PACKAGES = ("laptrain", "torch", "lightning", "transformers", "peft", "hydra-core")
+
+
+def token_count(batch: Any) -> int | None:
+    """Real tokens in a tokenized batch (``attention_mask`` sum, else ``input_ids`` size)."""
+    if isinstance(batch, Mapping):
+        for key in ("attention_mask", "input_ids"):
+            value = batch.get(key)
+            if isinstance(value, Tensor):
+                return int(value.sum()) if key == "attention_mask" else value.numel()
+    return None
+
+
+def package_versions() -> dict[str, str]:
+    """Python and the installed versions of the packages a run depends on."""
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def machine_facts() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": psutil.cpu_count(logical=False) or psutil.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 1024**3, 1),
+    }
 
 
 def write_report(folder: str | os.PathLike[str], report: dict[str, Any]) -> Path:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import platform
 import signal
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import psutil
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
@@ -21,20 +18,13 @@ from typing_extensions import override
 from laptrain.callbacks.chunked_backward import batch_length
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.oom_backoff import OOMBackoff
-from laptrain.callbacks.report_writer import write_report
+from laptrain.callbacks.report_writer import (
+    machine_facts,
+    package_versions,
+    token_count,
+    write_report,
+)
 from laptrain.callbacks.thermal_guard import ThermalGuard
-
-PACKAGES = ("laptrain", "torch", "lightning", "transformers", "peft", "hydra-core")
-
-
-def token_count(batch: Any) -> int | None:
-    """Real tokens in a tokenized batch (``attention_mask`` sum, else ``input_ids`` size)."""
-    if isinstance(batch, Mapping):
-        for key in ("attention_mask", "input_ids"):
-            value = batch.get(key)
-            if isinstance(value, Tensor):
-                return int(value.sum()) if key == "attention_mask" else value.numel()
-    return None
 
 
 class RunReport(Callback):
@@ -220,12 +210,9 @@ class RunReport(Callback):
                 "accelerator": type(trainer.accelerator).__name__,
                 "device": str(trainer.strategy.root_device),
                 "precision": str(trainer.precision),
-                "platform": platform.platform(),
-                "machine": platform.machine(),
-                "cpu_count": psutil.cpu_count(logical=False) or psutil.cpu_count(),
-                "ram_gb": round(psutil.virtual_memory().total / 1024**3, 1),
+                **machine_facts(),
             },
-            "versions": {"python": platform.python_version(), **_versions()},
+            "versions": package_versions(),
             "time": {
                 "wall_s": wall,
                 "train_s": t["train_s"],
@@ -266,19 +253,9 @@ class RunReport(Callback):
         self._epoch = state_dict["epoch"]
 
 
-def _versions() -> dict[str, str]:
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
+def _scalars(trainer: pl.Trainer) -> dict[str, float]:
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
 
 
 def _cooling_s(trainer: pl.Trainer) -> float:
     return sum(cb.cooling_s for cb in trainer.callbacks if isinstance(cb, ThermalGuard))
-
-
-def _scalars(trainer: pl.Trainer) -> dict[str, float]:
-    return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
