@@ -158,8 +158,9 @@ class MemoryMonitor(Callback):
             freed = (before.device_reserved - after.device_reserved) / MB
         else:
             freed = (before.rss - after.rss) / MB
+        freed = max(freed, 0.0)  # RSS can grow meanwhile; "freed" is never negative
         self.cleanups += 1
-        self.freed_mb += max(freed, 0.0)
+        self.freed_mb += freed
         if announce:
             rank_zero_info(f"memory: cleanup ({reason}) freed {freed:.0f} MB")
         return freed
