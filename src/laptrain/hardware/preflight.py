@@ -70,7 +70,7 @@ class Calibration:
 # measures the real peak on the device.
 CALIBRATION = {
     ("cpu", False): Calibration(step_overhead=57e6, per_activation=0.47, per_largest=1.0),
-    ("cpu", True): Calibration(step_overhead=81e6, per_activation=1.33, per_largest=0.0),
+    ("cpu", True): Calibration(step_overhead=57e6, per_activation=1.6, per_largest=0.0),
     ("device", False): Calibration(step_overhead=0.0, per_activation=0.25, per_largest=2.0),
     ("device", True): Calibration(step_overhead=0.0, per_activation=1.0, per_largest=2.0),
 }
