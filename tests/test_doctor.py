@@ -90,3 +90,29 @@ def test_macos_without_bitsandbytes_is_a_warning_not_a_failure():
 def test_too_little_disk_for_the_checkpoints_fails(tmp_path):
     check = check_disk(tmp_path / "outputs", 1e18, "3 checkpoints")
     assert not check.ok and "need" in check.detail
+
+
+def test_unknown_doctor_argument_is_one_line_naming_the_options(capsys):
+    assert main(["doctor", "precision=16"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip()
+        == "error: unknown argument 'precision=16': use hardware=<profile> or model=<name>"
+    )
+
+
+def test_record_writes_this_machines_outputs_for_a_new_recording(capsys, monkeypatch, tmp_path):
+    from laptrain.cli import doctor as run_cli_doctor
+
+    monkeypatch.setattr("laptrain.hardware.doctor.run_doctor", lambda *a, **k: _Ready())
+    args = type("Args", (), {"record": str(tmp_path / "me"), "overrides": [], "json": False})()
+    assert run_cli_doctor(args) == 0
+    raw = RawMachine.from_dir(tmp_path / "me")
+    assert machine_from_raw(raw).memory_bytes > 0
+
+
+class _Ready:
+    ready = True
+
+    def text(self):
+        return "ready"
