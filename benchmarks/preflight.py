@@ -60,7 +60,8 @@ def run_case(name: str, batch: int, seq_len: int, checkpointing: bool, device: s
     import torch
 
     from laptrain.hardware.activations import hf_batch_maker, hf_loss
-    from laptrain.hardware.preflight import measure_peak, model_memory
+    from laptrain.hardware.estimate import model_memory
+    from laptrain.hardware.preflight import measure_peak
     from laptrain.hardware.probe import TorchProbe
 
     torch.manual_seed(0)

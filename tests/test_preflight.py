@@ -12,14 +12,9 @@ from laptrain.hardware.activations import (
     measure_once,
     repeated_blocks,
 )
-from laptrain.hardware.preflight import (
-    GB,
-    PreflightError,
-    choose_micro_batch,
-    device_budget,
-    model_memory,
-    plan_batch,
-)
+from laptrain.hardware.budget import device_budget
+from laptrain.hardware.estimate import GB, model_memory
+from laptrain.hardware.preflight import PreflightError, choose_micro_batch, plan_batch
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 
 SEQ = 64

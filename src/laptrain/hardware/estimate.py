@@ -1,0 +1,161 @@
+"""The memory estimate of one training step: what a model costs at a micro batch and length.
+
+    peak = overhead + weights (all params) + grads + optimizer state (trainable params only)
+           + saved activations (measured, activations.py) + backward's transient buffers
+
+The transient part and the CPU overhead are calibrated on measurements (benchmarks/preflight.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from laptrain.hardware.activations import (
+    ActivationProfile,
+    LossFn,
+    MakeBatch,
+    measure_activations,
+)
+
+GB = 1024**3
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a step needs beyond weights, grads, optimizer state and saved activations.
+
+    ``step_overhead``: bytes the first training step adds once (lazy imports, autograd engine,
+    optimizer set-up). ``per_activation``: extra bytes per saved-activation byte (the gradients of
+    activations, and freed forward temporaries the allocator keeps). ``per_largest``: extra bytes per
+    byte of the largest saved tensor of one sample (the gradient buffers at the start of backward,
+    e.g. a causal LM's logits).
+    """
+
+    step_overhead: float
+    per_activation: float
+    per_largest: float
+
+
+# (device kind, gradient checkpointing) -> calibration. The CPU rows are least-squares fits of
+# benchmarks/preflight.py (BERT and Llama, 3 batches x 2 lengths, torch 2.13 CPU, glibc; README);
+# unseen batch/length pairs (e.g. BERT 12 x 192, Llama 6 x 384 with checkpointing) land within 4 %.
+# The device rows are NOT measured (no GPU or Mac was available): the caching allocators of CUDA and
+# MPS reuse freed blocks, so they assume only backward's gradient buffers; preflight.verify=true
+# measures the real peak on the device.
+CALIBRATION = {
+    ("cpu", False): Calibration(step_overhead=57e6, per_activation=0.47, per_largest=1.0),
+    ("cpu", True): Calibration(step_overhead=57e6, per_activation=1.6, per_largest=0.0),
+    ("device", False): Calibration(step_overhead=0.0, per_activation=0.25, per_largest=2.0),
+    ("device", True): Calibration(step_overhead=0.0, per_activation=1.0, per_largest=2.0),
+}
+# Device allocators round and cache blocks: fraction added to device estimates (CUDA/MPS), where the
+# process baseline is outside the budget.
+DEVICE_ALLOCATOR_SLACK = 0.10
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Peak memory of one training step at ``micro_batch``, in bytes, by part."""
+
+    micro_batch: int
+    seq_len: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    transient: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.weights
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.transient
+            + self.overhead
+        )
+
+    def line(self) -> str:
+        parts = (
+            ("weights", self.weights),
+            ("grads", self.grads),
+            ("optimizer", self.optimizer),
+            ("activations", self.activations + self.transient),
+            ("overhead", self.overhead),
+        )
+        detail = ", ".join(f"{name} {value / GB:.2f}" for name, value in parts)
+        return f"{self.total / GB:.2f} GB at micro batch {self.micro_batch} x {self.seq_len} tokens ({detail})"
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """What the estimate needs from the model; measured once, reused for every batch size."""
+
+    params: int
+    trainable: int
+    param_bytes: int  # bytes per parameter in the precision it trains in
+    materialized_cpu_bytes: int  # parameter bytes already resident in this process (CPU)
+    activations: ActivationProfile
+    activation_scale: float  # 0.5 for 16-true/bf16-true, 2 for 64-true (measured in fp32)
+
+    def estimate(
+        self,
+        micro_batch: int,
+        seq_len: int,
+        kind: str,
+        baseline: float,
+        optimizer_states: int = 2,
+        checkpointing: bool | None = None,
+    ) -> Estimate:
+        acts = self.activations
+        on = acts.checkpointing if checkpointing is None else checkpointing
+        calibration = CALIBRATION["cpu" if kind == "cpu" else "device", bool(on and acts.blocks)]
+        per_sample = acts.per_sample(seq_len, on)
+        activations = (acts.fixed + micro_batch * per_sample) * self.activation_scale
+        largest = micro_batch * acts.largest_tensor(seq_len) * self.activation_scale
+        transient = calibration.per_activation * activations + calibration.per_largest * largest
+        weights = float(self.params * self.param_bytes)
+        grads = float(self.trainable * self.param_bytes)
+        optimizer = float(self.trainable * self.param_bytes * optimizer_states)
+        overhead = calibration.step_overhead
+        if kind == "cpu":
+            overhead += baseline
+        else:
+            static = weights + grads + optimizer
+            overhead += DEVICE_ALLOCATOR_SLACK * (static + activations + transient)
+        return Estimate(
+            micro_batch, seq_len, weights, grads, optimizer, activations, transient, overhead
+        )
+
+
+def _param_bytes(model: nn.Module, precision: str) -> tuple[int, float]:
+    if precision in ("16-true", "bf16-true"):
+        return 2, 0.5
+    if precision == "64-true":
+        return 8, 2.0
+    first = next(model.parameters(), None)
+    return (first.element_size() if first is not None else 4), 1.0
+
+
+def model_memory(
+    model: nn.Module,
+    seq_len: int,
+    precision: str,
+    make_batch: MakeBatch | None = None,
+    loss_fn: LossFn | None = None,
+) -> ModelMemory:
+    """Count parameters (a frozen base once, trainable ones again for grads and optimizer) and
+    measure activations."""
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    param_bytes, scale = _param_bytes(model, precision)
+    resident = sum(
+        p.numel() * p.element_size() for p in model.parameters() if p.device.type == "cpu"
+    )
+    measured_precision = precision if precision.endswith("-mixed") else "32-true"
+    acts = measure_activations(model, seq_len, measured_precision, make_batch, loss_fn)
+    return ModelMemory(params, trainable, param_bytes, resident, acts, scale)
