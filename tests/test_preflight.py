@@ -215,3 +215,12 @@ def test_run_entry_skips_models_it_cannot_measure_unless_auto_was_asked():
     assert preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4)) is None
     with pytest.raises(PreflightError, match="set hardware.batch_size=<n>"):
         preflight_for_run(plain, _Data(), cpu_profile(None))
+
+
+def test_run_entry_checks_precision_even_for_models_it_cannot_measure():
+    from laptrain.hardware.preflight import preflight_for_run
+    from laptrain.hardware.profile import ProfileError
+
+    plain = torch.nn.Linear(4, 2)
+    with pytest.raises(ProfileError, match="set hardware.precision=bf16-mixed"):
+        preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4, precision="16-mixed"))

@@ -333,8 +333,12 @@ def preflight_for_run(
 
     Raises:
         PreflightError: nothing fits, or ``auto`` was asked for a model the preflight cannot measure.
+        ProfileError: the profile's precision cannot run on its device.
     """
     auto = str(hardware.get("batch_size")) == "auto"
+    probe = TorchProbe(str(hardware.get("accelerator", "cpu")))
+    # every job, measurable or not, gets the one-line precision check (ProfileError)
+    validate_precision(hardware.get("precision", "32-true"), probe.kind, probe.bf16_supported())
     seq_len = getattr(datamodule, "max_length", None) or getattr(datamodule, "seq_len", None)
     if find_hf_model(model) is None or not seq_len:
         if auto:
@@ -357,7 +361,7 @@ def preflight_for_run(
         model,
         int(seq_len),
         hardware,
-        TorchProbe(str(hardware.get("accelerator", "cpu"))),
+        probe,
         effective_batch=effective_batch,
         accumulation=accumulation,
         max_batch=max_batch,
