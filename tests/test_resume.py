@@ -60,6 +60,8 @@ def test_interrupted_and_resumed_run_ends_identical_to_an_uninterrupted_one(tmp_
     # 192 training rows / 8 = 24 batches per epoch: stop mid-epoch at step 10, finish in epoch 2
     stopped, _ = fit(tmp_path, tmp_path / "b", extra=[SigtermAt(10)])
     assert stopped.global_step == 11
+    saved = torch.load(tmp_path / "b" / "last.ckpt", weights_only=True)
+    assert (saved["global_step"], saved["epoch"]) == (11, 0)  # mid-epoch, not counted as done
     resumed_trainer, resumed = fit(
         tmp_path, tmp_path / "c", ckpt_path=str(tmp_path / "b" / "last.ckpt")
     )

@@ -90,3 +90,13 @@ def test_torch_generator_is_private_to_the_sampler():
     torch.manual_seed(0)
     LengthGroupedBatchSampler(long_tailed(100), 8).batches()
     assert torch.rand(1) == expected
+
+
+def test_lightning_advances_the_epoch_of_the_batch_order():
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+
+    loader = make_loader(long_tailed(64))
+    first = list(loader)
+    _set_sampler_epoch(loader, 1)
+    assert loader.batch_sampler.epoch == 1
+    assert list(loader) != first

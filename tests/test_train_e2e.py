@@ -90,6 +90,10 @@ def test_sigint_saves_a_loadable_checkpoint_and_exits_nonzero(tmp_path):
     state = torch.load(last, map_location="cpu", weights_only=True)
     step = state["global_step"]
     assert step > 0 and state["optimizer_states"]
+    # mid-epoch: the checkpoint must not count the interrupted epoch as done (192 rows / 16 = 12)
+    position = state["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
+    if position["served"] < 12:
+        assert state["epoch"] == position["epoch"]
 
     # rerunning continues from the interrupted step (a shorter budget so it ends)
     again = run_train([*args, f"trainer.max_steps={step + 2}"], tmp_path)

@@ -20,6 +20,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+
 
 class GracefulStop(Callback):
     """Save ``<dirpath>/<filename>.ckpt`` at a batch boundary on SIGINT/SIGTERM and at fit end.
@@ -33,6 +35,9 @@ class GracefulStop(Callback):
         if not filename:
             raise ValueError("callbacks.graceful_stop.filename must not be empty")
         self.path = Path(dirpath) / f"{filename}.ckpt"
+        # Saved beside last.ckpt at the stop and moved over it in on_fit_end, after every
+        # ModelCheckpoint.on_train_end has rewritten last.ckpt with the epoch counted as done.
+        self.stop_checkpoint = StopCheckpoint(str(self.path))
         self.signal_received: int | None = None
         self._saved_step: int | None = None
         self._previous: dict[int, Any] = {}
@@ -69,20 +74,27 @@ class GracefulStop(Callback):
         # Every ModelCheckpoint here keeps save_last=True, so any save means last.ckpt is current.
         self._saved_step = trainer.global_step
 
+    def _stop(self, trainer: pl.Trainer) -> None:
+        if self.signal_received is not None and not trainer.should_stop:
+            self.stop_checkpoint.save(trainer)
+            trainer.should_stop = True
+
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
-        if self.signal_received is not None and not trainer.should_stop:
-            self._save(trainer)
-            trainer.should_stop = True
+        self._stop(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.signal_received is not None and not trainer.sanity_checking:
-            trainer.should_stop = True
+        if not trainer.sanity_checking:  # a signal during validation: stop at its end
+            self._stop(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._save(trainer)
+        if self.signal_received is None:
+            self._save(trainer)
         self._restore()
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.stop_checkpoint.put_in_place(trainer)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore()

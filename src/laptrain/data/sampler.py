@@ -50,6 +50,12 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         """Called by Lightning at every epoch start; the order depends on (seed, epoch)."""
         self.epoch = epoch
 
+    @property
+    def sampler(self) -> LengthGroupedBatchSampler:
+        """Lightning calls ``set_epoch`` on ``batch_sampler.sampler``, never on the batch sampler
+        itself (lightning.fabric.utilities.data._set_sampler_epoch): point that lookup here."""
+        return self
+
     def batches(self) -> list[list[int]]:
         """This epoch's full batch list (deterministic for a given seed and epoch)."""
         n = len(self.lengths)
