@@ -7,9 +7,10 @@ from-scratch model small.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from laptrain.pretrained import from_pretrained
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -43,11 +44,9 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """A tokenizer from the hub (online) or a local folder written by ``save_pretrained``."""
-    try:
-        return AutoTokenizer.from_pretrained(name_or_path)
-    except OSError as err:
-        where = "folder" if Path(name_or_path).exists() else "hub name (offline?)"
-        raise OSError(
-            f"cannot load tokenizer {name_or_path!r} as a {where}: check model.pretrained "
-            f"(or data.tokenizer), or drop it to train a tokenizer on the data ({err.__class__.__name__})"
-        ) from None
+    return from_pretrained(
+        AutoTokenizer.from_pretrained,
+        name_or_path,
+        "tokenizer",
+        "check model.pretrained (or data.tokenizer), or drop it to train a tokenizer on the data",
+    )

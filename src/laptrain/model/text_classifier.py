@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from laptrain.callbacks.chunked_backward import ChunkedBackward
+from laptrain.pretrained import from_pretrained
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 
@@ -42,16 +43,16 @@ def build_classifier(
         "label2id": {n: i for i, n in enumerate(names)},
     }
     if pretrained:
-        try:
-            return AutoModelForSequenceClassification.from_pretrained(
-                pretrained, ignore_mismatched_sizes=True, **labels
-            )
-        except OSError as err:
-            where = "folder" if Path(pretrained).exists() else "hub name (offline?)"
-            raise OSError(
-                f"cannot load model {pretrained!r} as a {where}: set model.pretrained to a folder written by "
-                f"save_pretrained, or use model=tiny_classifier offline ({err.__class__.__name__})"
-            ) from None
+        return from_pretrained(
+            partial(
+                AutoModelForSequenceClassification.from_pretrained,
+                ignore_mismatched_sizes=True,
+                **labels,
+            ),
+            pretrained,
+            "model",
+            "set model.pretrained to a folder written by save_pretrained, or use model=tiny_classifier offline",
+        )
     if not backbone or "model_type" not in backbone:
         raise ValueError(
             "set model.pretrained=<name or folder> or model.backbone.model_type (e.g. bert)"
