@@ -128,9 +128,10 @@ def test_a_job_that_cannot_fit_is_refused_with_fixes_ordered_by_effect():
     assert message.startswith("this job does not fit even at micro batch 1")
     fixes = message.split("Fixes, largest first: ")[1].split("; ")
     names = " ".join(fixes)
-    for fix in ("data.max_length=32", "gradient_checkpointing", "bf16-mixed", "smaller model"):
+    for fix in ("data.max_length=32", "activation_checkpointing_enable", "bf16-mixed", "smaller"):
         assert fix in names
-    savings = [float(f.split(" saves ")[1].split(" GB")[0]) for f in fixes]
+    assert fixes[-1].startswith("none alone is enough")  # 0.0001 GB is below any job
+    savings = [float(f.split(" saves ")[1].split(" GB")[0]) for f in fixes[:-1]]
     assert savings == sorted(savings, reverse=True)
 
 
@@ -224,3 +225,18 @@ def test_run_entry_checks_precision_even_for_models_it_cannot_measure():
     plain = torch.nn.Linear(4, 2)
     with pytest.raises(ProfileError, match="set hardware.precision=bf16-mixed"):
         preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4, precision="16-mixed"))
+
+
+def test_refusal_marks_the_fixes_that_are_enough_on_their_own():
+    model = tiny_bert()
+    memory = model_memory(model, SEQ, "32-true")
+    short, full = (
+        memory.estimate(1, SEQ // 4, "cpu", 0).total,
+        memory.estimate(1, SEQ, "cpu", 0).total,
+    )
+    budget = (short + full) / 2
+    with pytest.raises(PreflightError) as err:
+        plan_batch(model, SEQ, cpu_profile(budget / GB), FakeProbe(readings=[reading()]))
+    fixes = str(err.value).split("Fixes, largest first: ")[1].split("; ")
+    assert any("data.max_length=16" in f and f.endswith("(enough)") for f in fixes)
+    assert not fixes[-1].startswith("none alone")

@@ -123,9 +123,12 @@ def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, A
         )
     if memory.activations.blocks and not args["checkpointing"]:
         ckpt = memory.estimate(1, seq_len, kind, args["baseline"], args["optimizer_states"], True)
-        options.append(
-            (est.total - ckpt.total, "gradient checkpointing (model.gradient_checkpointing=true)")
+        where = (
+            "model.gradient_checkpointing=true"
+            if args["checkpointing_option"]
+            else "activation_checkpointing_enable() on the transformers model"
         )
+        options.append((est.total - ckpt.total, f"gradient checkpointing ({where})"))
     if args["precision"] == "32-true" and (kind == "cuda" or args["bf16"]):
         lower = "16-mixed" if kind == "cuda" else "bf16-mixed"
         saving = 0.5 * (est.activations + est.transient)
@@ -141,11 +144,17 @@ def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, A
     )
     options.sort(key=lambda item: -item[0])
     need = est.total - budget.bytes
-    return [
+    fixes = [
         f"{text} saves {saving / GB:.2f} GB" + (" (enough)" if saving >= need else "")
         for saving, text in options
         if saving > 0
     ]
+    if not any(saving >= need for saving, _ in options):
+        fixes.append(
+            f"none alone is enough (the process itself takes {est.overhead / GB:.2f} GB): "
+            "raise the budget (hardware.memory_budget_gb, hardware.memory_fraction) or free memory"
+        )
+    return fixes
 
 
 def _process_peak_bytes() -> float:
@@ -255,6 +264,7 @@ def plan_batch(
         "checkpointing": on,
         "precision": precision,
         "bf16": probe.bf16_supported(),
+        "checkpointing_option": "gradient_checkpointing" in (getattr(model, "hparams", None) or {}),
     }
 
     def estimate(batch: int) -> Estimate:
