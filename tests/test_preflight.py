@@ -240,3 +240,29 @@ def test_refusal_marks_the_fixes_that_are_enough_on_their_own():
     fixes = str(err.value).split("Fixes, largest first: ")[1].split("; ")
     assert any("data.max_length=16" in f and f.endswith("(enough)") for f in fixes)
     assert not fixes[-1].startswith("none alone")
+
+
+def test_verify_lowers_an_auto_batch_when_the_measured_peak_is_above_the_estimate(monkeypatch):
+    import laptrain.hardware.preflight as preflight
+
+    model = tiny_bert()
+    memory = model_memory(model, SEQ, "32-true")
+    budget = memory.estimate(16, SEQ, "cpu", 0).total + 1
+    monkeypatch.setattr(
+        preflight,
+        "measure_peak",
+        lambda model, micro, *a: 1.05 * memory.estimate(micro, SEQ, "cpu", 0).total,
+    )
+    probe = FakeProbe(readings=[reading()])
+    plan = plan_batch(model, SEQ, cpu_profile(budget / GB), probe, effective_batch=32, verify=True)
+    assert plan.micro_batch < 16 and plan.micro_batch * plan.accumulation == 32
+    assert 1.05 * plan.estimate.total <= budget
+    assert "micro batch lowered 16 ->" in plan.summary_lines()[-1]
+
+
+def test_auto_without_a_target_keeps_the_configured_accumulation():
+    model = tiny_bert()
+    plan = plan_batch(
+        model, SEQ, cpu_profile(1.0), FakeProbe(readings=[reading()]), accumulation=4, max_batch=8
+    )
+    assert (plan.micro_batch, plan.accumulation) == (8, 4)

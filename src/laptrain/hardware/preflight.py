@@ -23,7 +23,7 @@ import json
 import math
 import resource
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,6 +287,8 @@ def plan_batch(
         )
     elif str(requested) == "auto":
         micro, accum = choose_micro_batch(min(largest_fit, max_batch), effective_batch, multiple)
+        if effective_batch is None:
+            accum = accumulation  # no target: keep trainer.accumulate_grad_batches as configured
     else:
         micro = int(requested)
         if micro > largest_fit:
@@ -321,7 +323,49 @@ def plan_batch(
         plan.measured_peak = measure_peak(
             model, micro, seq_len, probe, precision, make_batch, loss_fn
         )
+        _correct(plan, estimate, budget, str(requested) == "auto", max_batch, multiple)
     return plan
+
+
+def _correct(
+    plan: Plan,
+    estimate: Callable[[int], Estimate],
+    budget: Budget,
+    auto: bool,
+    max_batch: int,
+    multiple: int,
+) -> None:
+    """After ``verify``: when the real peak exceeds the estimate, scale the estimate by that
+    ratio and (``auto``) lower the micro batch until the corrected estimate fits."""
+    ratio = (plan.measured_peak or 0.0) / plan.estimate.total
+    if ratio <= 1.0 or ratio * plan.estimate.total <= budget.bytes:
+        return
+    if not auto:
+        plan.notes.append(
+            f"measured peak is {ratio:.2f} x the estimate and above the budget: "
+            "lower hardware.batch_size (or set it to auto)"
+        )
+        return
+    fit = plan.micro_batch
+    while fit > 0 and ratio * estimate(fit).total > budget.bytes:
+        fit -= 1
+    if fit == 0:
+        raise PreflightError(
+            f"measured peak {plan.measured_peak / GB:.2f} GB at micro batch {plan.micro_batch} is "
+            f"{ratio:.2f} x the estimate; even micro batch 1 would exceed the budget "
+            f"{budget.bytes / GB:.2f} GB ({budget.source}): shorten data.max_length or raise the budget"
+        )
+    before = plan.micro_batch
+    target = plan.effective_target
+    micro, accumulation = choose_micro_batch(min(fit, max_batch), target, multiple)
+    plan.micro_batch = micro
+    if target is not None:
+        plan.accumulation = accumulation
+    plan.estimate = estimate(plan.micro_batch)
+    plan.notes.append(
+        f"measured peak is {ratio:.2f} x the estimate: micro batch lowered {before} -> "
+        f"{plan.micro_batch} (accumulation {plan.accumulation})"
+    )
 
 
 def preflight_for_run(
