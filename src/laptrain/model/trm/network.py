@@ -72,11 +72,11 @@ def swiglu_width(dim: int, expansion: float, multiple: int) -> int:
     return -(-width // multiple) * multiple
 
 
-def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without a learnable scale, computed in float32 (TRM.md §1)."""
+def rms_norm(x: torch.Tensor, eps: float, dim: int = -1) -> torch.Tensor:
+    """RMSNorm over ``dim`` without a learnable scale, computed in float32 (TRM.md §1)."""
     dtype = x.dtype
     x = x.float()
-    return (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)).to(dtype)
+    return (x * torch.rsqrt(x.square().mean(dim, keepdim=True) + eps)).to(dtype)
 
 
 def lecun_linear(fan_in: int, fan_out: int) -> nn.Linear:
@@ -157,16 +157,22 @@ class SequenceMLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Post-norm block: ``h = rms(h + mixer(h))``, ``h = rms(h + swiglu(h))``."""
+    """Post-norm block: ``h = rms(h + mixer(h))``, ``h = rms(h + swiglu(h))``.
+
+    With the MLP mixer the first norm runs over the sequence axis (per channel), as the official
+    code normalizes the transposed [B, D, L] tensor before transposing back; over channels it
+    learned Sudoku far slower here (blank-cell accuracy ~12% vs the reference 57% at 150 steps).
+    """
 
     def __init__(self, arch: TRMArch) -> None:
         super().__init__()
         self.mixer = SequenceMLP(arch) if arch.mixer == "mlp" else SelfAttention(arch)
+        self.mixer_norm_dim = 1 if arch.mixer == "mlp" else -1
         self.mlp = SwiGLU(arch.hidden_size, arch.expansion, arch.swiglu_multiple)
         self.eps = arch.rms_eps
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(h + self.mixer(h), self.eps)
+        h = rms_norm(h + self.mixer(h), self.eps, self.mixer_norm_dim)
         return rms_norm(h + self.mlp(h), self.eps)
 
 
