@@ -65,3 +65,17 @@ def test_hyperparameters_are_plain_and_checkpoint_loadable(tmp_path):
         torch.load(tmp_path / "h.pt", weights_only=True)["hparams"]["backbone"]["model_type"]
         == "bert"
     )
+
+
+def test_gradient_checkpointing_option_switches_the_backbone_and_is_recorded():
+    m = TextClassifierModule(
+        num_labels=2, backbone=BACKBONE, vocab_size=50, gradient_checkpointing=True
+    )
+    assert m.model.is_gradient_checkpointing and m.hparams.gradient_checkpointing
+    m.train()
+    ids = torch.randint(1, 50, (2, 6))
+    loss = m.model(
+        input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1])
+    ).loss
+    loss.backward()
+    assert m.model.classifier.weight.grad is not None
