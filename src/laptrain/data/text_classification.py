@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from laptrain.data.collate import PadCollator
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
+from laptrain.data.splits import assign_splits
 from laptrain.data.tokenizer import load_tokenizer, train_wordpiece
 
 FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -213,7 +214,11 @@ class TextClassificationDataModule(pl.LightningDataModule):
         missing = [s for s in ("val", "test") if s not in named]
         fractions = {"val": self.val_fraction, "test": self.test_fraction}
         if missing:
-            where = self._assign_splits(base, {s: fractions[s] for s in missing})
+            groups = base[self.group_column] if self.group_column else range(len(base))
+            labels = [str(v) for v in base[self.label_column]]
+            where = assign_splits(
+                labels, groups, {s: fractions[s] for s in missing}, self.split_seed
+            )
             for split in [*missing, "train"]:
                 splits[split] = base.select([i for i, w in enumerate(where) if w == split])
         for split in ("val", "test"):
@@ -224,40 +229,6 @@ class TextClassificationDataModule(pl.LightningDataModule):
                 "the train or validation split is empty: give more rows or raise data.val_fraction"
             )
         return splits
-
-    def _assign_splits(self, base: Any, fractions: dict[str, float]) -> list[str]:
-        """Split name per row: stratified by label, whole groups per split, seeded.
-
-        Each label's groups (rows sharing ``group_column``, or single rows) are visited in a seeded
-        order and given to the split furthest below its share of that label's rows; a group much
-        larger than what is missing stays in train, so one big group cannot skew a small split.
-        """
-        import numpy as np
-
-        rng = np.random.default_rng(self.split_seed)
-        keys = base[self.group_column] if self.group_column else list(range(len(base)))
-        labels = [str(v) for v in base[self.label_column]]
-        members: dict[Any, list[int]] = {}
-        for i, key in enumerate(keys):
-            members.setdefault(key, []).append(i)
-        by_label: dict[str, list[Any]] = {}
-        for key, rows in members.items():
-            majority = max(set(labels[i] for i in rows), key=[labels[i] for i in rows].count)
-            by_label.setdefault(majority, []).append(key)
-        where = ["train"] * len(keys)
-        for label in sorted(by_label):
-            groups = sorted(by_label[label], key=str)
-            rng.shuffle(groups)
-            total = sum(len(members[g]) for g in groups)
-            got = dict.fromkeys(fractions, 0)
-            for g in groups:
-                split = max(fractions, key=lambda s: total * fractions[s] - got[s])
-                missing = total * fractions[split] - got[split]
-                if missing > 0 and len(members[g]) <= max(1.5 * missing, 1):
-                    got[split] += len(members[g])
-                    for i in members[g]:
-                        where[i] = split
-        return where
 
     def _label_names(self, train: Any) -> list[str]:
         if self.fixed_label_names:
