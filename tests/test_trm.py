@@ -156,14 +156,14 @@ def test_auto_size_follows_seed_ram_rule_within_budget() -> None:
 
 def test_auto_size_steps_down_when_the_budget_is_short() -> None:
     presets = parse_presets(SIZES)
-    # 32 GB would pick ram_32gb (~1400 min on the reference); 90 min allows ram_8gb (~64 min).
+    # 32 GB would pick ram_32gb (~300 min on the reference); 90 min allows ram_8gb (~26 min).
     choice = choose_size(presets, memory_gb=32, time_budget_min=90, target_samples=51200)
     assert choice.name == "ram_8gb"
     assert any("ram_32gb" in line and "min" in line for line in choice.lines)
-    # Nothing but tiny fits 15 minutes.
-    assert choose_size(presets, 32, 15, 51200).name == "tiny"
-    # A machine 4x the reference fits ram_8gb into 30 minutes.
-    assert choose_size(presets, 8, 30, 51200, speed_scale=4).name == "ram_8gb"
+    # Nothing but tiny fits 10 minutes on the reference ...
+    assert choose_size(presets, 16, 10, 51200).name == "tiny"
+    # ... while a machine 4x as fast fits ram_8gb into them.
+    assert choose_size(presets, 16, 10, 51200, speed_scale=4).name == "ram_8gb"
 
 
 def fit_steps(micro: int | None, steps: int, tmp_path: Path) -> TRMSudokuModule:
@@ -194,3 +194,16 @@ def test_micro_batches_give_the_same_update_as_the_whole_carry(tmp_path: Path) -
     for (name, a), b in zip(whole.named_parameters(), chunked.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     torch.testing.assert_close(whole.carry.y, chunked.carry.y, rtol=1e-3, atol=1e-3)
+
+
+def test_halt_at_eval_takes_the_answer_at_the_first_halt() -> None:
+    sizes = {"tiny": {**SIZES["tiny"], "hidden_size": 16, "n_sup": 4}}
+    module = TRMSudokuModule(vocab_size=6, seq_len=16, size="tiny", sizes=sizes, halt_at_eval=True)
+    with torch.no_grad():
+        module.model.halt_head.bias.fill_(5.0)  # every puzzle halts after its first step
+    tokens = torch.randint(1, 6, (3, 16))
+    result = module.solve(tokens)
+    assert result["steps"].tolist() == [1, 1, 1]
+    torch.testing.assert_close(result["pred"], result["step_preds"][0])
+    module.halt_at_eval = False  # paper: all n_sup steps
+    assert module.solve(tokens)["steps"].tolist() == [4, 4, 4]

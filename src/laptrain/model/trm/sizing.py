@@ -17,7 +17,7 @@ class SizePreset:
 
     ``ram_class_gb`` is seed 002's RAM class (8, 16, or .inf = "more"); presets with None are
     only picked by ``auto`` as a faster fallback. ``ref_samples_per_s`` and ``ref_step_memory_gb``
-    are measured on the 2-core x86 reference machine (TRM.md §9).
+    are measured on the 2-core x86 reference machine (benchmarks/trm_throughput.py).
     """
 
     hidden_size: int
