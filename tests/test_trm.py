@@ -13,6 +13,7 @@ import yaml
 from laptrain.data.sudoku import SudokuDataModule
 from laptrain.model.trm import TinyRecursiveModel, TRMArch, TRMSudokuModule
 from laptrain.model.trm.loss import per_puzzle_answer_loss, stablemax_log_probs
+from laptrain.model.trm.module import check_precision
 from laptrain.model.trm.sizing import choose_size, parse_presets
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
@@ -207,3 +208,22 @@ def test_halt_at_eval_takes_the_answer_at_the_first_halt() -> None:
     torch.testing.assert_close(result["pred"], result["step_preds"][0])
     module.halt_at_eval = False  # paper: all n_sup steps
     assert module.solve(tokens)["steps"].tolist() == [4, 4, 4]
+
+
+def test_half_precision_is_refused_off_cuda() -> None:
+    with pytest.raises(ValueError, match="hardware.precision=32-true"):
+        check_precision("mps", "16-mixed")
+    with pytest.raises(ValueError, match="hardware.precision=32-true"):
+        check_precision("cpu", "bf16-mixed")
+    check_precision("cuda", "bf16-mixed")
+    check_precision("mps", "32-true")
+
+
+def test_auto_dry_run_prints_estimates_and_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    from laptrain.model.trm.sizing import main
+
+    config = str(Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml")
+    main(["--config", config, "--memory-gb", "16", "--budget-min", "60"])
+    out = capsys.readouterr().out
+    assert "seed 002's RAM class picks 'ram_16gb'" in out
+    assert "~122 min" in out and "chose 'ram_8gb'" in out

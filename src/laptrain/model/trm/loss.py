@@ -9,12 +9,12 @@ LOSSES = ("stablemax", "softmax")
 
 
 def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """log of stable-max probabilities, in float64.
+    """log of stable-max probabilities, in float64 (float32 on MPS, which has no float64).
 
     ``s(x) = x + 1`` for x >= 0 and ``1 / (1 - x)`` for x < 0; ``p_i = s(x_i) / sum_j s(x_j)``
     (Prieto et al. 2025 as used by the paper §6; TRM.md §2).
     """
-    x = logits.double()
+    x = logits.float() if logits.device.type == "mps" else logits.double()
     s = torch.where(x >= 0, x + 1, 1 / (1 - torch.clamp(x, max=0)))
     return torch.log(s) - torch.log(s.sum(dim=-1, keepdim=True))
 

@@ -71,6 +71,16 @@ def resolve_size(
     return choice.name
 
 
+def check_precision(device_type: str, precision: str) -> None:
+    """TRM trains in float32 on CPU and MPS; half precision only on CUDA (TRM.md §3: the
+    Lightning port forces float32 on MPS "to avoid NaNs")."""
+    if device_type in ("cpu", "mps") and "16" in str(precision):
+        raise ValueError(
+            f"TRM runs float32 on {device_type} (precision={precision}): set "
+            "hardware.precision=32-true, or train on CUDA for bf16-mixed"
+        )
+
+
 class TRMSudokuModule(pl.LightningModule):
     """Tiny Recursive Model trained on Sudoku with deep supervision, ACT halting and an EMA.
 
@@ -171,6 +181,9 @@ class TRMSudokuModule(pl.LightningModule):
         self.val_metrics = SudokuMetrics(p.n_sup)
         self.test_metrics = SudokuMetrics(p.n_sup)
         self._last_step_end: float | None = None
+
+    def setup(self, stage: str) -> None:
+        check_precision(self.trainer.strategy.root_device.type, self.trainer.precision)
 
     # ----- optimisation -------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:

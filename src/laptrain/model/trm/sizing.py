@@ -123,3 +123,34 @@ def choose_size(
         reason = f"none fits the {time_budget_min:g}-minute budget; taking the fastest"
     lines.append(f"size=auto chose {name!r}: {reason}")
     return SizeChoice(name=name, lines=tuple(lines))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Dry run of ``model.size=auto`` without torch: print the estimates and the choice."""
+    import argparse
+
+    import psutil
+    import yaml
+
+    parser = argparse.ArgumentParser(description="What model.size=auto would pick (no training).")
+    parser.add_argument("--config", default="conf/model/trm_sudoku.yaml", help="the model YAML")
+    parser.add_argument("--memory-gb", type=float, default=None, help="default: this machine")
+    parser.add_argument("--budget-min", type=float, default=None, help="default: the YAML's")
+    parser.add_argument("--speed-scale", type=float, default=1.0, help="speed vs the reference")
+    args = parser.parse_args(argv)
+    with open(args.config) as f:
+        config = yaml.safe_load(f)
+    memory = args.memory_gb or psutil.virtual_memory().total / 1e9
+    budget = args.budget_min or float(config["time_budget_min"])
+    choice = choose_size(
+        parse_presets(config["sizes"]),
+        memory,
+        budget,
+        int(config["auto_target_samples"]),
+        args.speed_scale,
+    )
+    print("\n".join(choice.lines))
+
+
+if __name__ == "__main__":
+    main()
