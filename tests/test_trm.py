@@ -167,7 +167,9 @@ def test_auto_size_steps_down_when_the_budget_is_short() -> None:
     assert choose_size(presets, 16, 10, 51200, speed_scale=4).name == "ram_8gb"
 
 
-def fit_steps(micro: int | None, steps: int, tmp_path: Path) -> TRMSudokuModule:
+def fit_steps(
+    micro: int | None, steps: int, tmp_path: Path, callbacks: list | None = None, oom_above: int = 0
+) -> TRMSudokuModule:
     sizes = {"tiny": {**SIZES["tiny"], "hidden_size": 32, "micro_batch_size": micro}}
     data = SudokuDataModule(
         board_size=4, givens=(6, 9), train_size=40, val_size=4, test_size=4, batch_size=64
@@ -176,8 +178,18 @@ def fit_steps(micro: int | None, steps: int, tmp_path: Path) -> TRMSudokuModule:
     data.setup("fit")
     torch.manual_seed(0)
     module = TRMSudokuModule(**data.model_kwargs(), size="tiny", sizes=sizes)
+    if oom_above:
+        real = module.supervision_step
+
+        def step_with_fake_oom(inputs, y, z):
+            if inputs.shape[0] > oom_above:
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: (simulated)")
+            return real(inputs, y, z)
+
+        module.supervision_step = step_with_fake_oom
     trainer = pl.Trainer(
         max_steps=steps,
+        callbacks=callbacks,
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,
@@ -227,3 +239,15 @@ def test_auto_dry_run_prints_estimates_and_choice(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "seed 002's RAM class picks 'ram_16gb'" in out
     assert "~122 min" in out and "chose 'ram_8gb'" in out
+
+
+def test_out_of_memory_splits_the_chunk_and_keeps_the_update(tmp_path: Path) -> None:
+    from laptrain.callbacks.oom_backoff import OOMBackoff
+
+    whole = fit_steps(None, 2, tmp_path)
+    backoff = OOMBackoff()
+    with pytest.warns(UserWarning, match="out of memory"):
+        split = fit_steps(None, 2, tmp_path, callbacks=[backoff], oom_above=16)
+    assert backoff.micro_batch == 16  # 64 -> 32 -> 16
+    for (name, a), b in zip(whole.named_parameters(), split.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
@@ -20,6 +21,7 @@ import psutil
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from laptrain.callbacks.chunked_backward import ChunkedBackward
 from laptrain.callbacks.ema import EMA
 from laptrain.model.trm.carry import Carry
 from laptrain.model.trm.loss import LOSSES, halt_loss, per_puzzle_answer_loss
@@ -81,7 +83,7 @@ def check_precision(device_type: str, precision: str) -> None:
         )
 
 
-class TRMSudokuModule(pl.LightningModule):
+class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
     """Tiny Recursive Model trained on Sudoku with deep supervision, ACT halting and an EMA.
 
     Args:
@@ -242,26 +244,35 @@ class TRMSudokuModule(pl.LightningModule):
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         optimizer.zero_grad(set_to_none=True)
-        outs: list[StepOutput] = []
+        new_y, new_z = torch.empty_like(c.y), torch.empty_like(c.z)
+        pred = torch.empty_like(c.labels)
+        halt_logit = torch.empty(slots, device=self.device)
+
+        def chunk_loss(chunk: dict[str, torch.Tensor], share: float) -> torch.Tensor:
+            """Mean loss of a chunk of slots, times its share of all slots; keeps its outputs."""
+            out = self.supervision_step(chunk["inputs"], chunk["y"], chunk["z"])
+            solved = (out.logits.argmax(-1) == chunk["labels"]).all(-1)
+            answer = per_puzzle_answer_loss(out.logits, chunk["labels"], self.loss_kind)
+            per_slot = answer + 0.5 * halt_loss(out.halt_logit, solved)
+            idx = chunk["index"]
+            new_y[idx], new_z[idx] = out.y, out.z
+            pred[idx] = out.logits.detach().argmax(-1)
+            halt_logit[idx] = out.halt_logit.detach()
+            return per_slot.mean() * share
+
+        # Each micro-chunk goes through laptrain's ChunkedBackward, so the OOMBackoff callback can
+        # split a chunk that runs out of memory; the update stays that of the whole carry.
+        index = torch.arange(slots, device=self.device)
         total = torch.zeros((), device=self.device)
         for part in self._chunks(slots):
-            out = self.supervision_step(c.inputs[part], c.y[part], c.z[part])
-            labels = c.labels[part]
-            solved = (out.logits.argmax(-1) == labels).all(-1)
-            answer = per_puzzle_answer_loss(out.logits, labels, self.loss_kind)
-            loss = (answer.sum() + 0.5 * halt_loss(out.halt_logit, solved).sum()) / slots
-            self.manual_backward(loss)
-            total += loss.detach()
-            outs.append(
-                StepOutput(out.y, out.z, out.logits.detach().argmax(-1), out.halt_logit.detach())
-            )
+            chunk = {"inputs": c.inputs[part], "labels": c.labels[part], "y": c.y[part]}
+            chunk |= {"z": c.z[part], "index": index[part]}
+            share = (part.stop - part.start) / slots
+            total = total + self.chunked_backward(chunk, partial(chunk_loss, share=share))
         optimizer.step()
         scheduler.step()
 
-        pred = torch.cat([o.logits for o in outs])
-        halt_logit = torch.cat([o.halt_logit for o in outs])
-        c.y = torch.cat([o.y for o in outs])
-        c.z = torch.cat([o.z for o in outs])
+        c.y, c.z = new_y, new_z
         c.steps = c.steps + 1
         halted = c.steps >= self.n_sup
         if self.halting:
