@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import apply_env
+from laptrain.model.trm.sizing import resolve_size_argv
 from laptrain.run_dir import register_resolvers
 
 register_resolvers()
+CONF = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -47,4 +50,7 @@ if __name__ == "__main__":
     sys.argv, why = resolve_hardware_argv(sys.argv)
     if why:
         print(why)
+    sys.argv, size_lines = resolve_size_argv(sys.argv, str(CONF / "model" / "trm_sudoku.yaml"))
+    for line in size_lines:
+        print(line)
     main()

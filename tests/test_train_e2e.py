@@ -175,3 +175,22 @@ def test_unknown_hardware_option_lists_the_profiles(tmp_path):
     done = run_train([*BASE[1:], *data_args(tmp_path), "hardware=m9_ultra"], tmp_path)
     assert done.returncode != 0
     assert "hardware/m9_ultra" in done.stderr and "m2_air" in done.stderr
+
+
+def test_trm_trains_through_train_py_on_a_profile_with_batch_size_auto(tmp_path):
+    # the profile's batch_size auto must not touch TRM, whose batch is its carry size (data config)
+    args = [
+        "model=trm_sudoku",
+        "data=sudoku",
+        "hardware=macbook_cpu_32gb",
+        "run_name=trm",
+        "trainer.max_steps=3",
+        "data.train_size=200",
+        "data.val_size=50",
+        "data.test_size=50",
+        "data.batch_size=16",
+    ]
+    done = run_train(args, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ckpt_step(tmp_path / "outputs" / "trm" / "checkpoints" / "last.ckpt") == 3
+    assert "batch as configured" in done.stdout

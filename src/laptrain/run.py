@@ -106,10 +106,21 @@ def _single_log_stream() -> None:
         logger.propagate = True
 
 
+def batch_follows_profile(cfg: DictConfig) -> bool:
+    """Whether ``hardware.batch_size: auto`` decides this run's batch: only for data whose batch is
+    ``${hardware.batch_size}`` (TRM's batch is its number of carry slots, set by the data config)."""
+    return str(cfg.hardware.get("batch_size")) == "auto" and OmegaConf.is_interpolation(
+        cfg.data, "batch_size"
+    )
+
+
 def plan_preflight(cfg: DictConfig, model: Any, datamodule: Any, output_dir: Path) -> None:
     """Memory preflight: print the estimate, set the micro batch (auto) and the accumulation."""
     options = cfg.get("preflight") or {}
-    auto = str(cfg.hardware.get("batch_size")) == "auto"
+    auto = batch_follows_profile(cfg)
+    profile = OmegaConf.to_container(cfg.hardware, resolve=True)
+    if not auto and str(profile.get("batch_size")) == "auto":
+        profile["batch_size"] = int(getattr(datamodule, "batch_size", 1) or 1)
     if not options.get("enabled", True):
         if auto:
             raise ValueError(
@@ -119,7 +130,7 @@ def plan_preflight(cfg: DictConfig, model: Any, datamodule: Any, output_dir: Pat
     plan = preflight_for_run(
         model,
         datamodule,
-        OmegaConf.to_container(cfg.hardware, resolve=True),
+        profile,
         accumulation=int(cfg.trainer.get("accumulate_grad_batches") or 1),
         effective_batch=options.get("effective_batch_size"),
         max_batch=int(options.get("max_batch_size") or 256),
@@ -147,7 +158,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
         torch.set_num_threads(int(cfg.hardware.torch_threads))
 
     # batch_size auto: a placeholder until the preflight has measured the model
-    auto_batch = str(cfg.hardware.get("batch_size")) == "auto"
+    auto_batch = batch_follows_profile(cfg)
     datamodule = instantiate(cfg.data, _convert_="all", **({"batch_size": 1} if auto_batch else {}))
     datamodule.prepare_data()
     datamodule.setup("fit")

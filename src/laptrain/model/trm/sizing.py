@@ -125,6 +125,36 @@ def choose_size(
     return SizeChoice(name=name, lines=tuple(lines))
 
 
+def _argv_value(argv: list[str], *keys: str) -> str | None:
+    values = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+") in keys]
+    return values[-1] if values and values[-1] not in ("null", "None", "") else None
+
+
+def resolve_size_argv(argv: list[str], config_path: str) -> tuple[list[str], list[str]]:
+    """Rewrite ``model.size=auto`` on the command line into the chosen preset, before Hydra
+    composes (as ``hardware=auto`` is), so ``--cfg job`` shows the choice; return the lines that
+    explain it. Memory: ``model.memory_gb`` or ``hardware.memory_budget_gb`` from the command line,
+    else this machine's total RAM. No torch import.
+    """
+    import psutil
+    import yaml
+
+    if "model.size=auto" not in argv:
+        return list(argv), []
+    with open(config_path) as f:
+        config = yaml.safe_load(f)
+    memory = _argv_value(argv, "model.memory_gb", "hardware.memory_budget_gb")
+    budget = _argv_value(argv, "model.time_budget_min") or config["time_budget_min"]
+    choice = choose_size(
+        parse_presets(config["sizes"]),
+        float(memory) if memory else psutil.virtual_memory().total / 1e9,
+        float(budget),
+        int(config["auto_target_samples"]),
+    )
+    args = [f"model.size={choice.name}" if a == "model.size=auto" else a for a in argv]
+    return args, list(choice.lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Dry run of ``model.size=auto`` without torch: print the estimates and the choice."""
     import argparse

@@ -1,0 +1,26 @@
+"""`model.size=auto` is resolved on the command line, like hardware=auto, so --cfg job shows it."""
+
+from laptrain.model.trm.sizing import resolve_size_argv
+from tests.conftest import CONF
+
+YAML = str(CONF / "model" / "trm_sudoku.yaml")
+
+
+def test_size_auto_is_rewritten_by_memory_and_explained():
+    argv = ["train.py", "model=trm_sudoku", "model.size=auto", "hardware.memory_budget_gb=8"]
+    args, lines = resolve_size_argv(argv, YAML)
+    assert args[:2] == argv[:2] and args[3] == argv[3]
+    assert args[2] == "model.size=ram_8gb"
+    assert "RAM class picks 'ram_8gb'" in lines[0] and "chose 'ram_8gb'" in lines[-1]
+    # 16 GB: seed 002's class is ram_16gb, but its ~2 h estimate overruns the 60-minute budget
+    args16, lines16 = resolve_size_argv([*argv[:3], "model.memory_gb=16"], YAML)
+    assert "picks 'ram_16gb'" in lines16[0] and args16[2] == "model.size=ram_8gb"
+    args16, _ = resolve_size_argv(
+        [*argv[:3], "model.memory_gb=16", "model.time_budget_min=600"], YAML
+    )
+    assert args16[2] == "model.size=ram_16gb"
+
+
+def test_other_command_lines_are_left_alone():
+    argv = ["train.py", "model=trm_sudoku", "model.size=tiny"]
+    assert resolve_size_argv(argv, YAML) == (argv, [])
