@@ -22,7 +22,14 @@ CONF = ROOT / "conf"
 TRAIN = ROOT / "train.py"
 register_resolvers()
 
-# A tiny backbone so end-to-end runs take seconds.
+# A tiny BERT for in-process tests, and the same as train.py overrides for end-to-end runs.
+TINY_BERT = {
+    "model_type": "bert",
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
 TINY = [
     "model.backbone.hidden_size=32",
     "model.backbone.intermediate_size=64",

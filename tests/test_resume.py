@@ -11,15 +11,8 @@ from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.rng_state import RNGState
 from laptrain.data.text_classification import TextClassificationDataModule
 from laptrain.model.text_classifier import TextClassifierModule
+from tests.conftest import TINY_BERT as BACKBONE
 from tests.conftest import write_texts
-
-BACKBONE = {
-    "model_type": "bert",
-    "hidden_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "intermediate_size": 64,
-}
 
 
 class SigtermAt(pl.Callback):

@@ -3,14 +3,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from laptrain.model.text_classifier import TextClassifierModule
-
-BACKBONE = {
-    "model_type": "bert",
-    "hidden_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "intermediate_size": 64,
-}
+from tests.conftest import TINY_BERT as BACKBONE
 
 
 def test_from_config_uses_the_data_vocabulary_and_labels():
