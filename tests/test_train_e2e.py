@@ -194,3 +194,13 @@ def test_trm_trains_through_train_py_on_a_profile_with_batch_size_auto(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert ckpt_step(tmp_path / "outputs" / "trm" / "checkpoints" / "last.ckpt") == 3
     assert "batch as configured" in done.stdout
+
+
+def test_lightning_ddp_on_two_cpu_processes_trains_and_checkpoints(tmp_path):
+    done = run_train(
+        [*BASE, *data_args(tmp_path), "trainer=ddp_cpu", "trainer.max_steps=3", "test=false"],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "effective batch size: 32" in done.stdout  # 16 per process x 2 processes
+    assert ckpt_step(tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt") == 3

@@ -119,6 +119,8 @@ def plan_preflight(cfg: DictConfig, model: Any, datamodule: Any, output_dir: Pat
     options = cfg.get("preflight") or {}
     auto = batch_follows_profile(cfg)
     profile = OmegaConf.to_container(cfg.hardware, resolve=True)
+    if isinstance(cfg.trainer.get("devices"), int):  # trainer=ddp_cpu runs more than the profile's
+        profile["devices"] = cfg.trainer.devices
     if not auto and str(profile.get("batch_size")) == "auto":
         profile["batch_size"] = int(getattr(datamodule, "batch_size", 1) or 1)
     if not options.get("enabled", True):

@@ -141,6 +141,10 @@ class ChunkedBackward:
         loss_fn: Callable[[Any], Tensor],
         size_fn: Callable[[Any], float] | None = None,
     ) -> Tensor:
+        if self.trainer.world_size > 1:  # type: ignore[attr-defined]
+            # DDP reduces gradients from hooks on Lightning's own backward and refuses a backward
+            # inside its forward: multi-process runs back-propagate whole batches (no OOM backoff).
+            return loss_fn(batch)
         return backward_in_chunks(self, batch, loss_fn, size_fn)
 
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
