@@ -203,9 +203,9 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
     # A callback that stops the run on purpose (session budget, swap) leaves it resumable: exit 0.
     paused = next((c.stop_reason for c in callbacks if getattr(c, "stop_reason", None)), None)
     if paused:
-        last = stop.path if stop is not None else Path(cfg.paths.ckpt_dir) / "last.ckpt"
-        if stop is None:
-            trainer.save_checkpoint(str(last))
+        # The stopping callback saved last.ckpt at the batch boundary (laptrain/callbacks/
+        # stop_checkpoint.py); a save here, after fit, would count the interrupted epoch as done.
+        last = Path(cfg.paths.ckpt_dir) / "last.ckpt"
         rank_zero_info(
             f"stopped ({paused}) at global step {trainer.global_step}; checkpoint {last}. "
             "Resume with the same command."
