@@ -240,6 +240,8 @@ class TextClassificationDataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Build the tokenized cache entry if it is not there yet (atomically: tmp folder, then rename)."""
+        if self.entry is not None and (self.entry / "meta.json").exists():
+            return  # done earlier in this process: Lightning calls prepare_data again in fit
         files = None if (self.hub_name and not self.files) else self._resolve_files()
         entry = self.cache_dir / "tokenized" / self._cache_key(files)
         self.entry = entry
