@@ -169,8 +169,8 @@ def test_precision_the_device_lacks_is_refused_before_measuring():
     from laptrain.hardware.profile import ProfileError
 
     probe = FakeProbe(kind="mps", readings=[reading(device_limit=8 * GB)])
-    with pytest.raises(ProfileError, match="hardware.precision=16-mixed needs a CUDA GPU"):
-        plan_batch(tiny_bert(), SEQ, cpu_profile(None, precision="16-mixed"), probe)
+    with pytest.raises(ProfileError, match="hardware.precision=64-true cannot run on MPS"):
+        plan_batch(tiny_bert(), SEQ, cpu_profile(None, precision="64-true"), probe)
 
 
 def test_verify_runs_two_steps_without_changing_the_weights_and_reports_the_ratio():

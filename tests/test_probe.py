@@ -42,3 +42,24 @@ def test_fake_probe_replays_readings_and_records_calls():
     assert probe.memory().swap_used == 5  # the last reading repeats
     probe.empty_cache()
     assert probe.calls == ["memory", "memory", "memory", "empty_cache"]
+
+
+def test_pre_ampere_gpu_has_no_bf16_even_though_torch_can_emulate_it(monkeypatch):
+    """A T4/V100 stand-in: compute capability 7.x, and a bf16 tensor can be created (emulation).
+    torch's default ``is_bf16_supported()`` says True there; the probe must say False."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(major=7)
+    )
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)
+    assert torch.cuda.is_bf16_supported()  # torch counts emulation
+    assert TorchProbe("cuda").bf16_supported() is False
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(major=8)
+    )
+    assert TorchProbe("cuda").bf16_supported() is True

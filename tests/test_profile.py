@@ -4,6 +4,7 @@ from laptrain.hardware.profile import (
     ProfileError,
     load_profile,
     normalize_precision,
+    precision_warning,
     profile_names,
     validate_precision,
 )
@@ -86,10 +87,11 @@ def test_unknown_profile_names_the_choices():
 @pytest.mark.parametrize(
     ("precision", "kind", "bf16", "fix"),
     [
-        ("16-mixed", "mps", True, "hardware.precision=bf16-mixed"),
         ("16-mixed", "cpu", True, "hardware.precision=bf16-mixed"),
+        ("16-mixed", "cpu", False, "hardware.precision=32-true"),
         ("64-true", "mps", True, "hardware.precision=32-true"),
-        ("bf16-mixed", "cuda", False, "hardware.precision=32-true"),
+        ("bf16-mixed", "cuda", False, "hardware.precision=16-mixed"),
+        ("bf16-true", "mps", False, "hardware.precision=32-true"),
         ("fp8", "cuda", True, "hardware.precision to one of"),
     ],
 )
@@ -104,3 +106,13 @@ def test_possible_precisions_pass_in_lightning_spelling():
     assert validate_precision("bf16-mixed", "mps", True) == "bf16-mixed"
     assert validate_precision("64-true", "cpu", True) == "64-true"
     assert normalize_precision(32) == "32-true"
+
+
+def test_16_mixed_on_mps_is_allowed_with_one_warning_line():
+    """Lightning 2.6.6 builds GradScaler("mps") for 16-mixed on MPS; laptrain lets it through,
+    saying it is unmeasured, and says nothing for the tested defaults."""
+    assert validate_precision("16-mixed", "mps", True) == "16-mixed"
+    line = precision_warning("16-mixed", "mps")
+    assert line is not None and "\n" not in line and "32-true" in line
+    assert precision_warning("32-true", "mps") is None
+    assert precision_warning("16-mixed", "cuda") is None

@@ -24,6 +24,8 @@ from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.preflight import preflight_for_run
+from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
+from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:
@@ -98,6 +100,28 @@ def write_run_info(folder: Path, cfg: DictConfig, lines: list[str], env: EnvRepo
     (folder / "run_info.json").write_text(json.dumps(info, indent=1, default=str))
 
 
+def check_device(cfg: DictConfig, probe: DeviceProbe | None = None) -> str:
+    """The first check of every run, before any data or model work: the device the trainer is
+    asked for exists here and can run the precision asked for (preflight on or off). Returns the
+    precision in Lightning's spelling; a precision that runs but is unmeasured gets one warning."""
+    accelerator = str(cfg.trainer.get("accelerator") or cfg.hardware.get("accelerator") or "cpu")
+    if accelerator in ("gpu", "auto"):  # Lightning's own order: MPS, then CUDA, then CPU
+        accelerator = next((k for k in ("mps", "cuda") if TorchProbe(k).available()), "cpu")
+    kind = accelerator if accelerator in DEVICE_KINDS else "cpu"
+    probe = probe or TorchProbe(kind)
+    if not probe.available():
+        raise ProfileError(
+            f"hardware={cfg.hardware.get('name')} trains on {kind}, which this machine cannot use: "
+            "set hardware=auto (or hardware=cpu)"
+        )
+    precision = cfg.trainer.get("precision") or cfg.hardware.get("precision") or "32-true"
+    text = validate_precision(precision, kind, probe.bf16_supported())
+    warning = precision_warning(text, kind)
+    if warning:
+        rank_zero_info(warning)
+    return text
+
+
 def _single_log_stream() -> None:
     """Lightning adds its own console handler; Hydra's already prints to the console and train.log."""
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
@@ -155,6 +179,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
         _single_log_stream()
     output_dir = Path(cfg.paths.output_dir)
     print_config(cfg)
+    check_device(cfg)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))

@@ -1,8 +1,10 @@
 """Carry the random number generators' states in the checkpoint.
 
-Gap filled: Lightning checkpoints hold no RNG state (FACTS.md §8), so dropout masks and random
-augmentation after a resume differ from an uninterrupted run. This callback saves the python,
-numpy and torch (CPU and CUDA) generators and restores them when training resumes.
+Gap filled: Lightning 2.6.6 checkpoints hold no RNG state (the keys it writes are in
+``lightning/pytorch/trainer/connectors/checkpoint_connector.py`` ``dump_checkpoint``), so dropout
+masks and random augmentation after a resume differ from an uninterrupted run. This callback saves
+the python, numpy and torch generators (CPU, every CUDA device, and MPS, whose generator is its
+own: ``torch.mps.get_rng_state``) and restores them when training resumes.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class RNGState(Callback):
         }
         if torch.cuda.is_available():
             state["cuda"] = torch.cuda.get_rng_state_all()
+        if torch.backends.mps.is_available():
+            state["mps"] = torch.mps.get_rng_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -44,6 +48,8 @@ class RNGState(Callback):
         torch.set_rng_state(state["torch"])
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
+        if "mps" in state and torch.backends.mps.is_available():
+            torch.mps.set_rng_state(state["mps"])
 
 
 def _tuples(value: Any) -> Any:

@@ -6,7 +6,7 @@ monitor, OOM backoff, thermal guard) takes a probe as an argument, so its MPS an
 on a CPU-only machine with a ``FakeProbe``.
 
 torch is imported inside the methods, never at module import: ``laptrain.hardware`` is imported by
-the launcher before the profile's environment variables are applied (FACTS.md §2, §6).
+the launcher before the profile's environment variables are applied (docs/hardware.md).
 """
 
 from __future__ import annotations
@@ -99,9 +99,15 @@ class TorchProbe:
         import torch
 
         if self.kind == "cuda":
-            return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+            # torch's default counts bf16 *emulated* on pre-Ampere GPUs (T4, V100, RTX 20xx) as
+            # supported (torch/cuda/__init__.py ``is_bf16_supported(including_emulation=True)``);
+            # emulation is slow, so only native bf16 counts (docs/hardware.md "Precision per device").
+            return torch.cuda.is_available() and torch.cuda.is_bf16_supported(
+                including_emulation=False
+            )
         if self.kind == "mps":
-            # bf16 on MPS needs macOS >= 14, which current torch requires anyway (FACTS.md §3).
+            # bf16 on MPS needs macOS >= 14, which current torch's MPS requires anyway
+            # (docs/hardware.md "Which macOS runs MPS").
             return torch.backends.mps.is_available() and torch.backends.mps.is_macos_or_newer(14, 0)
         return True
 

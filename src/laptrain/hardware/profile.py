@@ -58,27 +58,43 @@ def normalize_precision(precision: object) -> str:
 
 
 def validate_precision(precision: object, kind: str, bf16_supported: bool) -> str:
-    """Refuse a precision the device cannot run, before Lightning fails deep in setup (FACTS.md §4).
+    """Refuse a precision the device cannot run, before Lightning fails deep in setup.
 
-    - ``16-mixed`` only on CUDA: on CPU Lightning silently rewrites it to bf16-mixed, and on MPS
-      laptrain keeps fp16 autocast out until its speed and fused-optimizer fix are verified (FACTS.md §3).
+    - ``16-mixed`` on CPU: Lightning 2.6.6 silently rewrites it to ``bf16-mixed``
+      (``accelerator_connector.py`` ``_check_and_init_precision``), so the run would not be what was
+      asked: refused, naming bf16-mixed. On MPS it is allowed (fp16 autocast with
+      ``torch.amp.GradScaler("mps")``); :func:`precision_warning` says it is unmeasured there.
     - ``64-true`` never on MPS (no float64 there).
-    - bf16 precisions only where the device has bf16.
+    - bf16 precisions only where the device has bf16 (CUDA: native, not emulated).
+
+    See docs/hardware.md "Precision per device".
     """
     text = normalize_precision(precision)
-    if text == "16-mixed" and kind != "cuda":
+    if text == "16-mixed" and kind == "cpu":
         better = "bf16-mixed" if bf16_supported else "32-true"
         raise ProfileError(
-            f"hardware.precision=16-mixed needs a CUDA GPU, this run is on {kind}: "
-            f"set hardware.precision={better}"
+            "hardware.precision=16-mixed has no fp16 autocast on CPU (Lightning would silently run "
+            f"bf16-mixed instead): set hardware.precision={better}"
         )
     if text == "64-true" and kind == "mps":
         raise ProfileError(
             "hardware.precision=64-true cannot run on MPS (no float64): set hardware.precision=32-true"
         )
     if text.startswith("bf16") and not bf16_supported:
+        fallback = "16-mixed (or 32-true)" if kind == "cuda" else "32-true"
         raise ProfileError(
-            f"hardware.precision={text} needs bfloat16, which this {kind} device lacks: "
-            "set hardware.precision=32-true (or 16-mixed on CUDA)"
+            f"hardware.precision={text} needs native bfloat16, which this {kind} device lacks: "
+            f"set hardware.precision={fallback}"
         )
     return text
+
+
+def precision_warning(precision: str, kind: str) -> str | None:
+    """One line for a precision that runs but that laptrain has not measured on this device."""
+    if precision == "16-mixed" and kind == "mps":
+        return (
+            "warning: hardware.precision=16-mixed on MPS is opt-in: fp16 autocast + "
+            'GradScaler("mps") runs, but its speed and accuracy were never measured by laptrain; '
+            "32-true is the tested default (docs/hardware.md)"
+        )
+    return None

@@ -1,0 +1,47 @@
+"""run.py's glue: the device check that opens every run."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from laptrain.hardware.probe import FakeProbe
+from laptrain.hardware.profile import ProfileError
+from laptrain.run import check_device
+from tests.conftest import compose_train, run_train
+
+
+def test_16_mixed_on_cpu_is_refused_with_the_preflight_off():
+    """Lightning would silently run bf16-mixed; the check runs whether or not the preflight does."""
+    cfg = compose_train(["hardware=cpu", "preflight.enabled=false", "hardware.precision=16-mixed"])
+    with pytest.raises(ProfileError, match="set hardware.precision=bf16-mixed"):
+        check_device(cfg, FakeProbe(kind="cpu"))
+
+
+def test_a_profile_for_a_device_this_machine_lacks_is_refused_naming_hardware_auto():
+    cfg = compose_train(["hardware=m2_air"])
+    with pytest.raises(ProfileError, match="hardware=auto"):
+        check_device(cfg, FakeProbe(kind="mps", is_available=False))
+
+
+def test_16_mixed_on_mps_runs_with_one_warning(caplog):
+    cfg = compose_train(["hardware=m2_air", "hardware.precision=16-mixed"])
+    with caplog.at_level(logging.INFO):
+        assert check_device(cfg, FakeProbe(kind="mps")) == "16-mixed"
+    warnings = [r.getMessage() for r in caplog.records if "16-mixed on MPS" in r.getMessage()]
+    assert len(warnings) == 1
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert check_device(compose_train(["hardware=m2_air"]), FakeProbe(kind="mps")) == "32-true"
+    assert not caplog.records
+
+
+def test_train_py_refuses_16_mixed_on_cpu_in_one_line_before_any_data_work(tmp_path):
+    result = run_train(
+        ["hardware=cpu", "preflight.enabled=false", "hardware.precision=16-mixed"], tmp_path
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "hardware.precision=bf16-mixed" in errors[0]
+    assert not (tmp_path / "cache").exists()  # no corpus built, no tokenizer fitted
