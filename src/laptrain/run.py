@@ -162,6 +162,7 @@ def plan_preflight(cfg: DictConfig, model: Any, datamodule: Any, output_dir: Pat
         max_batch=int(options.get("max_batch_size") or 256),
         verify=bool(options.get("verify", False)),
         output_dir=output_dir,
+        cache_dir=Path(cfg.paths.cache_dir),
     )
     if plan is None:
         rank_zero_info("preflight: skipped (no transformers model to measure); batch as configured")

@@ -1,37 +1,65 @@
-"""The memory budget of a hardware profile, applied to what the device probe reads now."""
+"""The memory budget of a hardware profile, applied to what the device probe reads now.
+
+Two rules beyond "a fraction of what the device has" (docs/hardware.md):
+- MPS: the budget sits under the allocator's LOW watermark. Above LOW the MPS allocator frees its
+  cached buffers and commits command buffers more often on every allocation
+  (aten/src/ATen/mps/MPSAllocator.mm), so a job planned between LOW and HIGH would run all along in
+  that slow path. The fraction used is ``min(memory_fraction, LOW)``; profiles set it below LOW.
+- Host memory held by DataLoader workers (worker_memory.py) comes out of the budget wherever the
+  model trains in host memory (CPU, and MPS's unified memory), not on a CUDA GPU.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from laptrain.hardware.probe import DeviceProbe
+from laptrain.hardware.worker_memory import WorkerCost
 
 GB = 1024**3
+# MPSAllocator.mm's default LOW watermark on unified memory (Apple Silicon) when the variable is unset.
+MPS_DEFAULT_LOW_WATERMARK = 1.4
 
 
 @dataclass(frozen=True)
 class Budget:
     bytes: float
-    source: str  # e.g. "0.8 x MPS recommended max 12.0 GB"
+    source: str  # e.g. "0.65 x MPS recommended max 12.0 GB"
 
 
-def device_budget(
-    probe: DeviceProbe, memory_fraction: float, memory_budget_gb: float | None = None
+def mps_low_watermark(environ: Mapping[str, str] | None = None) -> float:
+    """The LOW watermark ratio the MPS allocator will use in this process (0.0 = no LOW limit)."""
+    value = (os.environ if environ is None else environ).get("PYTORCH_MPS_LOW_WATERMARK_RATIO")
+    try:
+        return float(value) if value is not None else MPS_DEFAULT_LOW_WATERMARK
+    except ValueError:
+        return MPS_DEFAULT_LOW_WATERMARK
+
+
+def _device_budget(
+    probe: DeviceProbe,
+    memory_fraction: float,
+    memory_budget_gb: float | None,
+    environ: Mapping[str, str] | None,
 ) -> Budget:
-    """The profile's budget rule applied to what the probe reads now."""
     if memory_budget_gb:
         return Budget(float(memory_budget_gb) * GB, f"hardware.memory_budget_gb={memory_budget_gb}")
     reading = probe.memory()
     if probe.kind == "mps" and reading.device_limit:
-        limit = memory_fraction * reading.device_limit
+        low = mps_low_watermark(environ)
+        fraction = min(memory_fraction, low) if low > 0 else memory_fraction
+        capped = f" (capped at the LOW watermark {low})" if fraction < memory_fraction else ""
+        limit = fraction * reading.device_limit
         if reading.system_available and reading.system_available < limit:
             return Budget(
                 float(reading.system_available),
                 f"available RAM {reading.system_available / GB:.1f} GB (below "
-                f"{memory_fraction} x MPS recommended max {reading.device_limit / GB:.1f} GB)",
+                f"{fraction} x MPS recommended max {reading.device_limit / GB:.1f} GB)",
             )
         return Budget(
-            limit, f"{memory_fraction} x MPS recommended max {reading.device_limit / GB:.1f} GB"
+            limit, f"{fraction} x MPS recommended max {reading.device_limit / GB:.1f} GB{capped}"
         )
     if probe.kind == "cuda":
         free = reading.device_free
@@ -46,3 +74,18 @@ def device_budget(
         memory_fraction * available + reading.rss,
         f"{memory_fraction} x available RAM {available / GB:.1f} GB + this process {reading.rss / GB:.1f} GB",
     )
+
+
+def device_budget(
+    probe: DeviceProbe,
+    memory_fraction: float,
+    memory_budget_gb: float | None = None,
+    workers: WorkerCost | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Budget:
+    """The profile's budget rule applied to what the probe reads now, less the loader workers'
+    host memory where training shares it (CPU, MPS)."""
+    budget = _device_budget(probe, memory_fraction, memory_budget_gb, environ)
+    if workers is None or probe.kind == "cuda":
+        return budget
+    return Budget(budget.bytes - workers.total, f"{budget.source} - {workers.text()}")

@@ -36,6 +36,7 @@ from laptrain.hardware.budget import Budget, device_budget
 from laptrain.hardware.estimate import GB, Estimate, ModelMemory, model_memory
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
+from laptrain.hardware.worker_memory import WorkerCost, worker_cost
 
 
 class PreflightError(ValueError):
@@ -135,6 +136,9 @@ def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, A
         options.append(
             (saving, f"lower precision (hardware.precision={lower}, about half the activations)")
         )
+    workers = args.get("workers")
+    if workers is not None:
+        options.append((workers.total, "no loader workers (hardware.num_workers=0)"))
     static = est.weights + est.grads + est.optimizer
     options.append(
         (
@@ -216,6 +220,7 @@ def plan_batch(
     make_batch: MakeBatch | None = None,
     loss_fn: LossFn | None = None,
     previous: tuple[int, int] | None = None,
+    workers: WorkerCost | None = None,
 ) -> Plan:
     """Plan the micro batch of a job before the Trainer is built.
 
@@ -234,6 +239,8 @@ def plan_batch(
         verify: run two real steps at the chosen batch and report the measured peak.
         previous: (micro batch, accumulation) an earlier session of this run used; ``auto`` keeps
             it while it still fits, so a resumed run sees the same batches.
+        workers: host memory the DataLoader workers hold (worker_memory.py); taken off the budget
+            on CPU and MPS.
 
     Raises:
         PreflightError: the job does not fit even at micro batch 1 (or the fixed batch does not fit).
@@ -247,7 +254,7 @@ def plan_batch(
     requested = profile.get("batch_size", "auto")
     multiple = int(profile.get("batch_multiple", 1) or 1)
     budget = device_budget(
-        probe, float(profile.get("memory_fraction", 0.8)), profile.get("memory_budget_gb")
+        probe, float(profile.get("memory_fraction", 0.8)), profile.get("memory_budget_gb"), workers
     )
     make_batch = make_batch or hf_batch_maker(model)
     loss_fn = loss_fn or hf_loss
@@ -265,6 +272,7 @@ def plan_batch(
         "precision": precision,
         "bf16": probe.bf16_supported(),
         "checkpointing_option": "gradient_checkpointing" in (getattr(model, "hparams", None) or {}),
+        "workers": workers if kind != "cuda" else None,
     }
 
     def estimate(batch: int) -> Estimate:
@@ -377,6 +385,7 @@ def preflight_for_run(
     max_batch: int = 256,
     verify: bool = False,
     output_dir: Path | None = None,
+    cache_dir: Path | None = None,
 ) -> Plan | None:
     """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it.
 
@@ -411,6 +420,11 @@ def preflight_for_run(
     if auto and record is not None and record.is_file():
         earlier = json.loads(record.read_text())
         previous = (int(earlier["micro_batch"]), int(earlier["accumulation"]))
+    workers = worker_cost(
+        int(getattr(datamodule, "num_workers", hardware.get("num_workers", 0)) or 0),
+        bool(getattr(datamodule, "persistent_workers", hardware.get("persistent_workers", False))),
+        cache_dir=cache_dir,
+    )
     plan = plan_batch(
         model,
         int(seq_len),
@@ -421,6 +435,7 @@ def preflight_for_run(
         max_batch=max_batch,
         verify=verify,
         previous=previous,
+        workers=workers,
     )
     if auto:
         for name in ("batch_size", "eval_batch_size"):

@@ -1,0 +1,130 @@
+"""What DataLoader worker processes cost in host memory, measured once per machine and cached.
+
+Gap it fills: neither Lightning nor torch reports what ``num_workers`` costs. On macOS each worker
+is *spawned* (Python's default start method there since 3.8): a fresh interpreter that re-imports
+torch, a few hundred MB each. On Apple Silicon that comes out of the same unified memory the
+model trains in, and with ``persistent_workers`` the train and validation loaders both keep their
+workers alive, so a profile with 4 workers holds 8 extra processes. The preflight subtracts
+:func:`worker_cost` from the budget (docs/hardware.md "DataLoader workers on macOS").
+
+The measurement starts one child with the platform's start method (what the DataLoader uses
+unless told otherwise: ``torch/utils/data/dataloader.py`` takes ``multiprocessing_context=None``
+as the default context), lets it import torch and run a full garbage collection (a worker's
+collector touches every object, which copies a forked child's pages), and reads its unique set
+size (USS: the pages no other process shares). It is cached by torch and Python version, OS and
+start method, so it costs one child start per machine.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+GB = 1024**3
+CACHE_FILE = "worker_memory.json"
+
+
+@dataclass(frozen=True)
+class WorkerCost:
+    """Host memory held by DataLoader workers at once."""
+
+    processes: int
+    bytes_each: float
+    start_method: str
+
+    @property
+    def total(self) -> float:
+        return self.processes * self.bytes_each
+
+    def text(self) -> str:
+        return (
+            f"{self.processes} loader worker(s) x {self.bytes_each / GB:.2f} GB "
+            f"({self.start_method}, measured)"
+        )
+
+
+def worker_processes(num_workers: int, persistent: bool) -> int:
+    """Workers alive at the same time: with ``persistent_workers`` the train and the validation
+    loader each keep theirs for the whole fit; without it one loader's set exists at a time."""
+    return max(0, int(num_workers)) * (2 if persistent else 1)
+
+
+def _report_uss(conn: object) -> None:
+    """Child: import what a worker imports, collect garbage, send the unique set size."""
+    import gc
+
+    import psutil
+    import torch  # noqa: F401  (a spawned DataLoader worker re-imports torch)
+
+    gc.collect()
+    conn.send(psutil.Process().memory_full_info().uss)  # type: ignore[attr-defined]
+    conn.close()  # type: ignore[attr-defined]
+
+
+def measure_worker_bytes(start_method: str | None = None, timeout: float = 120.0) -> float:
+    """Bytes one worker process adds, measured by starting one."""
+    method = start_method or multiprocessing.get_start_method(allow_none=False)
+    context = multiprocessing.get_context(method)
+    parent, child = context.Pipe(duplex=False)
+    process = context.Process(target=_report_uss, args=(child,), daemon=True)
+    process.start()
+    child.close()
+    try:
+        if not parent.poll(timeout):
+            raise TimeoutError(f"worker memory probe gave no answer in {timeout:.0f} s")
+        return float(parent.recv())
+    finally:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+
+
+def _cache_key(start_method: str) -> str:
+    from importlib.metadata import version
+
+    return "|".join(
+        (
+            version("torch"),
+            platform.python_version(),
+            sys.platform,
+            platform.machine(),
+            start_method,
+        )
+    )
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LAPTRAIN_CACHE") or Path.home() / ".cache" / "laptrain")
+
+
+def worker_cost(
+    num_workers: int,
+    persistent: bool,
+    cache_dir: Path | None = None,
+    measure: Callable[[str], float] = measure_worker_bytes,
+    start_method: str | None = None,
+) -> WorkerCost | None:
+    """The workers' memory for a loader setting; None with no workers (nothing is measured)."""
+    processes = worker_processes(num_workers, persistent)
+    if processes == 0:
+        return None
+    method = start_method or multiprocessing.get_start_method(allow_none=False)
+    path = (cache_dir or default_cache_dir()) / CACHE_FILE
+    key = _cache_key(method)
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = measure(method)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        tmp.replace(path)
+    return WorkerCost(processes, float(known[key]), method)
