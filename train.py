@@ -1,7 +1,7 @@
 """laptrain's entry point: `python train.py [group=option ...] [key=value ...]`.
 
 Order matters here: the hardware profile is chosen and its environment variables are exported
-before anything imports torch, because torch reads several of them only once (FACTS.md §1, §2, §6).
+before anything imports torch, because torch reads several of them only once (docs/hardware.md).
 """
 
 from __future__ import annotations
@@ -22,10 +22,17 @@ register_resolvers()
 CONF = Path(__file__).resolve().parent / "conf"
 
 
+_NOTES_SHOWN: set[str] = set()  # a multirun calls main once per job: say each note once
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    env = apply_env(cfg.hardware.get("env"))
     try:
+        env = apply_env(cfg.hardware.get("env"))  # refuses MPS watermarks torch would refuse
+        for line in env.notes:
+            if line not in _NOTES_SHOWN:
+                _NOTES_SHOWN.add(line)
+                print(line)
         from laptrain.run import train  # imports torch: after the env is set
 
         return train(cfg, env)
@@ -46,11 +53,23 @@ def user_error(err: BaseException) -> BaseException | None:
     return None
 
 
-if __name__ == "__main__":
-    sys.argv, why = resolve_hardware_argv(sys.argv)
+def resolve_argv(argv: list[str]) -> list[str]:
+    """``hardware=auto`` and ``model.size=auto`` resolved on the command line, before Hydra."""
+    argv, why = resolve_hardware_argv(argv)
     if why:
         print(why)
-    sys.argv, size_lines = resolve_size_argv(sys.argv, str(CONF / "model" / "trm_sudoku.yaml"))
+    argv, size_lines = resolve_size_argv(argv, str(CONF / "model" / "trm_sudoku.yaml"))
     for line in size_lines:
         print(line)
+    return argv
+
+
+if __name__ == "__main__":
+    try:
+        sys.argv = resolve_argv(sys.argv)
+    except (ValueError, OSError) as err:  # e.g. an Intel Mac under hardware=auto
+        if os.environ.get("LAPTRAIN_TRACEBACK"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     main()

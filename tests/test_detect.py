@@ -9,6 +9,7 @@ from laptrain.hardware.detect import (
     parse_meminfo,
     parse_nvidia_smi,
     parse_sysctl,
+    parse_torch_version_py,
 )
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -27,6 +28,7 @@ def recorded(name: str):
         ("m3_pro", "Apple M3 Pro", 18, "5P+6E cores", (3, "pro")),
         ("m4", "Apple M4", 16, "4P+6E cores", (4, "base")),
         ("m5_max", "Apple M5 Max", 64, "6P+12E cores", (5, "max")),
+        ("m1_air_macos13", "Apple M1", 8, "4P+4E cores", (1, "base")),
         ("intel_macbook", "Intel(R) Core(TM) i7-9750H CPU @ 2.60GHz", 16, "6 cores", None),
         ("linux_box", "AMD Ryzen 7 5800X 8-Core Processor", 31, "8 cores", None),
         ("cuda_host", "AMD Ryzen 9 7950X 16-Core Processor", 62, "16 cores", None),
@@ -90,3 +92,50 @@ def test_recording_round_trips_through_a_folder(tmp_path):
     raw = RawMachine.from_dir(RECORDINGS / "cuda_host")
     raw.write_dir(tmp_path / "copy")
     assert RawMachine.from_dir(tmp_path / "copy") == raw
+
+
+def test_macos_version_and_rosetta_come_from_the_recording():
+    m1 = recorded("m1_air_macos13")
+    assert (m1.macos_version, m1.macos_major, m1.rosetta) == ("13.6.1", 13, False)
+    assert m1.summary() == "Apple M1, 8 GB, 4P+4E cores, macOS 13.6.1"
+    assert recorded("m2_air").macos_major is None  # not recorded: unknown, not "old"
+    assert recorded("intel_macbook").intel_mac and not recorded("m2_air").intel_mac
+    translated = RawMachine("Darwin", "x86_64", sysctl="sysctl.proc_translated: 1\n")
+    assert machine_from_raw(translated).rosetta
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # the file a torch build writes (this venv's 2.13.0+cpu)
+        (
+            "__version__ = '2.13.0+cpu'\ndebug = False\ncuda: Optional[str] = None\n",
+            ("2.13.0+cpu", False),
+        ),
+        ("__version__ = '2.13.0'\ncuda: Optional[str] = '12.8'\n", ("2.13.0", True)),
+        ("__version__ = '2.4.1'\ncuda = '12.1'\n", ("2.4.1", True)),
+        # no cuda line: the local version tag decides, a plain version is unknown
+        ("__version__ = '2.13.0+cu126'\n", ("2.13.0+cu126", True)),
+        ("__version__ = '2.13.0+cpu'\n", ("2.13.0+cpu", False)),
+        ("__version__ = '2.13.0'\n", ("2.13.0", None)),
+        ("", ("", None)),
+    ],
+)
+def test_torch_build_is_read_from_version_py_text(text, expected):
+    assert parse_torch_version_py(text) == expected
+
+
+def test_detection_reads_this_torch_without_importing_it():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from laptrain.hardware.detect import detect_machine; m = detect_machine(); "
+        "print('torch' in sys.modules, m.torch_version, m.torch_cuda)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    import importlib.metadata
+
+    assert out == ["False", importlib.metadata.version("torch"), "False"]  # the CI wheel is +cpu

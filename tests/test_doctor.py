@@ -1,5 +1,8 @@
 import json
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from laptrain.cli import main
 from laptrain.hardware.detect import RawMachine, machine_from_raw
@@ -8,8 +11,10 @@ from laptrain.hardware.doctor import (
     check_disk,
     check_quantization,
     check_watermarks,
+    device_fix,
     run_doctor,
 )
+from laptrain.hardware.env import WatermarkError, apply_env, resolve_watermarks
 from laptrain.hardware.profile import load_profile
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -49,12 +54,21 @@ def test_doctor_json_says_ready_and_lists_every_check(capsys, monkeypatch, tmp_p
     ]
 
 
-def test_exported_zero_watermark_fails_with_the_reason(capsys, monkeypatch, tmp_path):
+def test_exported_zero_watermark_warns_with_the_launchers_words():
+    # train.py runs with HIGH 0.0 after one warning line; the doctor says the same, as a warning
+    check = check_watermarks(load_profile("m2_air"), {HIGH: "0.0"})
+    (note,) = resolve_watermarks(load_profile("m2_air")["env"], {HIGH: "0.0"}).notes
+    assert check.ok and check.warning and check.detail.endswith(note)
+    assert note.startswith(f"warning: you exported {HIGH}=0.0: no cap on MPS memory")
+
+
+def test_bad_exported_watermarks_fail_the_doctor(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(HIGH, "0.0")
-    assert main(["doctor"]) == 1
+    monkeypatch.setenv(HIGH, "0.5")
+    monkeypatch.setenv(LOW, "0.6")
+    assert main(["doctor"]) == 1  # the launcher's WatermarkError does not crash the doctor
     out = capsys.readouterr().out
-    assert f"[FAIL] mps watermark: you exported {HIGH}=0.0" in out
+    assert f"[FAIL] mps watermark: you exported {LOW}=0.6, above your {HIGH}=0.5" in out
     assert out.rstrip().splitlines()[-1] == "not ready: mps watermark, training failed (see above)"
 
 
@@ -62,9 +76,41 @@ def test_a_profile_for_another_device_fails_naming_the_fix(tmp_path):
     report = run_doctor("m2_air", environ={}, machine=recorded("linux_box"), output_dir=tmp_path)
     device = next(c for c in report.checks if c.name == "device")
     assert not report.ready and not device.ok
+    assert "hardware=m2_air needs mps" in device.detail
+    assert device.fix == "use hardware=auto (picks cpu here) or hardware=cpu"
+
+
+def test_doctor_on_macos_13_advises_cpu_not_mps():
+    m1 = recorded("m1_air_macos13")
+    report = run_doctor("auto", environ={}, machine=m1, output_dir=Path("/tmp"))
+    machine = next(c for c in report.checks if c.name == "machine")
+    assert "→ macbook_cpu_8gb" in machine.detail and "torch's MPS needs macOS 14" in machine.detail
+    fix = device_fix(m1, "mps")  # asked for an MPS profile on macOS 13: no loop back to MPS
+    assert fix == "update macOS to 14 or later, or use hardware=macbook_cpu_8gb (CPU)"
+    assert "auto" not in fix
+
+
+def test_doctor_never_sends_the_user_back_to_the_profile_that_failed():
+    # macOS unknown: auto still picks MPS, so a missing MPS must point at the CPU profile
+    assert device_fix(recorded("m2_air"), "mps") == "use hardware=macbook_cpu_16gb (CPU)"
+    cpu_torch = replace(recorded("cuda_host"), torch_version="2.13.0+cpu", torch_cuda=False)
+    fix = device_fix(cpu_torch, "cuda")
+    assert "install a CUDA build of torch" in fix and fix.endswith("or use hardware=cpu")
+
+
+def test_doctor_on_an_intel_mac_says_unsupported(tmp_path):
+    report = run_doctor("auto", environ={}, machine=recorded("intel_macbook"), output_dir=tmp_path)
+    assert not report.ready
+    assert report.checks[0].detail.startswith("Intel Macs are not supported")
+
+
+def test_doctor_offers_the_device_smoke_script():
+    report = run_doctor(
+        "m2_air", environ={}, machine=recorded("linux_box"), output_dir=Path("/tmp")
+    )
     assert (
-        "hardware=m2_air needs mps" in device.detail
-        and device.fix == "use hardware=auto (or hardware=cpu)"
+        "device smoke test: python benchmarks/device_smoke.py (paste its table into a bug report)"
+        in report.text().splitlines()
     )
 
 
@@ -74,12 +120,16 @@ def test_apple_silicon_with_a_torch_without_mps_is_flagged():
     assert not check.ok and "no MPS on an Apple Silicon Mac" in check.detail
 
 
-def test_watermark_traps():
+def test_watermark_traps_match_the_launcher():
     profile = load_profile("m2_air")
-    assert check_watermarks(profile, {}).ok
-    assert not check_watermarks(profile, {LOW: "0.9"}).ok  # LOW 0.9 > the profile's HIGH 0.8
-    only_high = check_watermarks({"env": {}}, {HIGH: "0.8"})
-    assert not only_high.ok and LOW in only_high.fix
+    assert check_watermarks(profile, {}).ok and not check_watermarks(profile, {}).warning
+    mine = check_watermarks(profile, {LOW: "0.9"})  # LOW 0.9 > the profile's HIGH 0.8
+    assert not mine.ok and LOW in mine.fix
+    with pytest.raises(WatermarkError) as err:  # train.py refuses it in the same words
+        apply_env(profile["env"], {LOW: "0.9"})
+    assert str(err.value) == f"{mine.detail}; {mine.fix}"
+    only_high = check_watermarks({"env": {}}, {HIGH: "0.8"})  # the launcher lowers LOW: a warning
+    assert only_high.ok and only_high.warning and f"{LOW}=0.7: lowered" in only_high.detail
 
 
 def test_macos_without_bitsandbytes_is_a_warning_not_a_failure():

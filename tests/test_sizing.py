@@ -24,3 +24,20 @@ def test_size_auto_is_rewritten_by_memory_and_explained():
 def test_other_command_lines_are_left_alone():
     argv = ["train.py", "model=trm_sudoku", "model.size=tiny"]
     assert resolve_size_argv(argv, YAML) == (argv, [])
+
+
+def test_size_auto_is_replaced_in_place_with_flags_around_it():
+    argv = [
+        "train.py",
+        "-m",
+        "model=trm_sudoku",
+        "model.size=auto",
+        "model.memory_gb=8",
+        "--cfg",
+        "job",
+    ]
+    args, _ = resolve_size_argv(argv, YAML)
+    assert args == [*argv[:3], "model.size=ram_8gb", *argv[4:]]
+    # an option's value is not an override: `--config-name model.size=auto` is left alone
+    odd = ["train.py", "--config-name", "model.size=auto"]
+    assert resolve_size_argv(odd, YAML) == (odd, [])

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from laptrain.argv import insert_overrides, override_indices, overrides
 from laptrain.hardware.detect import MachineInfo, detect_machine
 from laptrain.hardware.profile import ProfileError, load_profile
 
-# (generation, tier) of an Apple chip -> the profile made for it (FACTS.md §10 and spec sheets).
+# (generation, tier) of an Apple chip -> the profile made for it (Apple's spec sheets).
 APPLE_PROFILES = {
     (1, "base"): "m1_mini",
     (2, "base"): "m2_air",
@@ -28,6 +29,22 @@ APPLE_PROFILES = {
 }
 # seed 002's MacBook table: 8, 16, 32 GB. A Mac at or below a size gets that size's profile.
 CPU_MAC_PROFILES = ((8, "macbook_cpu_8gb"), (16, "macbook_cpu_16gb"), (32, "macbook_cpu_32gb"))
+# torch's MPS backend only accepts a device whose MPSGraph has a macOS 14 API (pytorch/pytorch:
+# aten/src/ATen/mps/MPSDevice.mm); below it torch.backends.mps.is_available() is False.
+MPS_MIN_MACOS = 14
+CUDA_TORCH_FIX = (
+    "install a CUDA build of torch: pip install --force-reinstall torch (PyPI's Linux x86_64 wheel "
+    "is built with CUDA) or pip install torch --index-url https://download.pytorch.org/whl/cu<ver> "
+    "(pick <ver> at pytorch.org/get-started/locally)"
+)
+INTEL_MAC = (
+    "Intel Macs are not supported: PyTorch publishes no macOS x86_64 wheels after 2.2.2 and "
+    "laptrain needs torch>=2.4"
+)
+
+
+class UnsupportedMachine(ProfileError):
+    """No profile can train on this machine; the message says why and what would work."""
 
 
 @dataclass(frozen=True)
@@ -44,25 +61,65 @@ class Choice:
         return self.machine.performance_cores or self.machine.physical_cores or None
 
 
+def cpu_profile_for(machine: MachineInfo) -> str:
+    """The CPU-only profile for a machine: a MacBook's by its RAM (seed 002's table), else ``cpu``."""
+    if machine.system != "Darwin":
+        return "cpu"
+    for size, name in CPU_MAC_PROFILES:
+        if machine.memory_gb <= size:
+            return name
+    return CPU_MAC_PROFILES[-1][1]
+
+
+def mps_blocker(machine: MachineInfo) -> str:
+    """Why torch's MPS cannot run on this Mac's OS ("" when it can, or the version is unknown)."""
+    major = machine.macos_major
+    if major is not None and major < MPS_MIN_MACOS:
+        return (
+            f"macOS {machine.macos_version} < {MPS_MIN_MACOS}: torch's MPS needs macOS "
+            f"{MPS_MIN_MACOS}; training on CPU"
+        )
+    return ""
+
+
+def cuda_blocker(machine: MachineInfo) -> str:
+    """Why the installed torch cannot use the NVIDIA GPUs seen ("" when it can, or unknown)."""
+    if machine.gpus and machine.torch_cuda is False:
+        return f"torch {machine.torch_version} is built without CUDA; training on CPU ({CUDA_TORCH_FIX})"
+    return ""
+
+
 def choose_profile(machine: MachineInfo) -> Choice:
-    """The closest profile for a machine (pure: tests pass recorded machines)."""
+    """The closest profile for a machine (pure: tests pass recorded machines).
+
+    Raises ``UnsupportedMachine`` on an x86_64 macOS process (an Intel Mac, or Rosetta).
+    """
+    if machine.intel_mac:
+        if machine.rosetta:
+            raise UnsupportedMachine(
+                "this Python is x86_64 under Rosetta on an Apple Silicon Mac, and PyTorch publishes "
+                "no macOS x86_64 wheels after 2.2.2 (laptrain needs torch>=2.4): install an arm64 "
+                "Python (`python -c 'import platform; print(platform.machine())'` must say arm64)"
+            )
+        raise UnsupportedMachine(INTEL_MAC)
     if machine.gpus:
         names = sorted({g.name for g in machine.gpus})
+        blocker = cuda_blocker(machine)
+        if blocker:
+            return Choice(cpu_profile_for(machine), machine, "no CUDA in torch", why=blocker)
         return Choice("cuda", machine, f"CUDA ({', '.join(names)} x{len(machine.gpus)})")
     chip = machine.apple_chip
     if chip is not None:
+        blocker = mps_blocker(machine)
+        if blocker:
+            return Choice(cpu_profile_for(machine), machine, "no MPS", why=blocker)
         name = APPLE_PROFILES.get(chip)
         if name:
             return Choice(name, machine, "MPS")
         return Choice(
             "mps", machine, "MPS", why=f"no profile for M{chip[0]} {chip[1]}, generic MPS"
         )
-    if machine.system == "Darwin":
-        for size, name in CPU_MAC_PROFILES:
-            if machine.memory_gb <= size:
-                return Choice(name, machine, "no GPU")
-        return Choice(CPU_MAC_PROFILES[-1][1], machine, "no GPU")
-    return Choice("cpu", machine, "no GPU")
+    return Choice(cpu_profile_for(machine), machine, "no GPU")
 
 
 def _batch_text(batch: object) -> str:
@@ -90,7 +147,7 @@ def describe(choice: Choice, profile: dict, threads_override: int | None) -> str
 
 
 def _user_sets(args: list[str], key: str) -> bool:
-    return any(a.split("=", 1)[0].lstrip("+~") == key for a in args)
+    return any(args[i].split("=", 1)[0].lstrip("+~") == key for i in override_indices(args))
 
 
 def resolve_hardware_argv(
@@ -101,26 +158,37 @@ def resolve_hardware_argv(
     """Return argv with ``hardware=auto`` replaced by the detected profile, and a line saying why.
 
     With an explicit ``hardware=<name>`` argv is kept; the line is then a note when this machine
-    would have been given another profile (None when they agree). A CPU profile that leaves
-    ``torch_threads`` null gets the detected physical-core count as ``hardware.torch_threads=N``,
-    unless the user set that key.
+    would have been given another profile (None when they agree, or when no profile fits this
+    machine). A CPU profile that leaves ``torch_threads`` null gets the detected physical-core count
+    as ``hardware.torch_threads=N``, unless the user set that key. The overrides go where Hydra's
+    parser accepts them (``laptrain.argv.insert_overrides``), so flags may come anywhere.
+    Raises ``UnsupportedMachine`` for ``hardware=auto`` on a machine no profile fits (an Intel Mac).
     """
     args = list(argv)
-    positions = [i for i, a in enumerate(args) if a.split("=", 1)[0] in ("hardware", "+hardware")]
+    positions = [
+        i for i in override_indices(args) if args[i].split("=", 1)[0] in ("hardware", "+hardware")
+    ]
     explicit = args[positions[-1]].split("=", 1)[1] if positions else "auto"
-    choice = choose_profile(detect())
     if explicit != "auto":
+        try:
+            choice = choose_profile(detect())
+        except UnsupportedMachine:
+            return args, None  # the user chose a profile; torch itself will say what it lacks
         if explicit == choice.profile:
             return args, None
+        why = f" ({choice.why})" if choice.why else ""
         return args, (
             f"note: hardware={explicit} was chosen, but this machine ({choice.machine.summary()}, "
-            f"{choice.device}) would get hardware={choice.profile}"
+            f"{choice.device}) would get hardware={choice.profile}{why}"
         )
+    choice = choose_profile(detect())
     try:
         profile = profile_loader(choice.profile)
     except ProfileError:
         profile = {}
-    batch = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == "hardware.batch_size"]
+    batch = [
+        a.split("=", 1)[1] for a in overrides(args) if a.split("=", 1)[0] == "hardware.batch_size"
+    ]
     if batch:
         profile = {**profile, "batch_size": batch[-1]}  # the line shows what will run
     threads = None
@@ -137,5 +205,5 @@ def resolve_hardware_argv(
         where = positions[-1]
         args[where : where + 1] = injected
     else:
-        args.extend(injected)
+        args = insert_overrides(args, injected)
     return args, f"hardware=auto: {describe(choice, profile, threads)}"

@@ -1,14 +1,17 @@
 """What machine is this? Read without sudo and without importing torch.
 
-The launcher resolves ``hardware=auto`` before torch is imported (a profile's env vars only count
-before import, FACTS.md §2, §6), so detection reads the OS: ``sysctl`` on macOS (FACTS.md §11),
-``/proc/cpuinfo`` and ``/proc/meminfo`` on Linux, ``nvidia-smi`` for NVIDIA GPUs. The raw outputs are
-collected in a ``RawMachine`` and parsed by pure functions, so tests feed recorded outputs of
-machines this one is not (tests/recordings/).
+The launcher resolves ``hardware=auto`` before torch is imported (torch reads a profile's env vars
+once, at import or at the first MPS allocation: docs/hardware.md), so detection reads the OS:
+``sysctl`` and ``platform.mac_ver()`` on macOS, ``/proc/cpuinfo`` and ``/proc/meminfo`` on Linux,
+``nvidia-smi`` for NVIDIA GPUs, and the installed torch's ``torch/version.py`` as text (never
+imported) to know whether that torch was built with CUDA. The raw outputs are collected in a
+``RawMachine`` and parsed by pure functions, so tests feed recorded outputs of machines this one is
+not (tests/recordings/).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import re
@@ -18,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-# hw.perflevel* exist on Apple Silicon only; lower N = faster cores (FACTS.md §11).
+# hw.perflevel* exist on Apple Silicon only; lower N = faster cores (Apple's sysctlbyname
+# "Determining system capabilities"). sysctl.proc_translated is 1 in a process Rosetta 2 translates.
 SYSCTL_KEYS = (
     "machdep.cpu.brand_string",
     "hw.memsize",
@@ -29,6 +33,7 @@ SYSCTL_KEYS = (
     "hw.perflevel0.name",
     "hw.perflevel1.physicalcpu",
     "hw.perflevel1.name",
+    "sysctl.proc_translated",
 )
 NVIDIA_SMI_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
 GB = 1024**3
@@ -44,12 +49,16 @@ class RawMachine:
     cpuinfo: str = ""
     meminfo: str = ""
     nvidia_smi: str = ""
+    mac_ver: str = ""  # platform.mac_ver()[0], e.g. "14.5"; empty off macOS
+    torch_version_py: str = ""  # the text of the installed torch/version.py; empty if none
 
     _FILES: ClassVar[dict[str, str]] = {
         "sysctl": "sysctl.txt",
         "cpuinfo": "cpuinfo.txt",
         "meminfo": "meminfo.txt",
         "nvidia_smi": "nvidia-smi.txt",
+        "mac_ver": "mac_ver.txt",
+        "torch_version_py": "torch-version.py.txt",
     }
 
     @classmethod
@@ -88,10 +97,25 @@ class MachineInfo:
     performance_cores: int | None = None
     efficiency_cores: int | None = None
     gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
+    macos_version: str = ""  # "13.6.1"; empty off macOS or when unknown
+    rosetta: bool = False  # an x86_64 process translated by Rosetta 2 on an Apple Silicon Mac
+    torch_version: str = ""  # the installed torch, e.g. "2.13.0+cpu"; empty when not found
+    torch_cuda: bool | None = None  # torch built with CUDA; None when unknown
 
     @property
     def apple_silicon(self) -> bool:
         return self.system == "Darwin" and self.arch == "arm64"
+
+    @property
+    def intel_mac(self) -> bool:
+        """An x86_64 macOS process: an Intel Mac, or an x86_64 Python under Rosetta."""
+        return self.system == "Darwin" and self.arch == "x86_64"
+
+    @property
+    def macos_major(self) -> int | None:
+        """14 for "14.5"; None off macOS or when the version is unknown."""
+        match = re.match(r"(\d+)", self.macos_version)
+        return int(match.group(1)) if self.system == "Darwin" and match else None
 
     @property
     def apple_chip(self) -> tuple[int, str] | None:
@@ -112,8 +136,9 @@ class MachineInfo:
         return f"{self.physical_cores} cores"
 
     def summary(self) -> str:
-        """E.g. "Apple M2, 16 GB, 4P+4E cores"."""
-        return f"{self.cpu}, {self.memory_gb} GB, {self.cores_text()}"
+        """E.g. "Apple M2, 16 GB, 4P+4E cores" (", macOS 14.5" when the version is known)."""
+        macos = f", macOS {self.macos_version}" if self.macos_major else ""
+        return f"{self.cpu}, {self.memory_gb} GB, {self.cores_text()}{macos}"
 
 
 def parse_sysctl(text: str) -> dict[str, str]:
@@ -121,7 +146,7 @@ def parse_sysctl(text: str) -> dict[str, str]:
     values = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
-        if sep and not key.startswith("sysctl"):
+        if sep and key.strip() != "sysctl":  # "sysctl: unknown oid ..." is an error line
             values[key.strip()] = value.strip()
     return values
 
@@ -168,9 +193,31 @@ def parse_nvidia_smi(text: str) -> tuple[GpuInfo, ...]:
     return tuple(gpus)
 
 
+def parse_torch_version_py(text: str) -> tuple[str, bool | None]:
+    """(torch version, built with CUDA?) from the text of ``torch/version.py``.
+
+    The build writes ``cuda: Optional[str] = '12.8'`` on a CUDA build and ``= None`` otherwise
+    (torch 2.13.0+cpu here). Where that line is missing, the local version tag decides: "+cpu" is a
+    CPU build, "+cu126" a CUDA one; a plain "2.13.0" (PyPI's wheels) says nothing, so None.
+    """
+    version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    version_text = version.group(1) if version else ""
+    cuda = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.MULTILINE)
+    if cuda:
+        return version_text, cuda.group(1) != "None"
+    local = version_text.partition("+")[2]
+    if local == "cpu":
+        return version_text, False
+    if local.startswith("cu"):
+        return version_text, True
+    return version_text, None
+
+
 def machine_from_raw(raw: RawMachine) -> MachineInfo:
     """Parse the raw outputs of one machine."""
     gpus = parse_nvidia_smi(raw.nvidia_smi)
+    torch_version, torch_cuda = parse_torch_version_py(raw.torch_version_py)
+    torch_facts = {"torch_version": torch_version, "torch_cuda": torch_cuda}
     if raw.system == "Darwin":
         values = parse_sysctl(raw.sysctl)
         levels = int(values.get("hw.nperflevels", "1") or 1)
@@ -185,6 +232,9 @@ def machine_from_raw(raw: RawMachine) -> MachineInfo:
             performance_cores=int(perf) if perf and levels > 1 else None,
             efficiency_cores=int(eff) if eff and levels > 1 else None,
             gpus=gpus,
+            macos_version=raw.mac_ver.strip(),
+            rosetta=values.get("sysctl.proc_translated") == "1",
+            **torch_facts,
         )
     model, physical, _ = parse_cpuinfo(raw.cpuinfo)
     return MachineInfo(
@@ -194,6 +244,7 @@ def machine_from_raw(raw: RawMachine) -> MachineInfo:
         memory_bytes=parse_meminfo(raw.meminfo),
         physical_cores=physical,
         gpus=gpus,
+        **torch_facts,
     )
 
 
@@ -215,20 +266,51 @@ def _read(path: str) -> str:
         return ""
 
 
+def read_torch_version_py() -> str:
+    """The installed torch's ``torch/version.py`` as text, found without importing torch."""
+    try:
+        spec = importlib.util.find_spec("torch")  # a top-level find runs no torch code
+    except (ImportError, ValueError):
+        return ""
+    for folder in (spec and spec.submodule_search_locations) or ():
+        text = _read(os.path.join(folder, "version.py"))
+        if text:
+            return text
+    return ""
+
+
+def read_mac_version() -> str:
+    """macOS's version, e.g. "14.5". A Python built against an old SDK is told "10.16" on macOS 11+
+    (Apple's compatibility answer), so then ``sw_vers`` asks the OS itself."""
+    version = platform.mac_ver()[0]
+    if version == "10.16":
+        version = _run(["sw_vers", "-productVersion"]).strip() or ""
+    return version
+
+
 def read_raw_machine() -> RawMachine:
-    """Collect this machine's raw outputs (no sudo, no torch)."""
+    """Collect this machine's raw outputs (no sudo, no torch import)."""
     system, arch = platform.system(), platform.machine()
     nvidia = ""
     if os.environ.get("CUDA_VISIBLE_DEVICES") != "":
         nvidia = _run(["nvidia-smi", *NVIDIA_SMI_QUERY])
+    torch_text = read_torch_version_py()
     if system == "Darwin":
-        return RawMachine(system, arch, sysctl=_run(["sysctl", *SYSCTL_KEYS]), nvidia_smi=nvidia)
+        return RawMachine(
+            system,
+            arch,
+            sysctl=_run(["sysctl", *SYSCTL_KEYS]),
+            nvidia_smi=nvidia,
+            mac_ver=read_mac_version(),
+            torch_version_py=torch_text,
+        )
     return RawMachine(
         system,
         arch,
         cpuinfo=_read("/proc/cpuinfo"),
         meminfo=_read("/proc/meminfo"),
         nvidia_smi=nvidia,
+        torch_version_py=torch_text,
     )
 
 
@@ -248,4 +330,8 @@ def detect_machine() -> MachineInfo:
         performance_cores=machine.performance_cores,
         efficiency_cores=machine.efficiency_cores,
         gpus=machine.gpus,
+        macos_version=machine.macos_version,
+        rosetta=machine.rosetta,
+        torch_version=machine.torch_version,
+        torch_cuda=machine.torch_cuda,
     )

@@ -20,13 +20,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from laptrain.hardware.auto import choose_profile, describe
+from laptrain.hardware.auto import (
+    CUDA_TORCH_FIX,
+    MPS_MIN_MACOS,
+    choose_profile,
+    cpu_profile_for,
+    cuda_blocker,
+    describe,
+    mps_blocker,
+)
 from laptrain.hardware.detect import MachineInfo, detect_machine
+from laptrain.hardware.env import resolve_watermarks
 from laptrain.hardware.profile import ProfileError, load_profile, validate_precision
 
 GB = 1024**3
 PACKAGES = ("torch", "lightning", "transformers", "peft", "hydra", "omegaconf")
-HIGH, LOW = "PYTORCH_MPS_HIGH_WATERMARK_RATIO", "PYTORCH_MPS_LOW_WATERMARK_RATIO"
+SMOKE_LINE = (
+    "device smoke test: python benchmarks/device_smoke.py (paste its table into a bug report)"
+)
 
 
 @dataclass
@@ -53,6 +64,7 @@ class Report:
     def text(self) -> str:
         lines = [c.line() for c in self.checks]
         failed = [c.name for c in self.checks if not c.ok]
+        lines.append(SMOKE_LINE)
         lines.append(
             "ready" if self.ready else f"not ready: {', '.join(failed)} failed (see above)"
         )
@@ -60,7 +72,12 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"ready": self.ready, "checks": [asdict(c) for c in self.checks]}, indent=1
+            {
+                "ready": self.ready,
+                "checks": [asdict(c) for c in self.checks],
+                "device_smoke": "python benchmarks/device_smoke.py",
+            },
+            indent=1,
         )
 
 
@@ -109,9 +126,27 @@ def check_device(machine: MachineInfo, profile: Mapping[str, Any]) -> Check:
             "device",
             False,
             detail + f"; hardware={profile.get('name')} needs {wanted}",
-            "use hardware=auto (or hardware=cpu)",
+            device_fix(machine, str(wanted)),
         )
     return Check("device", True, detail + f"; training on {wanted}")
+
+
+def device_fix(machine: MachineInfo, wanted: str) -> str:
+    """What to do when the profile's device is missing. Never points back at a profile that needs
+    the same missing device (hardware=auto picks MPS on a Mac whose macOS is unknown)."""
+    cpu = cpu_profile_for(machine)
+    if wanted == "mps" and mps_blocker(machine):
+        return f"update macOS to {MPS_MIN_MACOS} or later, or use hardware={cpu} (CPU)"
+    if wanted == "cuda" and machine.gpus and (cuda_blocker(machine) or machine.torch_cuda is None):
+        return f"{CUDA_TORCH_FIX}, or use hardware={cpu}"
+    try:
+        auto = choose_profile(machine).profile
+        auto_device = load_profile(auto).get("accelerator", "cpu")
+    except ProfileError:
+        auto, auto_device = cpu, "cpu"
+    if auto_device != wanted:
+        return f"use hardware=auto (picks {auto} here) or hardware={cpu}"
+    return f"use hardware={cpu} (CPU)"
 
 
 def check_env(profile: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
@@ -125,39 +160,14 @@ def check_env(profile: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
 
 
 def check_watermarks(profile: Mapping[str, Any], environ: Mapping[str, str]) -> Check:
-    env = {**{k: str(v) for k, v in (profile.get("env") or {}).items()}, **environ}
-    if environ.get(HIGH) is not None and _ratio(environ[HIGH]) == 0.0:
-        return Check(
-            "mps watermark",
-            False,
-            f"you exported {HIGH}=0.0, which removes the cap on MPS memory: the job swaps "
-            "instead of failing cleanly (FACTS.md §1)",
-            f"unset {HIGH} (the profile caps it at 0.8 with LOW 0.7)",
-        )
-    high, low = _ratio(env.get(HIGH)), _ratio(env.get(LOW))
-    if high is not None and low is not None and low > high:
-        return Check(
-            "mps watermark",
-            False,
-            f"{LOW}={low} > {HIGH}={high}: the first MPS allocation fails",
-            f"export {LOW} <= {HIGH} (e.g. 0.7 and 0.8)",
-        )
-    if high is not None and low is None and high < 1.4:
-        return Check(
-            "mps watermark",
-            False,
-            f"{HIGH}={high} without {LOW}: the default LOW 1.4 > HIGH, so the first MPS "
-            "allocation fails",
-            f"also export {LOW}={min(high, 0.7)}",
-        )
-    return Check("mps watermark", True, f"HIGH {high}, LOW {low}" if high else "defaults")
-
-
-def _ratio(value: str | None) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except ValueError:
-        return math.nan
+    """The launcher's own watermark check (``env.resolve_watermarks``): same verdict, same words."""
+    marks = resolve_watermarks(profile.get("env"), environ)
+    if not marks.ok:
+        return Check("mps watermark", False, marks.problem, marks.fix)
+    detail = f"HIGH {marks.high:g}, LOW {marks.low:g}"
+    if marks.notes:
+        return Check("mps watermark", True, f"{detail}; " + "; ".join(marks.notes), warning=True)
+    return Check("mps watermark", True, detail)
 
 
 def check_quantization(machine: MachineInfo) -> Check:
@@ -183,7 +193,7 @@ def check_disk(folder: Path, need_bytes: float, what: str) -> Check:
 
 
 def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
-    """Bytes for the kept checkpoints: fp32 weights + AdamW state per file (FACTS.md §9), 1 GB spare."""
+    """Bytes for the kept checkpoints: 4 B fp32 weights + 8 B AdamW state (exp_avg, exp_avg_sq: torch/optim/adamw.py) per parameter per file, 1 GB spare."""
     if params is None:
         return 2.0 * GB, "checkpoints (model size unknown)"
     return params * 12.0 * kept + GB, f"{kept} checkpoints of a {params / 1e6:.1f} M model + 1 GB"
@@ -279,10 +289,10 @@ def run_doctor(
     """Run every check; nothing here raises."""
     environ = dict(os.environ if environ is None else environ)
     machine = machine or detect_machine()
-    name = choose_profile(machine).profile if profile_name == "auto" else profile_name
     try:
+        name = choose_profile(machine).profile if profile_name == "auto" else profile_name
         profile = load_profile(name)
-    except ProfileError as err:
+    except ProfileError as err:  # incl. a machine no profile fits (an Intel Mac)
         return Report([Check("profile", False, str(err))])
     need, what = checkpoint_need(params)
     checks = [

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from laptrain.argv import override_indices, overrides
+
 
 @dataclass(frozen=True)
 class SizePreset:
@@ -126,7 +128,7 @@ def choose_size(
 
 
 def _argv_value(argv: list[str], *keys: str) -> str | None:
-    values = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+") in keys]
+    values = [a.split("=", 1)[1] for a in overrides(argv) if a.split("=", 1)[0].lstrip("+") in keys]
     return values[-1] if values and values[-1] not in ("null", "None", "") else None
 
 
@@ -134,12 +136,15 @@ def resolve_size_argv(argv: list[str], config_path: str) -> tuple[list[str], lis
     """Rewrite ``model.size=auto`` on the command line into the chosen preset, before Hydra
     composes (as ``hardware=auto`` is), so ``--cfg job`` shows the choice; return the lines that
     explain it. Memory: ``model.memory_gb`` or ``hardware.memory_budget_gb`` from the command line,
-    else this machine's total RAM. No torch import.
+    else this machine's total RAM. No torch import. Only Hydra overrides count (not an option's
+    value), and the choice replaces the override in place, so options keep their positions
+    (``laptrain.argv``).
     """
     import psutil
     import yaml
 
-    if "model.size=auto" not in argv:
+    where = [i for i in override_indices(argv) if argv[i].lstrip("+") == "model.size=auto"]
+    if not where:
         return list(argv), []
     with open(config_path) as f:
         config = yaml.safe_load(f)
@@ -151,7 +156,9 @@ def resolve_size_argv(argv: list[str], config_path: str) -> tuple[list[str], lis
         float(budget),
         int(config["auto_target_samples"]),
     )
-    args = [f"model.size={choice.name}" if a == "model.size=auto" else a for a in argv]
+    args = list(argv)
+    for i in where:
+        args[i] = args[i].replace("model.size=auto", f"model.size={choice.name}")
     return args, list(choice.lines)
 
 

@@ -1,0 +1,136 @@
+"""The launcher's overrides land where Hydra's argparse accepts them, whatever flags the user typed."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra._internal.utils import get_args_parser
+
+from laptrain.argv import (
+    INFO_CHOICES,
+    OPTIONAL_VALUE_OPTIONS,
+    SWITCHES,
+    VALUE_OPTIONS,
+    insert_overrides,
+    overrides,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = ["hardware=cpu", "hardware.torch_threads=2"]
+
+
+def test_option_tables_match_hydras_parser():
+    value, optional, switch = set(), {}, set()
+    for action in get_args_parser()._actions:
+        if not action.option_strings:
+            continue
+        if action.nargs == "?":
+            optional.update(dict.fromkeys(action.option_strings, frozenset(action.choices)))
+        elif action.nargs == 0:
+            switch.update(action.option_strings)
+        else:
+            value.update(action.option_strings)
+    assert value == VALUE_OPTIONS
+    assert optional == OPTIONAL_VALUE_OPTIONS and optional["--info"] == INFO_CHOICES
+    assert switch == SWITCHES
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["t.py"], ["t.py", *NEW]),
+        (["t.py", "a=1", "b=2"], ["t.py", "a=1", "b=2", *NEW]),
+        (
+            ["t.py", "model=trm", "data=sudoku", "--cfg", "job"],
+            ["t.py", "model=trm", "data=sudoku", *NEW, "--cfg", "job"],
+        ),
+        (["t.py", "--cfg", "job"], ["t.py", *NEW, "--cfg", "job"]),
+        (["t.py", "--cfg", "job", "a=1"], ["t.py", "--cfg", "job", "a=1", *NEW]),
+        (
+            ["t.py", "-m", "lr=1e-4,3e-4", "--cfg", "job"],
+            ["t.py", "-m", "lr=1e-4,3e-4", *NEW, "--cfg", "job"],
+        ),
+        (["t.py", "lr=1,2", "-m"], ["t.py", "lr=1,2", *NEW, "-m"]),
+        (
+            ["t.py", "--multirun", "a=1", "--resolve"],
+            ["t.py", "--multirun", "a=1", *NEW, "--resolve"],
+        ),
+        (["t.py", "--info"], ["t.py", *NEW, "--info"]),
+        (["t.py", "a=1", "--info"], ["t.py", "a=1", *NEW, "--info"]),
+        (["t.py", "--info", "defaults", "a=1"], ["t.py", "--info", "defaults", "a=1", *NEW]),
+        (["t.py", "--help"], ["t.py", *NEW, "--help"]),
+        (["t.py", "a=1", "--hydra-help"], ["t.py", "a=1", *NEW, "--hydra-help"]),
+        (
+            ["t.py", "-c", "job", "-p", "hardware", "a=1"],
+            ["t.py", "-c", "job", "-p", "hardware", "a=1", *NEW],
+        ),
+        (
+            ["t.py", "--config-name", "train", "a=1", "--cfg=job"],
+            ["t.py", "--config-name", "train", "a=1", *NEW, "--cfg=job"],
+        ),
+        (
+            ["t.py", "-cn", "train", "-cp", "conf", "-cd", "extra"],
+            ["t.py", *NEW, "-cn", "train", "-cp", "conf", "-cd", "extra"],
+        ),
+        (
+            ["t.py", "--config-n", "train", "--cfg", "job"],
+            ["t.py", *NEW, "--config-n", "train", "--cfg", "job"],
+        ),
+        (
+            ["t.py", "--experimental-rerun", "x.pickle"],
+            ["t.py", *NEW, "--experimental-rerun", "x.pickle"],
+        ),
+        (["t.py", "--shell-completion", "a=1"], ["t.py", "--shell-completion", "a=1", *NEW]),
+        (
+            ["t.py", "--run", "a=1", "--package", "_global_"],
+            ["t.py", "--run", "a=1", *NEW, "--package", "_global_"],
+        ),
+    ],
+)
+def test_inserted_overrides_parse_with_hydras_own_parser(argv, expected):
+    args = insert_overrides(argv, NEW)
+    assert args == expected
+    parsed = get_args_parser().parse_args(args[1:])  # raises SystemExit where Hydra would refuse
+    assert parsed.overrides == overrides(args)
+    assert overrides(args)[-2:] == NEW
+
+
+def test_options_values_are_not_overrides():
+    argv = ["t.py", "--config-name", "x=y", "-p", "a=b", "--info", "config", "c=d"]
+    assert overrides(argv) == ["c=d"]
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (("model=trm_sudoku", "data=sudoku", "--cfg", "job"), "hardware=auto:"),
+        (("--cfg", "job", "seed=7", "hardware.batch_size=4"), "seed: 7"),
+        (
+            ("model=trm_sudoku", "model.size=auto", "hardware.memory_budget_gb=8", "--cfg", "job"),
+            "size: ram_8gb",
+        ),
+    ],
+)
+def test_train_py_with_flags_after_or_before_overrides_prints_the_config(args, expect):
+    done = _train(*args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert expect in done.stdout
+    assert "hardware:\n  name: " in done.stdout  # the resolved profile, not `auto`
+
+
+def test_train_py_help_works_after_an_override():
+    done = _train("seed=3", "--help")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Powered by Hydra" in done.stdout
