@@ -75,3 +75,66 @@ def test_validation_checkpoint_and_test_use_the_ema(tmp_path: Path) -> None:
     assert any(torch.equal(w, ema_weight) for w in model.seen_in_validation)
     trainer.test(model, loader(), ckpt_path="best")
     torch.testing.assert_close(model.layer.weight.detach(), ema_weight)
+
+
+def fit_linear(
+    tmp_path: Path, steps: int, precision: str, resume: Path | None = None, seed: int = 0
+) -> tuple[pl.Trainer, EMA, ManualLinear]:
+    torch.manual_seed(seed)
+    model, ema = ManualLinear(), EMA(decay=0.9)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        precision=precision,
+        callbacks=[ema, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, loader(), loader(), ckpt_path=resume)
+    return trainer, ema, model
+
+
+def test_shadow_is_made_after_lightning_converts_the_module(tmp_path: Path) -> None:
+    # 64-true converts the module in strategy.setup, after Callback.setup: where a GPU run moves it.
+    _, ema, model = fit_linear(tmp_path, 2, "64-true")
+    assert model.layer.weight.dtype == torch.float64
+    assert {t.dtype for t in ema.shadow.values()} == {torch.float64}
+
+
+@pytest.mark.parametrize("precision", ["64-true", "bf16-true"])
+def test_resume_after_the_conversion_is_bit_identical(tmp_path: Path, precision: str) -> None:
+    fit_linear(tmp_path / "straight", 16, precision)
+    fit_linear(tmp_path / "cut", 8, precision)  # an epoch boundary: the plain loader restarts
+    (cut,) = (tmp_path / "cut").glob("*step=8.ckpt")
+    _, ema, _ = fit_linear(tmp_path / "cut", 16, precision, resume=cut, seed=1)
+    want = {torch.float64: torch.float64, torch.bfloat16: torch.float32}
+    assert {t.dtype for t in ema.shadow.values()} == {want[ema._params()["layer.weight"].dtype]}
+    (a,) = (tmp_path / "straight").glob("*step=16.ckpt")
+    (b,) = (tmp_path / "cut").glob("*step=16.ckpt")
+    a, b = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert a["callbacks"]["EMA"]["updates"] == b["callbacks"]["EMA"]["updates"] == 16
+    for name in a["state_dict"]:
+        assert torch.equal(a["state_dict"][name], b["state_dict"][name]), name
+    raw_a, raw_b = a["callbacks"]["EMA"]["raw_weights"], b["callbacks"]["EMA"]["raw_weights"]
+    for name in raw_a:
+        assert torch.equal(raw_a[name], raw_b[name]), name
+    if precision == "bf16-true":  # the full float32 EMA rides along beside bfloat16 weights
+        shadow = b["callbacks"]["EMA"]["shadow"]
+        assert {t.dtype for t in shadow.values()} == {torch.float32}
+        for name in shadow:
+            assert torch.equal(a["callbacks"]["EMA"]["shadow"][name], shadow[name]), name
+
+
+def test_a_loaded_shadow_goes_to_the_parameters_device_and_dtype(tmp_path: Path) -> None:
+    fit_linear(tmp_path, 2, "32-true")
+    (path,) = tmp_path.glob("*step=2.ckpt")
+    checkpoint = torch.load(path, weights_only=True)
+    model, ema = ManualLinear().double(), EMA()
+    ema.setup(None, model, "fit")  # type: ignore[arg-type]
+    ema.on_load_checkpoint(None, model, checkpoint)  # type: ignore[arg-type]
+    ema.load_state_dict(checkpoint["callbacks"]["EMA"])
+    ema.on_fit_start(None, model)  # type: ignore[arg-type]
+    assert ema.shadow["layer.weight"].dtype == torch.float64
+    raw = checkpoint["callbacks"]["EMA"]["raw_weights"]["layer.weight"]
+    assert torch.equal(model.layer.weight, raw.double())

@@ -1,12 +1,20 @@
-"""Float32 EMA of the trainable weights, for models with manual optimization (TRM).
+"""EMA of the trainable weights, for models with manual optimization (TRM).
 
 Gap it fills relative to Lightning 2.6.6's ``WeightAveraging`` / ``EMAWeightAveraging`` (read in
 ``lightning/pytorch/callbacks/weight_averaging.py``): after ``fit``, ``trainer.test(ckpt_path="best")``
 on the same Trainer restores the *raw* weights, because its ``on_load_checkpoint`` reloads
 ``current_model_state`` whenever an averaged model exists, so the test would not use the EMA; and it
-has no decay warm-up, which short runs need (TRM.md §3/§9: a plain 0.99/0.999 EMA stayed useless
+has no decay warm-up, which short runs need (docs/trm.md: a plain 0.99/0.999 EMA stayed useless
 for the first few hundred steps). It also deep-copies the whole LightningModule; this one keeps a
-float32 copy of the trainable parameters only.
+copy of the trainable parameters only, in float32 (float64 for float64 weights).
+
+When the copy is made matters. Lightning 2.6.6 calls ``Callback.setup`` and restores a checkpoint
+(``on_load_checkpoint``, ``load_state_dict``) *before* ``strategy.setup`` converts the module to the
+precision's dtype (``precision_plugin.convert_module``) and moves it to the device
+(``model_to_device``): read ``Trainer._run`` in lightning/pytorch/trainer/trainer.py and
+``Strategy.setup`` in lightning/pytorch/strategies/strategy.py. So the shadow is built, or a loaded
+one placed, in ``on_fit_start``, the first hook after the move; and the raw weights of a checkpoint
+are copied into the module there too, so a float64 run does not round them through float32.
 """
 
 from __future__ import annotations
@@ -17,6 +25,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
+
+
+def shadow_dtype(param_dtype: torch.dtype) -> torch.dtype:
+    """The EMA's dtype for a parameter: float32 for float32 and half weights, float64 for float64."""
+    return torch.promote_types(param_dtype, torch.float32)
 
 
 class EMA(Callback):
@@ -44,9 +57,11 @@ class EMA(Callback):
         self.updates = 0
         self.last_step = 0
         self.shadow: dict[str, torch.Tensor] = {}
+        self._names: list[str] = []
         self._module: pl.LightningModule | None = None
         self._fitting = False
         self._backup: dict[str, torch.Tensor] = {}
+        self._pending_raw: dict[str, torch.Tensor] = {}
 
     def current_decay(self) -> float:
         if not self.warmup:
@@ -55,17 +70,31 @@ class EMA(Callback):
 
     def _params(self) -> dict[str, torch.nn.Parameter]:
         assert self._module is not None
-        return {n: p for n, p in self._module.named_parameters() if n in self.shadow}
+        names = set(self._names)
+        return {n: p for n, p in self._module.named_parameters() if n in names}
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._module = pl_module
         if stage == "fit":
             self._fitting = True
+            self._names = [n for n, p in pl_module.named_parameters() if p.requires_grad]
+            self.shadow = {}
+            self._pending_raw = {}
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The module now has its final device and dtype (strategy.setup ran after setup/restore).
+        params = self._params()
+        if self._pending_raw:
+            self._copy_into_module(self._pending_raw)
+            self._pending_raw = {}
+        with torch.no_grad():
             self.shadow = {
-                n: p.detach().float().clone()
-                for n, p in pl_module.named_parameters()
-                if p.requires_grad
+                n: (self.shadow[n] if n in self.shadow else p.detach()).to(
+                    device=p.device, dtype=shadow_dtype(p.dtype), copy=True
+                )
+                for n, p in params.items()
             }
 
     @override
@@ -84,7 +113,7 @@ class EMA(Callback):
         weight = 1.0 - self.current_decay()
         torch._foreach_lerp_(
             [self.shadow[n] for n in names],
-            [params[n].detach().float() for n in names],
+            [params[n].detach().to(self.shadow[n].dtype) for n in names],
             weight,
         )
         self.updates += 1
@@ -116,16 +145,22 @@ class EMA(Callback):
     def state_dict(self) -> dict[str, Any]:
         if not (self._fitting and self.shadow):
             return {}
-        raw = {n: p.detach().cpu().clone() for n, p in self._params().items()}
+        params = self._params()
+        raw = {n: p.detach().cpu().clone() for n, p in params.items()}
         if self._backup:
             raw = {n: t.cpu().clone() for n, t in self._backup.items()}
-        return {
+        state: dict[str, Any] = {
             "version": 1,
             "decay": self.decay,
             "updates": self.updates,
             "last_step": self.last_step,
             "raw_weights": raw,
         }
+        # The checkpoint's state_dict holds the EMA in the weights' dtype; where that is narrower
+        # than the EMA's (half weights), keep the full EMA here so a resume is exact.
+        if any(self.shadow[n].dtype != p.dtype for n, p in params.items()):
+            state["shadow"] = {n: t.detach().cpu().clone() for n, t in self.shadow.items()}
+        return state
 
     @override
     def on_save_checkpoint(
@@ -141,12 +176,12 @@ class EMA(Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        # Runs before the module is moved and converted: keep the values as loaded (the weights'
+        # dtype); on_fit_start puts them on the parameters' device in the EMA's dtype.
         if not self._fitting:
             return
         state = checkpoint["state_dict"]
-        self.shadow = {
-            n: state[n].detach().float().clone().to(t.device) for n, t in self.shadow.items()
-        }
+        self.shadow = {n: state[n].detach().clone() for n in self._names}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -154,4 +189,8 @@ class EMA(Callback):
             return
         self.updates = int(state_dict["updates"])
         self.last_step = int(state_dict["last_step"])
-        self._copy_into_module(state_dict["raw_weights"])
+        # Copied into the module in on_fit_start, after the dtype conversion: copying them now
+        # would round float64 weights through the module's float32 of this moment.
+        self._pending_raw = dict(state_dict["raw_weights"])
+        if "shadow" in state_dict:
+            self.shadow = {n: t.detach().clone() for n, t in state_dict["shadow"].items()}
