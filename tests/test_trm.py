@@ -12,8 +12,9 @@ import yaml
 
 from laptrain.data.sudoku import SudokuDataModule
 from laptrain.model.trm import TinyRecursiveModel, TRMArch, TRMSudokuModule
+from laptrain.model.trm.carry import Carry
 from laptrain.model.trm.loss import per_puzzle_answer_loss, stablemax_log_probs
-from laptrain.model.trm.module import check_precision
+from laptrain.model.trm.module import EagerFallback, check_precision
 from laptrain.model.trm.sizing import choose_size, parse_presets
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
@@ -251,3 +252,97 @@ def test_out_of_memory_splits_the_chunk_and_keeps_the_update(tmp_path: Path) -> 
     assert backoff.micro_batch == 16  # 64 -> 32 -> 16
     for (name, a), b in zip(whole.named_parameters(), split.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_steps_run_when_a_precision_plugin_changes_the_default_dtype(
+    tmp_path: Path, precision: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lightning's HalfPrecision sets the default dtype inside each step (plugins/precision/half.py
+    # forward_context); TRM allocated halt_logit in it and index_put refused the float32 head.
+    # TRM refuses these precisions (check_precision); bypassed here to test the mechanism on CPU.
+    monkeypatch.setattr("laptrain.model.trm.module.check_precision", lambda *a: None)
+    sizes = {"tiny": {**SIZES["tiny"], "hidden_size": 16, "n_sup": 2, "ema_decay": 0.0}}
+    data = SudokuDataModule(
+        board_size=4, givens=(6, 9), train_size=16, val_size=4, test_size=4, batch_size=8
+    )
+    module = TRMSudokuModule(**data.model_kwargs(), size="tiny", sizes=sizes)
+    trainer = pl.Trainer(
+        max_steps=2,
+        precision=precision,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, data)
+    half = torch.bfloat16 if precision == "bf16-true" else torch.float16
+    assert module.carry.y.dtype == half == module.state_dtype
+
+
+def test_true_half_precisions_are_refused_everywhere() -> None:
+    for device in ("cuda", "mps", "cpu"):
+        for precision in ("16-true", "bf16-true"):
+            with pytest.raises(ValueError, match="bf16-mixed"):
+                check_precision(device, precision)
+    check_precision("cuda", "16-mixed")
+    check_precision("cpu", "64-true")
+
+
+def test_a_restored_carry_follows_the_module(tmp_path: Path) -> None:
+    module = TRMSudokuModule(vocab_size=6, seq_len=16, size="tiny", sizes=SIZES)
+    carry = Carry.empty(2, module.arch.total_len, module.arch.hidden_size, 16, torch.device("cpu"))
+    module.on_load_checkpoint(
+        {"trm": {"explore_rng": module.explore_rng.get_state(), "carry": carry.state_dict()}}
+    )
+    module.double()  # what 64-true's convert_module does after the restore
+    module.on_fit_start()
+    assert module.carry.y.dtype == module.carry.z.dtype == torch.float64
+    assert module.carry.steps.dtype == torch.long
+
+
+OOM_ERRORS = [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("MPS backend out of memory (MPS allocated: 9.00 GB, other allocations: 1 GB)"),
+    RuntimeError("Invalid buffer size: 12.00 GB"),
+    RuntimeError(
+        "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes"
+    ),
+]
+
+
+@pytest.mark.parametrize("error", OOM_ERRORS, ids=lambda e: str(e)[:20])
+def test_compiled_net_out_of_memory_reaches_the_backoff(error: Exception) -> None:
+    calls: list[str] = []
+
+    def compiled(*args: torch.Tensor) -> torch.Tensor:
+        calls.append("compiled")
+        if len(calls) == 1:
+            raise error
+        return args[0]
+
+    def eager(*args: torch.Tensor) -> torch.Tensor:
+        calls.append("eager")
+        return args[0]
+
+    call = EagerFallback(compiled, eager)  # type: ignore[arg-type]
+    x = torch.zeros(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "torch.compile failed" warning
+        with pytest.raises(type(error), match=str(error)[:10]):
+            call(x, x)
+        call(x, x)  # the retry after the backoff split the chunk: compiled again
+    assert not call.failed
+    assert calls == ["compiled", "compiled"]
+
+
+def test_other_compiled_net_errors_still_fall_back() -> None:
+    def compiled(*args: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("inductor: no C compiler")
+
+    call = EagerFallback(compiled, lambda *args: args[0])  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        call(torch.zeros(1), torch.zeros(1))
+    assert call.failed

@@ -1,4 +1,4 @@
-"""The training carry: B slots, each a puzzle at some depth of deep supervision (TRM.md §2)."""
+"""The training carry: B slots, each a puzzle at some depth of deep supervision (docs/trm.md)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,20 @@ class Carry:
     labels: torch.Tensor
 
     @classmethod
-    def empty(cls, batch: int, total_len: int, hidden: int, seq_len: int, device: torch.device):
+    def empty(
+        cls,
+        batch: int,
+        total_len: int,
+        hidden: int,
+        seq_len: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ) -> Carry:
+        """Every slot halted; y, z in ``dtype`` (the network's state dtype, not the default dtype
+        that a precision plugin may have changed inside the step)."""
         return cls(
-            y=torch.zeros(batch, total_len, hidden, device=device),
-            z=torch.zeros(batch, total_len, hidden, device=device),
+            y=torch.zeros(batch, total_len, hidden, device=device, dtype=dtype),
+            z=torch.zeros(batch, total_len, hidden, device=device, dtype=dtype),
             steps=torch.zeros(batch, dtype=torch.long, device=device),
             min_steps=torch.zeros(batch, dtype=torch.long, device=device),
             halted=torch.ones(batch, dtype=torch.bool, device=device),
@@ -40,8 +50,13 @@ class Carry:
     def size(self) -> int:
         return self.steps.shape[0]
 
-    def to(self, device: torch.device) -> Carry:
-        return Carry(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+    def to(self, device: torch.device, dtype: torch.dtype | None = None) -> Carry:
+        """On ``device``; with ``dtype``, the floating fields (y, z) cast to it too."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, dtype if dtype is not None and t.is_floating_point() else t.dtype)
+
+        return Carry(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Plain CPU tensors, loadable with ``weights_only=True``."""

@@ -1,6 +1,6 @@
 """LightningModule for TRM on Sudoku: deep supervision with a carry, ACT halting, manual optimization.
 
-One training step = one supervision step of every carry slot = one optimizer step (TRM.md §2).
+One training step = one supervision step of every carry slot = one optimizer step (docs/trm.md).
 Halted slots take the batch row of the same index (the official code does the same, so unused
 rows of a batch are dropped) and restart from the fixed y, z. Loss = stable-max CE averaged over a
 puzzle's cells, summed over slots, + 0.5 x BCE(halt logit, "grid right"), divided by the number of
@@ -23,6 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from laptrain.callbacks.chunked_backward import ChunkedBackward
 from laptrain.callbacks.ema import EMA
+from laptrain.callbacks.oom_backoff import is_oom
 from laptrain.model.trm.carry import Carry
 from laptrain.model.trm.loss import LOSSES, halt_loss, per_puzzle_answer_loss
 from laptrain.model.trm.metrics import SudokuMetrics
@@ -31,7 +32,11 @@ from laptrain.model.trm.sizing import SizePreset, choose_size, parse_presets
 
 
 class EagerFallback:
-    """Call a compiled net; on its first failure warn once and use the eager net from then on."""
+    """Call a compiled net; on its first failure warn once and use the eager net from then on.
+
+    An out-of-memory error is not a compile failure: it propagates (compile stays on), so the
+    OOM backoff (``laptrain.callbacks.oom_backoff``) can split the chunk and retry.
+    """
 
     def __init__(self, compiled: Callable[..., torch.Tensor], eager: torch.nn.Module) -> None:
         self.compiled = compiled
@@ -43,6 +48,8 @@ class EagerFallback:
             try:
                 return self.compiled(*args)
             except Exception as err:  # compile errors surface at the first call, of many types
+                if is_oom(err):
+                    raise
                 self.failed = True
                 warnings.warn(
                     f"torch.compile failed ({type(err).__name__}: {str(err)[:200]}); running eager."
@@ -66,7 +73,7 @@ def resolve_size(
         return size
     if memory_gb is None:
         memory_gb = psutil.virtual_memory().total / 1e9
-    speed_scale = max(1, torch.get_num_threads()) / 2  # reference machine: 2 threads (TRM.md §9)
+    speed_scale = max(1, torch.get_num_threads()) / 2  # reference machine: 2 threads (docs/trm.md)
     choice = choose_size(presets, memory_gb, time_budget_min, target_samples, speed_scale)
     for line in choice.lines:
         rank_zero_info(line)
@@ -74,12 +81,25 @@ def resolve_size(
 
 
 def check_precision(device_type: str, precision: str) -> None:
-    """TRM trains in float32 on CPU and MPS; half precision only on CUDA (TRM.md §3: the
-    Lightning port forces float32 on MPS "to avoid NaNs")."""
-    if device_type in ("cpu", "mps") and "16" in str(precision):
+    """TRM trains float32 weights: in float32 on CPU and MPS, or bf16-mixed / 16-mixed on CUDA.
+
+    Half precision runs only on CUDA (docs/trm.md: a Lightning port of TRM forces float32 on MPS
+    to avoid NaNs). ``16-true`` / ``bf16-true`` are refused everywhere: half-precision weights
+    round away AdamW's small updates (lr 1e-4 on weights ~0.05 is below bfloat16's step there),
+    and the official code keeps float32 weights and casts them to bfloat16 only in the forward
+    (SamsungSAILMontreal/TinyRecursiveModels, models/layers.py ``CastedLinear``), which is
+    Lightning's bf16-mixed. ``64-true`` runs (a float64 correctness mode on CPU).
+    """
+    text = str(precision)
+    if device_type in ("cpu", "mps") and "16" in text:
         raise ValueError(
             f"TRM runs float32 on {device_type} (precision={precision}): set "
             "hardware.precision=32-true, or train on CUDA for bf16-mixed"
+        )
+    if text.endswith("16-true"):
+        raise ValueError(
+            f"TRM keeps float32 weights (precision={precision}): set hardware.precision=bf16-mixed"
+            " (what the official code does: float32 weights, a bfloat16 forward) or 32-true"
         )
 
 
@@ -204,14 +224,35 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         return [EMA(decay=self.preset.ema_decay)] if self.preset.ema_decay > 0 else []
 
     # ----- training -----------------------------------------------------------------------
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """dtype of the recursion states y, z: that of the network's start vectors (float32, or the
+        precision plugin's after ``convert_module``), never the default dtype of the moment."""
+        return self.model.y_init.dtype
+
+    def _place_carry(self) -> None:
+        c = self.carry
+        if c is not None and (c.y.device != self.device or c.y.dtype != self.state_dtype):
+            self.carry = c.to(self.device, self.state_dtype)
+
+    def on_fit_start(self) -> None:
+        # A carry restored from a checkpoint was loaded before Lightning moved and converted the
+        # module (Trainer._run: restore, then strategy.setup); put it beside the weights now.
+        self._place_carry()
+
     def _refill(self, inputs: torch.Tensor, labels: torch.Tensor) -> Carry:
         batch = inputs.shape[0]
+        dtype = self.state_dtype
         if self.carry is None or self.carry.size != batch:
             self.carry = Carry.empty(
-                batch, self.arch.total_len, self.arch.hidden_size, self.arch.seq_len, self.device
+                batch,
+                self.arch.total_len,
+                self.arch.hidden_size,
+                self.arch.seq_len,
+                self.device,
+                dtype,
             )
-        if self.carry.steps.device != self.device:
-            self.carry = self.carry.to(self.device)
+        self._place_carry()
         c = self.carry
         # Drawn for every slot every step, so the stream of draws does not depend on halting.
         explore = torch.rand(batch, generator=self.explore_rng) < self.exploration_prob
@@ -246,7 +287,10 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         new_y, new_z = torch.empty_like(c.y), torch.empty_like(c.z)
         pred = torch.empty_like(c.labels)
-        halt_logit = torch.empty(slots, device=self.device)
+        # Explicit dtypes: a "-true" precision plugin sets the default dtype inside the step
+        # (lightning/pytorch/plugins/precision/half.py forward_context), and index_put below
+        # refuses a source of another dtype. The halt head returns float32 (network.py).
+        halt_logit = torch.empty(slots, dtype=torch.float32, device=self.device)
 
         def chunk_loss(chunk: dict[str, torch.Tensor], share: float) -> torch.Tensor:
             """Mean loss of a chunk of slots, times its share of all slots; keeps its outputs."""
@@ -263,7 +307,7 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         # Each micro-chunk goes through laptrain's ChunkedBackward, so the OOMBackoff callback can
         # split a chunk that runs out of memory; the update stays that of the whole carry.
         index = torch.arange(slots, device=self.device)
-        total = torch.zeros((), device=self.device)
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
         for part in self._chunks(slots):
             chunk = {"inputs": c.inputs[part], "labels": c.labels[part], "y": c.y[part]}
             chunk |= {"z": c.z[part], "index": index[part]}
@@ -326,7 +370,7 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         x = self.model.embed_inputs(inputs)
         y, z = self.model.initial_states(inputs.shape[0])
         taken = torch.zeros_like(inputs)
-        taken_halt = torch.zeros(inputs.shape[0], device=inputs.device)
+        taken_halt = torch.zeros(inputs.shape[0], dtype=torch.float32, device=inputs.device)
         steps = torch.full((inputs.shape[0],), self.n_sup, device=inputs.device)
         done = torch.zeros(inputs.shape[0], dtype=torch.bool, device=inputs.device)
         step_preds = []
