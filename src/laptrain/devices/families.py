@@ -1,0 +1,157 @@
+"""The model families the device smoke test and the device harness run, at tiny sizes.
+
+A family is how to build a fresh module and datamodule, how to predict one batch, and which
+precisions it refuses. A new family (e.g. a causal-LM LoRA) joins by adding one entry to
+``FAMILIES`` (or calling :func:`register`); the harness and ``benchmarks/device_smoke.py`` pick it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+Build = Callable[[int, int], tuple[pl.LightningModule, pl.LightningDataModule]]
+Predict = Callable[[pl.LightningModule, Any], torch.Tensor]
+
+
+def _no_refusal(kind: str, precision: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family at smoke-test size.
+
+    Attributes:
+        name: the row label in the table.
+        build: ``build(seed, steps)`` -> a fresh (module, datamodule) whose training epoch is
+            ``steps`` batches, with validation data; the same seed gives the same weights.
+        predict: ``predict(module, batch)`` -> predictions for one validation batch (on the device).
+        refuse: ``refuse(device_kind, precision)`` -> why the family does not run there, or None.
+        callbacks: extra callbacks the family trains with (its ``configure_callbacks`` are added
+            by Lightning itself).
+    """
+
+    name: str
+    build: Build
+    predict: Predict
+    refuse: Callable[[str, str], str | None] = _no_refusal
+    callbacks: Callable[[], list[pl.Callback]] = field(default=list)
+
+
+# ----- text classifier ----------------------------------------------------------------------
+class _TokenDataset(Dataset):
+    """Random token ids whose label is the first token modulo the number of labels."""
+
+    def __init__(self, rows: int, length: int, vocab: int, labels: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(2, vocab, (rows, length), generator=generator)
+        self.mask = torch.ones_like(self.ids)
+        self.mask[rows // 2 :, length // 2 :] = 0  # half the rows padded: the mask path runs too
+        self.ids[self.mask == 0] = 0
+        self.labels = self.ids[:, 0] % labels
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+
+
+class _TokenData(pl.LightningDataModule):
+    def __init__(self, steps: int, batch_size: int = 8, length: int = 16, vocab: int = 64) -> None:
+        super().__init__()
+        self.train = _TokenDataset(steps * batch_size, length, vocab, labels=3, seed=1)
+        self.val = _TokenDataset(batch_size, length, vocab, labels=3, seed=2)
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=self.batch_size)
+
+
+def _build_classifier(seed: int, steps: int) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+    from laptrain.model.text_classifier import TextClassifierModule
+
+    backbone = {
+        "model_type": "bert",
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 32,
+    }
+    torch.manual_seed(seed)
+    module = TextClassifierModule(num_labels=3, backbone=backbone, vocab_size=64, pad_token_id=0)
+    return module, _TokenData(steps)
+
+
+def _predict_classifier(module: pl.LightningModule, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return module(batch["input_ids"], batch["attention_mask"]).argmax(-1)
+
+
+# ----- TRM ----------------------------------------------------------------------------------
+def _trm_sizes() -> dict[str, dict[str, Any]]:
+    import yaml
+
+    from laptrain.hardware.profile import conf_dir
+
+    sizes = yaml.safe_load((Path(conf_dir()) / "model" / "trm_sudoku.yaml").read_text())["sizes"]
+    return {"tiny": {**sizes["tiny"], "hidden_size": 32, "n_sup": 3, "warmup_steps": 2}}
+
+
+def _build_trm(seed: int, steps: int) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+    from laptrain.data.sudoku import SudokuDataModule
+    from laptrain.model.trm import TRMSudokuModule
+
+    data = SudokuDataModule(
+        board_size=4,
+        givens=(5, 8),
+        train_size=32,
+        val_size=8,
+        test_size=8,
+        batch_size=8,
+        eval_batch_size=8,
+        steps_per_epoch=steps,
+        seed=3,
+    )
+    data.prepare_data()
+    torch.manual_seed(seed)
+    module = TRMSudokuModule(**data.model_kwargs(), size="tiny", sizes=_trm_sizes())
+    with torch.no_grad():  # a halt head that fires for some slots: slots at different depths
+        module.model.halt_head.bias.fill_(0.0)
+        module.model.halt_head.weight.normal_(0.0, 1.0)
+    return module, data
+
+
+def _predict_trm(module: pl.LightningModule, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return module.solve(batch["inputs"])["pred"]
+
+
+def _refuse_trm(kind: str, precision: str) -> str | None:
+    from laptrain.model.trm.module import check_precision
+
+    try:
+        check_precision(kind, precision)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+FAMILIES: dict[str, Family] = {
+    "text_classifier": Family("text_classifier", _build_classifier, _predict_classifier),
+    "trm": Family("trm", _build_trm, _predict_trm, refuse=_refuse_trm),
+}
+
+
+def register(family: Family) -> None:
+    """Add (or replace) a family in the registry."""
+    FAMILIES[family.name] = family

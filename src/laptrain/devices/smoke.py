@@ -1,0 +1,246 @@
+"""A few steps of each model family at each precision this device allows: fit, save, resume, predict.
+
+Every fit runs with laptrain's callbacks that keep tensors (EMA, RNG state) and a
+:class:`~laptrain.devices.placement.PlacementCheck`, so a tensor left on the CPU, or in the old
+dtype, after Lightning moved the module fails the cell with its name. One cell's failure never
+stops the table. ``python benchmarks/device_smoke.py`` prints it.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from laptrain.callbacks.ema import EMA
+from laptrain.callbacks.rng_state import RNGState
+from laptrain.devices.families import FAMILIES, Family
+from laptrain.devices.placement import PlacementCheck
+from laptrain.hardware.probe import TorchProbe
+from laptrain.hardware.profile import ProfileError, validate_precision
+
+# What each device is asked to run; the profile's rules (validate_precision) and the family's
+# own refuse the cells they cannot run, with their reason.
+PRECISIONS_BY_DEVICE = {
+    "cpu": ("32-true", "bf16-mixed", "64-true", "16-mixed"),
+    "cuda": ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true"),
+    "mps": ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true"),
+}
+
+
+def detect_device() -> str:
+    """``cuda``, ``mps`` or ``cpu``: the device this machine's torch can train on."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def device_name(kind: str) -> str:
+    """A readable name of the device (``unavailable`` when this torch cannot use it)."""
+    if kind != "cpu" and not TorchProbe(kind).available():
+        return "unavailable in this torch build"
+    if kind == "cuda":
+        return torch.cuda.get_device_name(0)
+    if kind == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def header_lines(kind: str) -> list[str]:
+    """Device, versions and OS: what a bug report needs above the table."""
+    import lightning
+
+    os_name = platform.platform()
+    if platform.system() == "Darwin":
+        os_name = f"macOS {platform.mac_ver()[0]} ({platform.machine()})"
+    return [
+        f"device: {kind} - {device_name(kind)}",
+        f"torch {torch.__version__}, lightning {lightning.__version__}, python {platform.python_version()}",
+        f"OS: {os_name}",
+    ]
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Lightning's per-Trainer info lines and warnings would bury the table."""
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _trainer(accelerator: str, precision: str, max_steps: int, root: Path, **kw: Any) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        precision=precision,  # type: ignore[arg-type]
+        max_steps=max_steps,
+        max_epochs=-1,
+        limit_val_batches=1,
+        num_sanity_val_steps=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        **kw,
+    )
+
+
+class _Predictor(pl.LightningModule):
+    """Wraps a family's module so ``trainer.predict`` moves, converts and runs it like a fit."""
+
+    def __init__(self, module: pl.LightningModule, family: Family) -> None:
+        super().__init__()
+        self.inner = module
+        self._family = family
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._family.predict(self.inner, batch).detach()
+
+
+def smoke_fit(
+    family: Family, precision: str, accelerator: str, steps: int, workdir: Path
+) -> dict[str, Any]:
+    """Fit ``steps`` steps, save, resume in a fresh Trainer for ``steps`` more, predict one batch.
+
+    Raises whatever fails, e.g. :class:`~laptrain.devices.placement.PlacementError` when a kept
+    tensor did not follow the parameters. Returns the number of placement checks and predictions.
+    """
+
+    def callbacks(ckpt_dir: Path) -> list[pl.Callback]:
+        save = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1)
+        return [EMA(decay=0.9), RNGState(), *family.callbacks(), PlacementCheck(), save]
+
+    module, data = family.build(0, steps)
+    first = callbacks(workdir / "first")
+    trainer = _trainer(accelerator, precision, steps, workdir, callbacks=first)
+    trainer.fit(module, datamodule=data)
+    last = trainer.checkpoint_callback.last_model_path  # type: ignore[union-attr]
+    if not last or not Path(last).is_file():
+        raise RuntimeError(f"no checkpoint written after {steps} steps")
+
+    module, data = family.build(1, steps)  # other weights: everything must come from the file
+    second = callbacks(workdir / "second")
+    trainer = _trainer(accelerator, precision, 2 * steps, workdir, callbacks=second)
+    trainer.fit(module, datamodule=data, ckpt_path=last)
+    if trainer.global_step != 2 * steps:
+        raise RuntimeError(f"resumed fit stopped at step {trainer.global_step}, not {2 * steps}")
+
+    predictor = _Predictor(module, family)
+    trainer = _trainer(accelerator, precision, 1, workdir, limit_predict_batches=1)
+    outputs = trainer.predict(predictor, dataloaders=data.val_dataloader())
+    if not outputs or not isinstance(outputs[0], torch.Tensor):
+        raise RuntimeError(f"predict returned {type(outputs).__name__}, not tensors")
+    checks = sum(c.checks for c in (*first, *second) if isinstance(c, PlacementCheck))
+    return {"placement_checks": checks, "predictions": int(outputs[0].numel())}
+
+
+@dataclass
+class Cell:
+    """One family x precision result."""
+
+    family: str
+    precision: str
+    status: str  # ok, refused, failed
+    seconds: float = 0.0
+    detail: str = ""
+    trace: str = ""
+
+    def text(self) -> str:
+        if self.status == "ok":
+            return f"ok ({self.seconds:.1f} s)"
+        return f"{self.status}: {self.detail}"
+
+
+def _first_line(err: BaseException) -> str:
+    line = next((s for s in str(err).splitlines() if s.strip()), "")
+    return f"{type(err).__name__}: {line}".rstrip(": ")
+
+
+def run_cell(family: Family, precision: str, kind: str, steps: int, workdir: Path) -> Cell:
+    """Refuse, run or fail one cell; never raises (except KeyboardInterrupt)."""
+    try:
+        text = validate_precision(precision, kind, TorchProbe(kind).bf16_supported())
+    except ProfileError as err:
+        return Cell(family.name, precision, "refused", detail=str(err))
+    reason = family.refuse(kind, text)
+    if reason:
+        return Cell(family.name, precision, "refused", detail=reason)
+    start = time.perf_counter()
+    try:
+        with _quiet():
+            smoke_fit(family, text, kind, steps, workdir)
+    except Exception as err:  # one cell's failure is a table entry, not the end of the table
+        return Cell(
+            family.name,
+            precision,
+            "failed",
+            time.perf_counter() - start,
+            _first_line(err),
+            traceback.format_exc(),
+        )
+    return Cell(family.name, precision, "ok", time.perf_counter() - start)
+
+
+def run_smoke(
+    families: Iterable[str] | None = None,
+    precisions: Sequence[str] | None = None,
+    steps: int = 2,
+    kind: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Cell]:
+    """Every family x precision cell on ``kind`` (default: this machine's device); ``progress``
+    gets one line before each cell."""
+    kind = kind or detect_device()
+    names = list(families or FAMILIES)
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown families {unknown}: choose from {sorted(FAMILIES)}")
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="laptrain-smoke-") as tmp:
+        for name in names:
+            for precision in precisions or PRECISIONS_BY_DEVICE[kind]:
+                if progress is not None:
+                    progress(f"{name} / {precision} ...")
+                workdir = Path(tmp) / f"{name}-{precision}"
+                cells.append(run_cell(FAMILIES[name], precision, kind, steps, workdir))
+    return cells
+
+
+def markdown_table(cells: Sequence[Cell]) -> str:
+    """Families as rows, precisions as columns; ``|`` in messages escaped."""
+    families = list(dict.fromkeys(c.family for c in cells))
+    precisions = list(dict.fromkeys(c.precision for c in cells))
+    index = {(c.family, c.precision): c for c in cells}
+    lines = [
+        "| family | " + " | ".join(precisions) + " |",
+        "|---" * (len(precisions) + 1) + "|",
+    ]
+    for fam in families:
+        row = [
+            index[(fam, p)].text().replace("|", "\\|") if (fam, p) in index else ""
+            for p in precisions
+        ]
+        lines.append(f"| {fam} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
