@@ -13,8 +13,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from laptrain.config_check import check_composed, compose_argv
 from laptrain.hardware.auto import resolve_hardware_argv
-from laptrain.hardware.env import apply_env
+from laptrain.hardware.env import EnvReport, apply_env
 from laptrain.model.trm.sizing import resolve_size_argv
 from laptrain.run_dir import register_resolvers
 
@@ -22,17 +23,23 @@ register_resolvers()
 CONF = Path(__file__).resolve().parent / "conf"
 
 
-_NOTES_SHOWN: set[str] = set()  # a multirun calls main once per job: say each note once
+# Flags that only print Hydra's help or completion: nothing to check or apply.
+HELP_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc"}
+ENV: EnvReport | None = None  # applied once per process, before the config check imports torch
+
+
+def apply_profile_env(cfg: DictConfig) -> EnvReport:
+    """Export the profile's env (refusing MPS watermarks torch would refuse) and print its notes."""
+    env = apply_env(cfg.hardware.get("env"))
+    for line in env.notes:
+        print(line)
+    return env
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     try:
-        env = apply_env(cfg.hardware.get("env"))  # refuses MPS watermarks torch would refuse
-        for line in env.notes:
-            if line not in _NOTES_SHOWN:
-                _NOTES_SHOWN.add(line)
-                print(line)
+        env = ENV if ENV is not None else apply_profile_env(cfg)
         from laptrain.run import train  # imports torch: after the env is set
 
         return train(cfg, env)
@@ -64,10 +71,26 @@ def resolve_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+def precheck(argv: list[str]) -> EnvReport | None:
+    """Compose the config, apply the profile's env, then check every ``_target_`` against its
+    constructor, all before Hydra makes a run folder; None for help-only commands."""
+    if HELP_FLAGS.intersection(argv[1:]):
+        return None
+    cfg = compose_argv(argv, str(CONF))
+    env = apply_profile_env(cfg)
+    check_composed(cfg)
+    from laptrain.run import check_device  # imports torch: after the env is set
+
+    check_device(cfg)
+    env.device_checked = True
+    return env
+
+
 if __name__ == "__main__":
     try:
         sys.argv = resolve_argv(sys.argv)
-    except (ValueError, OSError) as err:  # e.g. an Intel Mac under hardware=auto
+        ENV = precheck(sys.argv)
+    except (ValueError, OSError) as err:  # bad input; e.g. an Intel Mac under hardware=auto
         if os.environ.get("LAPTRAIN_TRACEBACK"):
             raise
         print(f"error: {err}", file=sys.stderr)

@@ -45,3 +45,4 @@ def test_train_py_refuses_16_mixed_on_cpu_in_one_line_before_any_data_work(tmp_p
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "hardware.precision=bf16-mixed" in errors[0]
     assert not (tmp_path / "cache").exists()  # no corpus built, no tokenizer fitted
+    assert not (tmp_path / "outputs").exists()  # checked before Hydra makes the run folder

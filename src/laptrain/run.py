@@ -180,7 +180,8 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
         _single_log_stream()
     output_dir = Path(cfg.paths.output_dir)
     print_config(cfg)
-    check_device(cfg)
+    if not (env and env.device_checked):  # train.py checks it before Hydra makes the run folder
+        check_device(cfg)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from laptrain.argv import insert_overrides, override_indices, overrides
 from laptrain.hardware.detect import MachineInfo, detect_machine
-from laptrain.hardware.profile import ProfileError, load_profile
+from laptrain.hardware.profile import ProfileError, load_profile, profile_names
 
 # (generation, tier) of an Apple chip -> the profile made for it (Apple's spec sheets).
 APPLE_PROFILES = {
@@ -170,6 +170,8 @@ def resolve_hardware_argv(
     ]
     explicit = args[positions[-1]].split("=", 1)[1] if positions else "auto"
     if explicit != "auto":
+        if explicit not in profile_names():
+            return args, None  # no such profile: the config check names the choices
         try:
             choice = choose_profile(detect())
         except UnsupportedMachine:

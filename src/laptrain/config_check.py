@@ -1,0 +1,334 @@
+"""Check the whole composed config before any data or model work, and say what is wrong in one line.
+
+Gap it fills: Hydra instantiates lazily, so a misspelt argument or ``model.optimizer.lr=abc`` fails
+only when that object is built, after data preparation, as a long traceback; and Hydra's own
+composition errors are multi-line. Here every ``_target_`` is bound to its constructor's signature
+(names, and types where annotated) up front, all problems are gathered into one message, and a few
+Trainer values Lightning would refuse late are checked too (the idea of torchtune's
+``config/_validate.py``). Hydra's errors are turned into one line naming the override to type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
+
+
+class ConfigError(ValueError):
+    """The config cannot run; the message is one line naming each key and its fix."""
+
+
+def _locate(target: str) -> Any:
+    from hydra.utils import get_object
+
+    return get_object(target)
+
+
+def _signature(obj: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
+    except (TypeError, ValueError):
+        return None
+
+
+def _hints(obj: Any) -> dict[str, Any]:
+    func = obj.__init__ if inspect.isclass(obj) else obj
+    try:
+        return typing.get_type_hints(func)
+    except Exception:  # unresolvable forward references: check names only
+        return {}
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a config value can be passed where ``hint`` is annotated (lenient where unsure)."""
+    if hint is Any or hint is inspect.Parameter.empty or isinstance(hint, typing.TypeVar):
+        return True
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if value is None:
+        return False
+    if isinstance(value, Mapping) and not (origin or inspect.isclass(hint)):
+        return True
+    base = origin or hint
+    if not inspect.isclass(base):
+        return True
+    if base is bool:
+        return isinstance(value, bool)
+    if base is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if base is str:
+        return isinstance(value, str)
+    if issubclass(base, PurePath):
+        return isinstance(value, str | PurePath)
+    if base in (list, tuple, set, frozenset) or (
+        issubclass(base, Sequence) and not issubclass(base, str)
+    ):
+        return isinstance(value, list | tuple)
+    if issubclass(base, Mapping):
+        return isinstance(value, Mapping)
+    if isinstance(value, Mapping):  # a nested config that builds (or describes) the object
+        return True
+    return isinstance(value, base)
+
+
+def _describe(hint: Any) -> str:
+    text = getattr(hint, "__name__", None) or str(hint)
+    return text.replace("typing.", "")
+
+
+def check_targets(node: Any, path: str = "") -> list[str]:
+    """Problems of every ``_target_`` under ``node`` (a resolved plain container), one per item."""
+    problems: list[str] = []
+    if isinstance(node, Mapping):
+        target = node.get("_target_")
+        if isinstance(target, str):
+            problems += _check_one(target, node, path)
+        for key, value in node.items():
+            if key not in HYDRA_KEYS:
+                problems += check_targets(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            problems += check_targets(value, f"{path}[{i}]")
+    return problems
+
+
+def _check_one(target: str, node: Mapping[str, Any], path: str) -> list[str]:
+    where = path or "<root>"
+    try:
+        obj = _locate(target)
+    except Exception as err:
+        return [f"{where}._target_={target} cannot be imported ({type(err).__name__}: {err})"]
+    signature = _signature(obj)
+    if signature is None:
+        return []
+    params = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    hints = _hints(obj)
+    problems = []
+    for key, value in node.items():
+        if key in HYDRA_KEYS:
+            continue
+        name = f"{path}.{key}" if path else str(key)
+        if key not in params:
+            if not takes_any:
+                close = difflib.get_close_matches(str(key), list(params), n=1)
+                hint = f" (did you mean {path + '.' if path else ''}{close[0]}?)" if close else ""
+                problems.append(f"{name} is not an argument of {target}{hint}")
+            continue
+        hint = hints.get(key, params[key].annotation)
+        if isinstance(hint, str):  # unresolved annotation
+            continue
+        if not _matches(value, hint):
+            problems.append(
+                f"{name}={value!r} must be {_describe(hint)} (argument {key} of {target})"
+            )
+    return problems
+
+
+# Trainer values Lightning refuses only once fit has started (or silently misreads).
+TRAINER_RULES: dict[str, tuple[Any, str]] = {
+    "max_epochs": (lambda v: v is None or v >= -1, "an int >= -1 (-1: no limit)"),
+    "min_epochs": (lambda v: v is None or v >= 0, "an int >= 0"),
+    "max_steps": (lambda v: v >= -1, "an int >= -1 (-1: no limit)"),
+    "min_steps": (lambda v: v is None or v >= 0, "an int >= 0"),
+    "accumulate_grad_batches": (lambda v: v >= 1, "an int >= 1"),
+    "check_val_every_n_epoch": (lambda v: v is None or v >= 1, "an int >= 1 or null"),
+    "log_every_n_steps": (lambda v: v is None or v >= 1, "an int >= 1"),
+    "val_check_interval": (lambda v: v is None or v > 0, "a number > 0"),
+    "gradient_clip_val": (lambda v: v is None or v >= 0, "a number >= 0"),
+    "limit_train_batches": (lambda v: v is None or v >= 0, "a number >= 0"),
+    "limit_val_batches": (lambda v: v is None or v >= 0, "a number >= 0"),
+    "limit_test_batches": (lambda v: v is None or v >= 0, "a number >= 0"),
+}
+
+
+def check_trainer_values(trainer: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for key, (ok, text) in TRAINER_RULES.items():
+        value = trainer.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and not ok(value):
+            problems.append(f"trainer.{key}={value} must be {text}")
+    return problems
+
+
+def batch_follows_profile(cfg: DictConfig) -> bool:
+    """Whether ``hardware.batch_size: auto`` decides this run's batch: only for data whose batch is
+    ``${hardware.batch_size}`` (TRM's batch is its number of carry slots, set by the data config)."""
+    return str(cfg.hardware.get("batch_size")) == "auto" and OmegaConf.is_interpolation(
+        cfg.data, "batch_size"
+    )
+
+
+def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`ConfigError` listing every problem of the composed config, or return.
+
+    ``built_with``: dotted keys that the run passes at instantiation instead of the config value
+    (e.g. ``{"data.batch_size": 1}`` while the preflight picks the batch), so that an ``auto``
+    placeholder is not reported as a type error.
+    """
+    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    assert isinstance(plain, dict)
+    plain.pop("hydra", None)
+    for dotted, value in (built_with or {}).items():
+        parent = plain
+        *heads, last = dotted.split(".")
+        for head in heads:
+            parent = parent.get(head) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and last in parent:
+            parent[last] = value
+    problems = check_targets(plain)
+    if isinstance(plain.get("trainer"), Mapping):
+        problems += check_trainer_values(plain["trainer"])
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def hydra_error_line(err: BaseException, conf_dir: str = "conf", guess: str = "") -> str | None:
+    """One line for a Hydra composition or override-parsing error, or None for other errors."""
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
+
+    text = str(err)
+    if isinstance(err, MissingConfigException):
+        found = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+        options = re.findall(r"^\t(\S+)$", text.split("Config search path")[0], re.MULTILINE)
+        if found:
+            group, choice = found.groups()
+            close = difflib.get_close_matches(choice, options, n=1)
+            guess = f" (did you mean {group}={close[0]}?)" if close else ""
+            return (
+                f"no {group}={choice}{guess}: choose one of {', '.join(options)} "
+                f"(files in {conf_dir}/{group}/)"
+            )
+        return text.splitlines()[0]
+    if isinstance(err, OverrideParseException):
+        return (
+            f"cannot parse an override ({text.splitlines()[0]}): write key=value, quote odd values"
+        )
+    if isinstance(err, ConfigCompositionException):
+        missing = re.search(r"Could not override '([^']+)'.*?use \+(\S+)", text, re.DOTALL)
+        if missing:
+            key, append = missing.groups()
+            return (
+                f"{key} is not a key of the config ({guess or 'see `python train.py --cfg job`'}); "
+                f"to add a new key write +{append}"
+            )
+        sweep = re.search(r"Ambiguous value for argument '([^']+)'", text)
+        if sweep:
+            return (
+                f"{sweep.group(1)} lists several values: add -m to sweep over them, or write "
+                "key=[a,b] for a list"
+            )
+        return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return None
+
+
+def _closest_key(err: BaseException, conf_dir: str, config_name: str, overrides: list[str]) -> str:
+    """ "did you mean <key>?" for an override of a key the config lacks, else ""."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    found = re.search(r"Could not override '([^']+)'", str(err))
+    if not found:
+        return ""
+    key = found.group(1)
+    rest = [o for o in overrides if o.split("=", 1)[0] != key]
+    try:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            cfg = compose(config_name, overrides=rest)
+    except Exception:
+        return ""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    if not isinstance(node, DictConfig):
+        return ""
+    close = difflib.get_close_matches(leaf, [str(k) for k in node], n=1)
+    return f"did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+
+
+def _first_choice(override: str) -> str:
+    """``key=a,b`` -> ``key=a`` (a sweep's first job stands for the rest in the pre-check)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_override(override)
+    if not parsed.is_sweep_override():
+        return override
+    first = next(iter(parsed.sweep_string_iterator()))
+    return f"{parsed.get_key_element()}={first}"
+
+
+def _overrides(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """The overrides in a ``train.py`` argv, and whether ``-m`` asks for a sweep."""
+    from laptrain.argv import override_indices
+
+    indices = set(override_indices(argv))
+    found = [argv[i] for i in sorted(indices)]
+    rest = [a for i, a in enumerate(argv) if i and i not in indices]
+    multirun = any(a in ("-m", "--multirun") or a.startswith("--mu") for a in rest)
+    return found, multirun
+
+
+def compose_argv(argv: Sequence[str], conf_dir: str, config_name: str = "train") -> DictConfig:
+    """The config a ``train.py`` command line asks for, composed as Hydra will, before Hydra makes
+    a run folder (no torch import). Raises :class:`ConfigError` with one line."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides, multirun = _overrides(argv)
+    try:
+        if multirun:
+            overrides = [_first_choice(o) for o in overrides]
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
+    except Exception as err:
+        line = hydra_error_line(err, "conf", _closest_key(err, conf_dir, config_name, overrides))
+        if line is None:
+            raise
+        raise ConfigError(line) from err
+    finally:
+        GlobalHydra.instance().clear()
+    with open_dict(cfg):  # Hydra names the run folder only when it starts the job
+        cfg.hydra.runtime.output_dir = "<run folder>"
+    HydraConfig().set_config(cfg)
+    return cfg
+
+
+def check_composed(cfg: DictConfig) -> None:
+    """:func:`check_config` as the run will build it (imports each target, so torch: call it after
+    the profile's environment is applied)."""
+    try:
+        check_config(cfg, {"data.batch_size": 1} if batch_follows_profile(cfg) else None)
+    except ConfigError:
+        raise
+    except Exception as err:  # an interpolation that cannot resolve, e.g. a missing env var
+        raise ConfigError(f"config cannot be resolved: {err}".splitlines()[0]) from err
+
+
+def precheck(argv: Sequence[str], conf_dir: str, config_name: str = "train") -> DictConfig:
+    """:func:`compose_argv` then :func:`check_composed`; returns the composed config."""
+    cfg = compose_argv(argv, conf_dir, config_name)
+    check_composed(cfg)
+    return cfg

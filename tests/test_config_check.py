@@ -1,0 +1,97 @@
+"""The pre-run check: every config option binds to its constructor; bad input is one line."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from laptrain.config_check import ConfigError, check_config, precheck
+from tests.conftest import CONF, run_train
+
+
+def every_option() -> list[tuple[str, str]]:
+    return [
+        (group.name, option.stem)
+        for group in sorted(p for p in CONF.iterdir() if p.is_dir())
+        for option in sorted(group.glob("*.yaml"))
+    ]
+
+
+def test_every_option_of_every_group_composes_and_binds_to_its_constructors():
+    assert len({g for g, _ in every_option()}) >= 10  # hardware, model, data, callbacks, trainer...
+    for group, option in every_option():
+        precheck(["train.py", f"{group}={option}"], str(CONF))
+
+
+def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_closest_argument(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    path = conf / "callbacks" / "model_checkpoint.yaml"
+    path.write_text(path.read_text().replace("save_top_k", "save_topk"))
+    with pytest.raises(ConfigError) as err:
+        precheck(["train.py"], str(conf))
+    assert "callbacks.model_checkpoint.save_topk is not an argument of" in str(err.value)
+    assert "did you mean callbacks.model_checkpoint.save_top_k?" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model.optimizer.lr=abc", "model.optimizer.lr='abc' must be float"),
+        ("hardware=m9", "no hardware=m9: choose one of auto, cpu"),
+        ("data.files.nope=1", "to add a new key write +data.files.nope=1"),
+        ("hardware.batch_sze=3", "did you mean hardware.batch_size?"),
+        ("trainer.max_epochs=-5", "trainer.max_epochs=-5 must be an int >= -1"),
+        ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0 must be"),
+        ("model.optimizer.lr=1e-4,3e-4", "add -m to sweep"),
+        ("model.gradient_checkpointing=maybe", "model.gradient_checkpointing='maybe' must be bool"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_key_and_the_fix(override, expected):
+    with pytest.raises(ConfigError) as err:
+        precheck(["train.py", override], str(CONF))
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_all_problems_are_gathered_into_one_message():
+    with pytest.raises(ConfigError) as err:
+        precheck(["train.py", "model.optimizer.lr=abc", "trainer.max_steps=-3"], str(CONF))
+    assert "model.optimizer.lr" in str(err.value) and "trainer.max_steps" in str(err.value)
+
+
+def test_a_sweep_is_checked_on_its_first_job_and_flags_anywhere_are_fine():
+    precheck(["train.py", "-m", "model.optimizer.lr=1e-4,3e-4"], str(CONF))
+    precheck(["train.py", "model=trm_sudoku", "data=sudoku", "--cfg", "job"], str(CONF))
+
+
+def test_an_auto_batch_is_not_a_type_error_where_the_preflight_picks_it():
+    cfg = precheck(["train.py", "hardware=m2_air"], str(CONF))
+    assert cfg.hardware.batch_size == "auto"
+
+
+def test_values_the_run_passes_itself_replace_the_config_placeholder():
+    cfg = precheck(["train.py", "hardware=m2_air"], str(CONF))
+    with pytest.raises(ConfigError, match="data.batch_size='auto'"):
+        check_config(cfg)
+    check_config(cfg, {"data.batch_size": 1})
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["model.optimizer.lr=abc"], "model.optimizer.lr"),
+        (["hardware=m9"], "hardware=m9"),
+        (["data.files.nope=1"], "+data.files.nope=1"),
+    ],
+)
+def test_train_py_refuses_bad_input_in_one_line_before_any_work_and_writes_no_run_folder(
+    tmp_path, args, names
+):
+    result = run_train(args, tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and names in errors[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
