@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from laptrain.hardware.probe import FakeProbe
@@ -25,16 +23,16 @@ def test_a_profile_for_a_device_this_machine_lacks_is_refused_naming_hardware_au
         check_device(cfg, FakeProbe(kind="mps", is_available=False))
 
 
-def test_16_mixed_on_mps_runs_with_one_warning(caplog):
+def test_16_mixed_on_mps_runs_with_one_warning():
+    said: list[str] = []
     cfg = compose_train(["hardware=m2_air", "hardware.precision=16-mixed"])
-    with caplog.at_level(logging.INFO):
-        assert check_device(cfg, FakeProbe(kind="mps")) == "16-mixed"
-    warnings = [r.getMessage() for r in caplog.records if "16-mixed on MPS" in r.getMessage()]
-    assert len(warnings) == 1
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        assert check_device(compose_train(["hardware=m2_air"]), FakeProbe(kind="mps")) == "32-true"
-    assert not caplog.records
+    assert check_device(cfg, FakeProbe(kind="mps"), said.append) == "16-mixed"
+    assert len(said) == 1 and "16-mixed on MPS is opt-in" in said[0]
+    said.clear()
+    assert check_device(compose_train(["hardware=m2_air"]), FakeProbe(kind="mps"), said.append) == (
+        "32-true"
+    )
+    assert said == []
 
 
 def test_train_py_refuses_16_mixed_on_cpu_in_one_line_before_any_data_work(tmp_path):

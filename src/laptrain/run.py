@@ -10,6 +10,7 @@ import logging
 import platform
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,9 @@ def write_run_info(folder: Path, cfg: DictConfig, lines: list[str], env: EnvRepo
     (folder / "run_info.json").write_text(json.dumps(info, indent=1, default=str))
 
 
-def check_device(cfg: DictConfig, probe: DeviceProbe | None = None) -> str:
+def check_device(
+    cfg: DictConfig, probe: DeviceProbe | None = None, say: Callable[[str], None] = rank_zero_info
+) -> str:
     """The first check of every run, before any data or model work: the device the trainer is
     asked for exists here and can run the precision asked for (preflight on or off). Returns the
     precision in Lightning's spelling; a precision that runs but is unmeasured gets one warning."""
@@ -118,7 +121,7 @@ def check_device(cfg: DictConfig, probe: DeviceProbe | None = None) -> str:
     text = validate_precision(precision, kind, probe.bf16_supported())
     warning = precision_warning(text, kind)
     if warning:
-        rank_zero_info(warning)
+        say(warning)
     return text
 
 
