@@ -1,4 +1,4 @@
-"""Estimate vs measured peak memory for the preflight (laptrain.hardware.preflight).
+"""Estimate vs measured peak memory for the preflight (laptrain.preflight.batch).
 
     python benchmarks/preflight.py            # markdown table; about 3 minutes on 2 CPU cores
 
@@ -59,10 +59,10 @@ def run_case(name: str, batch: int, seq_len: int, checkpointing: bool, device: s
     """One case, in this process: estimate, then two real steps; returns both in bytes."""
     import torch
 
-    from laptrain.hardware.activations import hf_batch_maker, hf_loss
-    from laptrain.hardware.estimate import model_memory
-    from laptrain.hardware.preflight import measure_peak
     from laptrain.hardware.probe import TorchProbe
+    from laptrain.preflight.activations import hf_batch_maker, hf_loss
+    from laptrain.preflight.batch import measure_peak
+    from laptrain.preflight.estimate import model_memory
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

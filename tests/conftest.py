@@ -19,6 +19,7 @@ from laptrain.run_dir import register_resolvers
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+CONF_FIXTURES = ROOT / "tests" / "conf"  # test-only config options (callbacks=fake_mps)
 TRAIN = ROOT / "train.py"
 register_resolvers()
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from laptrain.hardware.budget import GB, device_budget, mps_low_watermark
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.hardware.profile import load_profile
-from laptrain.hardware.worker_memory import WorkerCost
+from laptrain.preflight.budget import GB, device_budget, mps_low_watermark
+from laptrain.preflight.worker_memory import WorkerCost
 
 
 def reading(**kw) -> MemoryReading:

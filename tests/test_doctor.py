@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 
 from laptrain.cli import main
-from laptrain.hardware.detect import RawMachine, machine_from_raw
-from laptrain.hardware.doctor import (
+from laptrain.doctor import (
     check_device,
     check_disk,
     check_quantization,
@@ -14,6 +13,7 @@ from laptrain.hardware.doctor import (
     device_fix,
     run_doctor,
 )
+from laptrain.hardware.detect import RawMachine, machine_from_raw
 from laptrain.hardware.env import WatermarkError, apply_env, resolve_watermarks
 from laptrain.hardware.profile import load_profile
 
@@ -154,7 +154,7 @@ def test_unknown_doctor_argument_is_one_line_naming_the_options(capsys):
 def test_record_writes_this_machines_outputs_for_a_new_recording(capsys, monkeypatch, tmp_path):
     from laptrain.cli import doctor as run_cli_doctor
 
-    monkeypatch.setattr("laptrain.hardware.doctor.run_doctor", lambda *a, **k: _Ready())
+    monkeypatch.setattr("laptrain.doctor.run_doctor", lambda *a, **k: _Ready())
     args = type("Args", (), {"record": str(tmp_path / "me"), "overrides": [], "json": False})()
     assert run_cli_doctor(args) == 0
     raw = RawMachine.from_dir(tmp_path / "me")

@@ -13,9 +13,9 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader
 
-from laptrain.callbacks.chunked_backward import ChunkedBackward, batch_length, slice_batch
 from laptrain.callbacks.oom_backoff import OOMBackoff, is_oom
 from laptrain.hardware.probe import FakeProbe
+from laptrain.model.chunked_backward import ChunkedBackward, batch_length, slice_batch
 
 # The texts each device raises (FACTS.md §7).
 DEVICE_ERRORS = {

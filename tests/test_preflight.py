@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from laptrain.hardware.activations import (
+from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.preflight.activations import (
     Quadratic,
     hf_batch_maker,
     hf_loss,
@@ -12,10 +13,9 @@ from laptrain.hardware.activations import (
     measure_once,
     repeated_blocks,
 )
-from laptrain.hardware.budget import device_budget
-from laptrain.hardware.estimate import GB, model_memory
-from laptrain.hardware.preflight import PreflightError, choose_micro_batch, plan_batch
-from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.preflight.batch import PreflightError, choose_micro_batch, plan_batch
+from laptrain.preflight.budget import device_budget
+from laptrain.preflight.estimate import GB, model_memory
 
 SEQ = 64
 
@@ -193,7 +193,7 @@ class _Data:
 
 
 def test_run_entry_sets_the_datamodule_batch_writes_json_and_keeps_it_on_resume(tmp_path):
-    from laptrain.hardware.preflight import preflight_for_run
+    from laptrain.preflight.batch import preflight_for_run
 
     model = tiny_bert()
     hardware = cpu_profile(None, accelerator="cpu")
@@ -210,7 +210,7 @@ def test_run_entry_sets_the_datamodule_batch_writes_json_and_keeps_it_on_resume(
 
 
 def test_run_entry_skips_models_it_cannot_measure_unless_auto_was_asked():
-    from laptrain.hardware.preflight import preflight_for_run
+    from laptrain.preflight.batch import preflight_for_run
 
     plain = torch.nn.Linear(4, 2)
     assert preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4)) is None
@@ -219,8 +219,8 @@ def test_run_entry_skips_models_it_cannot_measure_unless_auto_was_asked():
 
 
 def test_run_entry_checks_precision_even_for_models_it_cannot_measure():
-    from laptrain.hardware.preflight import preflight_for_run
     from laptrain.hardware.profile import ProfileError
+    from laptrain.preflight.batch import preflight_for_run
 
     plain = torch.nn.Linear(4, 2)
     with pytest.raises(ProfileError, match="set hardware.precision=bf16-mixed"):
@@ -243,7 +243,7 @@ def test_refusal_marks_the_fixes_that_are_enough_on_their_own():
 
 
 def test_verify_lowers_an_auto_batch_when_the_measured_peak_is_above_the_estimate(monkeypatch):
-    import laptrain.hardware.preflight as preflight
+    import laptrain.preflight.batch as preflight
 
     model = tiny_bert()
     memory = model_memory(model, SEQ, "32-true")

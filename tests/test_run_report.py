@@ -13,7 +13,6 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from matplotlib.image import imread
 from torch.utils.data import DataLoader
 
-from laptrain.callbacks.chunked_backward import ChunkedBackward
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.oom_backoff import OOMBackoff
@@ -23,7 +22,8 @@ from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
-from tests.conftest import TINY, run_train, write_texts
+from laptrain.model.chunked_backward import ChunkedBackward
+from tests.conftest import CONF_FIXTURES, TINY, run_train, write_texts
 
 MB = 1024 * 1024
 MPS_READING = MemoryReading(
@@ -270,6 +270,7 @@ def test_train_py_on_an_apple_profile_with_fake_mps_reads_two_sessions(tmp_path)
         "hardware=m2_air",
         "hardware.accelerator=cpu",  # the test-only part: no MPS here ...
         "hardware.batch_size=8",
+        f"hydra.searchpath=[file://{CONF_FIXTURES}]",  # test fixtures live in tests/conf
         "callbacks=fake_mps",  # ... and the guards' MPS reads answered by a FakeProbe
         "callbacks.thermal_guard.break_seconds=0.2",
         "callbacks.session_budget.max_epochs=1",

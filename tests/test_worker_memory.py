@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from laptrain.hardware.budget import GB
-from laptrain.hardware.preflight import PreflightError, plan_batch
 from laptrain.hardware.probe import FakeProbe, MemoryReading
-from laptrain.hardware.worker_memory import (
+from laptrain.preflight.batch import PreflightError, plan_batch
+from laptrain.preflight.budget import GB
+from laptrain.preflight.worker_memory import (
     WorkerCost,
     measure_worker_bytes,
     worker_cost,

@@ -38,8 +38,8 @@ def configured_model_params(overrides: list[str]) -> int | None:
 
 
 def doctor(args: argparse.Namespace) -> int:
+    from laptrain.doctor import run_doctor
     from laptrain.hardware.detect import detect_machine, read_raw_machine
-    from laptrain.hardware.doctor import run_doctor
     from laptrain.hardware.env import apply_env
     from laptrain.hardware.profile import ProfileError, load_profile
 

@@ -24,9 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
-from laptrain.hardware.preflight import preflight_for_run
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
+from laptrain.preflight.batch import preflight_for_run
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:

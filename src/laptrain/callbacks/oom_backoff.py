@@ -37,7 +37,7 @@ class OOMBackoff(Callback):
 
     Lightning lets an OOM end the run (its batch-size finder only runs before training). With this
     callback and a module whose ``training_step`` goes through ``ChunkedBackward``
-    (``laptrain.callbacks.chunked_backward``), an OOM frees memory, halves the micro-batch and
+    (``laptrain.model.chunked_backward``), an OOM frees memory, halves the micro-batch and
     retries only the failed part of the batch: the effective batch, the optimizer-step count and the
     samples seen are those of an uninterrupted run. The micro-batch is kept in the checkpoint, so a
     resumed run starts with the size that fits. At micro-batch 1 it gives up with what to change.
@@ -120,7 +120,7 @@ class OOMBackoff(Callback):
                 self._warned = True
                 rank_zero_warn(
                     "oom_backoff: the model's training_step does not use laptrain's ChunkedBackward,"
-                    " so out-of-memory errors are not caught; see callbacks/chunked_backward.py"
+                    " so out-of-memory errors are not caught; see model/chunked_backward.py"
                 )
             return
         step = trainer.global_step

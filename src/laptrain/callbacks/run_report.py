@@ -15,7 +15,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
-from laptrain.callbacks.chunked_backward import batch_length
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.oom_backoff import OOMBackoff
 from laptrain.callbacks.report_writer import (
@@ -25,6 +24,7 @@ from laptrain.callbacks.report_writer import (
     write_report,
 )
 from laptrain.callbacks.thermal_guard import ThermalGuard
+from laptrain.model.chunked_backward import batch_length
 
 
 class RunReport(Callback):

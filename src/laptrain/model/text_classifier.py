@@ -21,7 +21,7 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from laptrain.callbacks.chunked_backward import ChunkedBackward
+from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.pretrained import from_pretrained
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]

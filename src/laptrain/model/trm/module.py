@@ -21,9 +21,9 @@ import psutil
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from laptrain.callbacks.chunked_backward import ChunkedBackward
 from laptrain.callbacks.ema import EMA
 from laptrain.callbacks.oom_backoff import is_oom
+from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.model.trm.carry import Carry
 from laptrain.model.trm.loss import LOSSES, halt_loss, per_puzzle_answer_loss
 from laptrain.model.trm.metrics import SudokuMetrics

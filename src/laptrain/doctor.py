@@ -205,8 +205,8 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
-    from laptrain.hardware.preflight import plan_batch
     from laptrain.hardware.probe import TorchProbe
+    from laptrain.preflight.batch import plan_batch
 
     kind = str(profile.get("accelerator", "cpu"))
     probe = TorchProbe(kind)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from laptrain.hardware.activations import (
+from laptrain.preflight.activations import (
     ActivationProfile,
     LossFn,
     MakeBatch,

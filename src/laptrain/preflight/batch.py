@@ -31,12 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from laptrain.hardware.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
-from laptrain.hardware.budget import Budget, device_budget
-from laptrain.hardware.estimate import GB, Estimate, ModelMemory, model_memory
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
-from laptrain.hardware.worker_memory import WorkerCost, worker_cost
+from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
+from laptrain.preflight.budget import Budget, device_budget
+from laptrain.preflight.estimate import GB, Estimate, ModelMemory, model_memory
+from laptrain.preflight.worker_memory import WorkerCost, worker_cost
 
 
 class PreflightError(ValueError):
@@ -181,7 +181,7 @@ def measure_peak(
     weights unchanged, so the run that follows starts from the same model. CPU: process peak RSS;
     CUDA: max allocated; MPS: driver-allocated memory after each step (MPS has no peak API, FACTS.md §7).
     """
-    from laptrain.hardware.activations import _autocast
+    from laptrain.preflight.activations import _autocast
 
     device = torch.device(probe.kind)
     model.to(device)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from laptrain.hardware.probe import DeviceProbe
-from laptrain.hardware.worker_memory import WorkerCost
+from laptrain.preflight.worker_memory import WorkerCost
 
 GB = 1024**3
 # MPSAllocator.mm's default LOW watermark on unified memory (Apple Silicon) when the variable is unset.
