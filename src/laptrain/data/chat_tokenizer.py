@@ -2,7 +2,7 @@
 
 No PyPI package ships a usable tokenizer (tiktoken downloads its encodings on first use), so the
 offline LoRA default trains one: a byte-level BPE of ~2k tokens on the standard library's
-docstrings (1-2 s), with the special tokens and chat template of Llama 3, cached by content key.
+docstrings (2-4 s once), with the special tokens and chat template of Llama 3, cached by content key.
 
 Pad is a reserved special token (``<|finetune_right_pad_id|>``, as Llama 3.1+ reserves one), never
 EOS and never an added token: adding tokens means resizing embeddings, which makes peft save whole
@@ -42,16 +42,16 @@ LLAMA3_CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
-# ~60 source files of plain prose docstrings: enough for a 2k vocabulary, trained in about a second.
+# 64 source files, ~440k characters of docstrings: enough for a 2k vocabulary. Parsing them takes
+# 1-3 s, training 0.4 s (measured on 2 shared cores).
 CORPUS_MODULES = [
-    "argparse", "ast", "bisect", "calendar", "cmd", "codecs", "collections", "configparser",
-    "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis", "enum",
-    "fnmatch", "fractions", "functools", "getopt", "gettext", "glob", "gzip", "hashlib", "heapq",
-    "hmac", "inspect", "ipaddress", "json", "locale", "logging", "mimetypes", "numbers", "operator",
-    "optparse", "pathlib", "pickle", "pprint", "queue", "random", "re", "sched", "secrets",
-    "shlex", "shutil", "socket", "statistics", "string", "subprocess", "tarfile", "tempfile",
-    "textwrap", "threading", "timeit", "tokenize", "traceback", "typing", "uuid", "warnings",
-    "weakref", "zipfile",
+    "argparse", "bisect", "calendar", "cmd", "codecs", "collections", "configparser",
+    "contextlib", "copy", "csv", "dataclasses", "datetime", "difflib", "dis", "enum", "fnmatch",
+    "fractions", "functools", "getopt", "gettext", "glob", "gzip", "hashlib", "heapq", "hmac",
+    "inspect", "ipaddress", "json", "logging", "mimetypes", "numbers", "operator", "optparse",
+    "pathlib", "pickle", "pprint", "queue", "random", "sched", "secrets", "shlex", "shutil",
+    "socket", "statistics", "string", "subprocess", "tarfile", "tempfile", "textwrap",
+    "threading", "timeit", "tokenize", "typing", "uuid", "warnings", "weakref", "zipfile",
 ]  # fmt: skip
 CACHE_VERSION = 1
 
