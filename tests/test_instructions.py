@@ -298,3 +298,28 @@ def test_packed_logits_equal_each_example_run_alone(tmp_path, tokenizer_dir, att
     assert int(batch["num_response_tokens"]) == sum(
         sum(label != -100 for label in r["labels"]) for r in rows
     )
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_another_template_gets_its_own_end_of_turn_and_the_same_prefix_rule(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.chat_template = CHATML
+    assert instructions.end_of_turn(tok) == "<|im_end|>"
+    chat = [
+        {"role": "user", "content": "alpha?"},
+        {"role": "assistant", "content": "beta"},
+        {"role": "user", "content": "gamma?"},
+        {"role": "assistant", "content": "delta"},
+    ]
+    ids, labels, _ = encode_chat(tok, row_messages({"messages": chat}))
+    assert response_text(tok, ids, labels) == "beta<|im_end|>delta<|im_end|>"
+    last = len(ids) - len(tok("delta<|im_end|>", add_special_tokens=False)["input_ids"])
+    assert ids[:last] == render_prompt(tok, chat[:-1])
+    assert tok.decode(ids) + "\n" == tok.apply_chat_template(chat, tokenize=False)
