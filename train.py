@@ -42,13 +42,16 @@ def main(cfg: DictConfig) -> float | None:
         env = ENV if ENV is not None else apply_profile_env(cfg)
         from laptrain.run import train  # imports torch: after the env is set
 
-        return train(cfg, env)
+        outcome = train(cfg, env)
     except Exception as err:
         cause = user_error(err)
         if cause is None or os.environ.get("LAPTRAIN_TRACEBACK"):
             raise
         print(f"error: {cause}", file=sys.stderr)
         sys.exit(2)
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
+    return outcome.metric
 
 
 def user_error(err: BaseException) -> BaseException | None:

@@ -193,7 +193,8 @@ def test_trm_trains_through_train_py_on_a_profile_with_batch_size_auto(tmp_path)
     done = run_train(args, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert ckpt_step(tmp_path / "outputs" / "trm" / "checkpoints" / "last.ckpt") == 3
-    assert "batch as configured" in done.stdout
+    assert "micro batch size: 16 (data.batch_size)" in done.stdout
+    assert "memory: not estimated" in done.stdout
 
 
 def test_lightning_ddp_on_two_cpu_processes_trains_and_checkpoints(tmp_path):

@@ -21,6 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from laptrain.plan import batch_follows_profile
+
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 
 
@@ -168,20 +170,12 @@ def check_trainer_values(trainer: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def batch_follows_profile(cfg: DictConfig) -> bool:
-    """Whether ``hardware.batch_size: auto`` decides this run's batch: only for data whose batch is
-    ``${hardware.batch_size}`` (TRM's batch is its number of carry slots, set by the data config)."""
-    return str(cfg.hardware.get("batch_size")) == "auto" and OmegaConf.is_interpolation(
-        cfg.data, "batch_size"
-    )
-
-
 def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` listing every problem of the composed config, or return.
 
     ``built_with``: dotted keys that the run passes at instantiation instead of the config value
-    (e.g. ``{"data.batch_size": 1}`` while the preflight picks the batch), so that an ``auto``
-    placeholder is not reported as a type error.
+    (e.g. ``{"data.batch_size": 1}`` where the run plan decides the batch), so that the
+    ``from_profile`` placeholder is not reported as a type error.
     """
     plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     assert isinstance(plain, dict)

@@ -9,8 +9,8 @@ import json
 import logging
 import platform
 import signal
-import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
-from laptrain.preflight.batch import preflight_for_run
+from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:
@@ -61,31 +61,22 @@ def checkpoint_step(path: str) -> tuple[int, int]:
     return int(state.get("global_step", 0)), int(state.get("epoch", 0))
 
 
-def summary_lines(cfg: DictConfig, trainer: pl.Trainer, env: EnvReport | None) -> list[str]:
-    """What the run will do on this machine, one item per line (seed 001; nanoGPT prints the same)."""
-    hw = cfg.hardware
-    micro = int(cfg.data.get("batch_size") or hw.batch_size)
-    accumulation = int(trainer.accumulate_grad_batches)
+def summary_lines(plan: RunPlan, env: EnvReport | None) -> list[str]:
+    """What the run will do on this machine, one item per line, rendered from the plan."""
+    threads = f"torch threads: {torch.get_num_threads()} (torch default)"
     lines = [
-        f"hardware profile: {hw.name}",
-        f"device: {trainer.strategy.root_device} ({trainer.accelerator.__class__.__name__.replace('Accelerator', '')}, {trainer.num_devices} device(s))",
-        f"precision: {trainer.precision}",
-        f"micro batch size: {micro}",
-        f"gradient accumulation: {accumulation}",
-        f"effective batch size: {micro * accumulation * trainer.world_size}",
-        f"dataloader workers: {cfg.data.get('num_workers', hw.num_workers)}",
-        f"pin_memory: {cfg.data.get('pin_memory', hw.pin_memory)}",
-        f"torch threads: {torch.get_num_threads()}",
+        threads if plan.threads is None and line.startswith("torch threads") else line
+        for line in plan.summary_lines()
     ]
     return lines + (env.lines() if env else [])
 
 
-def write_run_info(folder: Path, cfg: DictConfig, lines: list[str], env: EnvReport | None) -> None:
+def write_run_info(folder: Path, plan: RunPlan, lines: list[str], env: EnvReport | None) -> None:
     import lightning
     import transformers
 
     info = {
-        "hardware": OmegaConf.to_container(cfg.hardware, resolve=True),
+        "plan": plan.to_dict(),
         "summary": lines,
         "torch_threads": torch.get_num_threads(),
         "env_applied": env.applied if env else {},
@@ -133,86 +124,68 @@ def _single_log_stream() -> None:
         logger.propagate = True
 
 
-def batch_follows_profile(cfg: DictConfig) -> bool:
-    """Whether ``hardware.batch_size: auto`` decides this run's batch: only for data whose batch is
-    ``${hardware.batch_size}`` (TRM's batch is its number of carry slots, set by the data config)."""
-    return str(cfg.hardware.get("batch_size")) == "auto" and OmegaConf.is_interpolation(
-        cfg.data, "batch_size"
-    )
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: ``exit_code`` for the shell (0: done or paused on purpose; 128 + signal
+    number after Ctrl-C/SIGTERM) and the metric a sweeper optimises (None unless done)."""
+
+    status: str  # "done", "paused" (session budget, swap) or "interrupted"
+    exit_code: int = 0
+    metric: float | None = None
 
 
-def plan_preflight(cfg: DictConfig, model: Any, datamodule: Any, output_dir: Path) -> None:
-    """Memory preflight: print the estimate, set the micro batch (auto) and the accumulation."""
-    options = cfg.get("preflight") or {}
-    auto = batch_follows_profile(cfg)
-    profile = OmegaConf.to_container(cfg.hardware, resolve=True)
-    if isinstance(cfg.trainer.get("devices"), int):  # trainer=ddp_cpu runs more than the profile's
-        profile["devices"] = cfg.trainer.devices
-    if not auto and str(profile.get("batch_size")) == "auto":
-        profile["batch_size"] = int(getattr(datamodule, "batch_size", 1) or 1)
-    if not options.get("enabled", True):
-        if auto:
-            raise ValueError(
-                "hardware.batch_size=auto needs preflight.enabled=true (or set hardware.batch_size=<n>)"
-            )
-        return
-    plan = preflight_for_run(
-        model,
-        datamodule,
-        profile,
-        accumulation=int(cfg.trainer.get("accumulate_grad_batches") or 1),
-        effective_batch=options.get("effective_batch_size"),
-        max_batch=int(options.get("max_batch_size") or 256),
-        verify=bool(options.get("verify", False)),
-        output_dir=output_dir,
-        cache_dir=Path(cfg.paths.cache_dir),
-    )
-    if plan is None:
-        rank_zero_info("preflight: skipped (no transformers model to measure); batch as configured")
-        return
-    for line in plan.summary_lines():
-        rank_zero_info(line)
-    if auto:
-        cfg.hardware.batch_size = plan.micro_batch
-    cfg.trainer.accumulate_grad_batches = plan.accumulation
+def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any, Any, RunPlan]:
+    """Data, model and the run plan, in that order; the datamodule that trains has the plan's
+    batch sizes (a datamodule whose batch follows the profile is built without one, prepared,
+    then given the plan's)."""
+    checked = env is not None and env.device_checked
+    precision = check_device(cfg, say=(lambda _: None) if checked else rank_zero_info)
+    follows = batch_follows_profile(cfg)
+    datamodule = instantiate(cfg.data, _convert_="all", **({"batch_size": None} if follows else {}))
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    model_kwargs = datamodule.model_kwargs() if hasattr(datamodule, "model_kwargs") else {}
+    model = instantiate(cfg.model, _convert_="all", **model_kwargs)
+    plan = build_run_plan(cfg, model, datamodule, precision, output_dir, Path(cfg.paths.cache_dir))
+    if follows:
+        datamodule = datamodule.with_batch_sizes(plan.loader_batch, plan.eval_batch)
+    return datamodule, model, plan
 
 
-def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
+def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
     """Train (resuming when the run folder has a checkpoint), test on the best checkpoint, export."""
     if HydraConfig.initialized():
         _single_log_stream()
     output_dir = Path(cfg.paths.output_dir)
     print_config(cfg)
-    if not (env and env.device_checked):  # train.py checks it before Hydra makes the run folder
-        check_device(cfg)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))
-
-    # batch_size auto: a placeholder until the preflight has measured the model
-    auto_batch = batch_follows_profile(cfg)
-    datamodule = instantiate(cfg.data, _convert_="all", **({"batch_size": 1} if auto_batch else {}))
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    model_kwargs = datamodule.model_kwargs() if hasattr(datamodule, "model_kwargs") else {}
-    model = instantiate(cfg.model, _convert_="all", **model_kwargs)
-    plan_preflight(cfg, model, datamodule, output_dir)
+    datamodule, model, plan = build(cfg, env, output_dir)
 
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))
     trainer: pl.Trainer = instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all"
+        cfg.trainer,
+        **plan.trainer_kwargs(),
+        callbacks=callbacks,
+        logger=loggers or False,
+        _convert_="all",
     )
 
-    lines = summary_lines(cfg, trainer, env)
+    lines = summary_lines(plan, env)
+    for line in (plan.memory or {}).get("lines", []):
+        rank_zero_info(line)
     for line in lines:
         rank_zero_info(line)
     if trainer.is_global_zero:
-        write_run_info(output_dir, cfg, lines, env)
+        write_run_info(output_dir, plan, lines, env)
         if hasattr(datamodule, "save_artifacts"):
             datamodule.save_artifacts(output_dir)
     for lg in loggers:
-        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        lg.log_hyperparams(
+            {**OmegaConf.to_container(cfg, resolve=True), "plan": plan.trainer_kwargs()}
+        )
 
     ckpt_path = resume_checkpoint(cfg)
     if ckpt_path:
@@ -229,7 +202,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
             f"{name}: stopped at global step {trainer.global_step}; checkpoint {stop.path}. "
             "Resume with the same command (or ckpt_path=<that file>)."
         )
-        sys.exit(128 + stop.signal_received)
+        return Outcome("interrupted", 128 + stop.signal_received)
     # A callback that stops the run on purpose (session budget, swap) leaves it resumable: exit 0.
     paused = next((c.stop_reason for c in callbacks if getattr(c, "stop_reason", None)), None)
     if paused:
@@ -240,7 +213,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
             f"stopped ({paused}) at global step {trainer.global_step}; checkpoint {last}. "
             "Resume with the same command."
         )
-        return None
+        return Outcome("paused")
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:
@@ -254,4 +227,4 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> float | None:
         model.export(output_dir / "model")
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     rank_zero_info(f"run folder: {output_dir}")
-    return metrics.get(str(cfg.get("optimized_metric")))
+    return Outcome("done", 0, metrics.get(str(cfg.get("optimized_metric"))))

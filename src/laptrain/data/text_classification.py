@@ -8,6 +8,7 @@ by length (``laptrain.data.sampler``).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -28,6 +29,14 @@ from laptrain.data.tokenizer import load_tokenizer, train_wordpiece
 FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 SPLIT_ALIASES = {"train": "train", "validation": "val", "val": "val", "dev": "val", "test": "test"}
 CACHE_VERSION = 2  # 2: stratified split
+
+
+def _check_batch_size(batch_size: int | None) -> None:
+    if batch_size is not None and int(batch_size) < 1:
+        raise ValueError(
+            f"batch size must be >= 1 (got {batch_size}): set hardware.batch_size=<n> "
+            "or pick another hardware profile"
+        )
 
 
 def _file_digest(path: Path) -> str:
@@ -70,7 +79,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         split_seed: int = 42,
-        batch_size: int = 16,
+        batch_size: int | None = 16,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -82,11 +91,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         cache_dir: str = ".cache/laptrain",
     ) -> None:
         super().__init__()
-        if batch_size is None or int(batch_size) < 1:
-            raise ValueError(
-                f"batch size must be >= 1 (got {batch_size}): set hardware.batch_size=<n> "
-                "or pick another hardware profile"
-            )
+        _check_batch_size(batch_size)
         if max_length < 8:
             raise ValueError(f"data.max_length must be >= 8 (got {max_length})")
         if not (
@@ -107,8 +112,11 @@ class TextClassificationDataModule(pl.LightningDataModule):
             test_fraction,
             split_seed,
         )
-        self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size or batch_size)
+        # None: decided by the run plan, which passes it through with_batch_sizes
+        self.batch_size = int(batch_size) if batch_size is not None else None
+        self.eval_batch_size = (
+            int(eval_batch_size or batch_size) if (eval_batch_size or batch_size) else None
+        )
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers, self.prefetch_factor = persistent_workers, prefetch_factor
         self.group_by_length, self.pad_to_multiple_of, self.seed = (
@@ -121,6 +129,16 @@ class TextClassificationDataModule(pl.LightningDataModule):
         self.splits: dict[str, Any] = {}
         self.label_names: list[str] = []
         self.tokenizer: Any = None
+
+    def with_batch_sizes(
+        self, batch_size: int, eval_batch_size: int | None = None
+    ) -> TextClassificationDataModule:
+        """This datamodule (its prepared data shared) with the run plan's batch sizes."""
+        _check_batch_size(batch_size)
+        planned = copy.copy(self)
+        planned.batch_size = int(batch_size)
+        planned.eval_batch_size = int(eval_batch_size or batch_size)
+        return planned
 
     # ---- building the cache ------------------------------------------------------------------
 
@@ -342,6 +360,11 @@ class TextClassificationDataModule(pl.LightningDataModule):
     def _loader(self, split: str) -> DataLoader:
         ds = self.splits[split]
         train = split == "train"
+        if self.batch_size is None:
+            raise ValueError(
+                "this datamodule has no batch size yet: build it through the run plan "
+                "(with_batch_sizes), or set data.batch_size=<n>"
+            )
         sampler = LengthGroupedBatchSampler(
             ds["length"],
             self.batch_size if train else self.eval_batch_size,

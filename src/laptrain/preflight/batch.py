@@ -33,6 +33,7 @@ from torch import nn
 
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
+from laptrain.plan import is_auto
 from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import GB, Estimate, ModelMemory, model_memory
@@ -288,12 +289,12 @@ def plan_batch(
     per_sample = estimate(2).total - one.total
     largest_fit = 1 + int((budget.bytes - one.total) // per_sample) if per_sample > 0 else max_batch
     notes: list[str] = []
-    if str(requested) == "auto" and previous and previous[0] <= largest_fit:
+    if is_auto(requested) and previous and previous[0] <= largest_fit:
         micro, accum = previous
         notes.append(
             f"kept micro batch {micro} x accumulation {accum} of this run's earlier session"
         )
-    elif str(requested) == "auto":
+    elif is_auto(requested):
         micro, accum = choose_micro_batch(min(largest_fit, max_batch), effective_batch, multiple)
         if effective_batch is None:
             accum = accumulation  # no target: keep trainer.accumulate_grad_batches as configured
@@ -322,7 +323,7 @@ def plan_batch(
         device=kind,
         budget=budget,
         estimate=estimate(micro),
-        requested_batch=requested if str(requested) == "auto" else int(requested),
+        requested_batch=requested if is_auto(requested) else int(requested),
         effective_target=effective_batch,
         checkpointing=on,
         notes=notes,
@@ -331,7 +332,7 @@ def plan_batch(
         plan.measured_peak = measure_peak(
             model, micro, seq_len, probe, precision, make_batch, loss_fn
         )
-        _correct(plan, estimate, budget, str(requested) == "auto", max_batch, multiple)
+        _correct(plan, estimate, budget, is_auto(requested), max_batch, multiple)
     return plan
 
 
@@ -389,16 +390,17 @@ def preflight_for_run(
 ) -> Plan | None:
     """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it.
 
-    Sequence length = the datamodule's ``max_length`` (or ``seq_len``). With ``batch_size: auto`` the
-    chosen micro batch is set on the datamodule, and a resumed run keeps the batch recorded in its
-    ``preflight.json`` while it fits. Returns None (nothing measured) for a model without a
-    transformers model inside when the batch is fixed.
+    Sequence length = the datamodule's ``max_length`` (or ``seq_len``); ``hardware["batch_size"]`` is
+    the batch to check (or ``auto``). A resumed run keeps the batch recorded in its
+    ``preflight.json`` while it fits. The caller (laptrain/plan.py) passes the answer on.
+    Returns None (nothing measured) for a model without a transformers model inside when the
+    batch is fixed.
 
     Raises:
         PreflightError: nothing fits, or ``auto`` was asked for a model the preflight cannot measure.
         ProfileError: the profile's precision cannot run on its device.
     """
-    auto = str(hardware.get("batch_size")) == "auto"
+    auto = is_auto(hardware.get("batch_size"))
     probe = TorchProbe(str(hardware.get("accelerator", "cpu")))
     # every job, measurable or not, gets the one-line precision check (ProfileError)
     validate_precision(hardware.get("precision", "32-true"), probe.kind, probe.bf16_supported())
@@ -410,11 +412,6 @@ def preflight_for_run(
                 "max_length, which this job lacks: set hardware.batch_size=<n>"
             )
         return None
-    if not auto and getattr(datamodule, "batch_size", None):
-        hardware = {
-            **hardware,
-            "batch_size": int(datamodule.batch_size),
-        }  # data.batch_size may differ
     record = output_dir / "preflight.json" if output_dir is not None else None
     previous = None
     if auto and record is not None and record.is_file():
@@ -437,10 +434,6 @@ def preflight_for_run(
         previous=previous,
         workers=workers,
     )
-    if auto:
-        for name in ("batch_size", "eval_batch_size"):
-            if hasattr(datamodule, name):
-                setattr(datamodule, name, plan.micro_batch)
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(plan.to_json())

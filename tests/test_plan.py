@@ -1,0 +1,84 @@
+"""The run plan: decided once from profile, data, trainer and preflight; the config is not touched."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from laptrain.plan import build_run_plan
+from tests.conftest import compose_train
+
+
+def fake_preflight(micro: int, accumulation: int):
+    calls = []
+
+    def preflight(model, datamodule, profile, **kw):
+        calls.append((profile["batch_size"], kw["accumulation"], kw["effective_batch"]))
+        return types.SimpleNamespace(
+            micro_batch=micro,
+            accumulation=accumulation,
+            effective_target=kw["effective_batch"],
+            estimate=types.SimpleNamespace(total=2 * 1024**3),
+            budget=types.SimpleNamespace(bytes=8 * 1024**3, source="test budget"),
+            summary_lines=lambda: ["preflight: test"],
+        )
+
+    preflight.calls = calls
+    return preflight
+
+
+DATA = types.SimpleNamespace(num_workers=0, persistent_workers=False, pin_memory=False)
+
+
+def test_an_auto_batch_comes_from_the_preflight_and_the_config_is_left_as_written(tmp_path):
+    cfg = compose_train(["hardware=m2_air", "preflight.effective_batch_size=64"], tmp_path)
+    preflight = fake_preflight(micro=16, accumulation=4)
+    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=preflight)
+    assert preflight.calls == [("auto", 1, 64)]
+    assert (plan.loader_batch, plan.micro_batch, plan.accumulation) == (16, 16, 4)
+    assert plan.effective_batch == 64 and plan.eval_batch == 16
+    assert plan.trainer_kwargs()["accumulate_grad_batches"] == 4
+    assert "largest that fits" in plan.reasons["batch"]
+    assert "effective_batch_size=64" in plan.reasons["accumulation"]
+    assert cfg.hardware.batch_size == "auto" and cfg.trainer.accumulate_grad_batches == 1
+    assert any(
+        line.startswith("memory: estimate 2.00 GB of budget 8.00 GB")
+        for line in plan.summary_lines()
+    )
+
+
+def test_auto_without_the_preflight_is_refused_naming_both_options(tmp_path):
+    cfg = compose_train(["hardware=m2_air", "preflight.enabled=false"], tmp_path)
+    with pytest.raises(ValueError, match="preflight.enabled=true.*hardware.batch_size=<n>"):
+        build_run_plan(cfg, object(), DATA, "32-true")
+
+
+def test_a_fixed_profile_batch_is_checked_by_the_preflight_and_kept(tmp_path):
+    cfg = compose_train(["hardware=cpu", "hardware.batch_size=8"], tmp_path)
+    preflight = fake_preflight(micro=8, accumulation=1)
+    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=preflight)
+    assert preflight.calls == [(8, 1, None)]
+    assert plan.loader_batch == 8 and plan.batch_from_profile
+
+
+def test_trm_prints_the_chunk_it_really_runs_not_the_carry_size(tmp_path):
+    cfg = compose_train(
+        ["hardware=macbook_cpu_32gb", "model=trm_sudoku", "data=sudoku", "preflight.enabled=false"],
+        tmp_path,
+    )
+    data = types.SimpleNamespace(batch_size=64, eval_batch_size=250, **vars(DATA))
+    model = types.SimpleNamespace(micro_batch_size=16)
+    plan = build_run_plan(cfg, model, data, "32-true")
+    assert not plan.batch_from_profile  # the profile's batch_size auto does not touch TRM
+    assert (plan.loader_batch, plan.micro_batch, plan.eval_batch) == (64, 16, 250)
+    assert plan.effective_batch == 64
+    line = next(x for x in plan.summary_lines() if x.startswith("micro batch size"))
+    assert line.startswith("micro batch size: 16 (chunks of the 64-sample batch)")
+
+
+def test_ddp_devices_come_from_the_trainer_config(tmp_path):
+    cfg = compose_train(["hardware=cpu", "trainer=ddp_cpu", "preflight.enabled=false"], tmp_path)
+    plan = build_run_plan(cfg, object(), DATA, "32-true")
+    assert plan.devices == 2 and plan.effective_batch == 2 * plan.loader_batch
+    assert plan.trainer_kwargs()["devices"] == 2
