@@ -9,6 +9,7 @@ from laptrain.doctor import (
     check_device,
     check_disk,
     check_quantization,
+    check_versions,
     check_watermarks,
     device_fix,
     run_doctor,
@@ -166,3 +167,9 @@ class _Ready:
 
     def text(self):
         return "ready"
+
+
+def test_a_missing_required_package_fails_the_versions_check():
+    check = check_versions({"python": "3.11.7", "torch": "2.13.0", "lightning": "2.6.6"})
+    assert not check.ok and check.fix == "pip install -e ."
+    assert check.detail == "missing transformers, peft, hydra, omegaconf"

@@ -8,12 +8,10 @@ check fail on purpose.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import math
 import os
-import platform
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -32,9 +30,11 @@ from laptrain.hardware.auto import (
 from laptrain.hardware.detect import MachineInfo, detect_machine
 from laptrain.hardware.env import resolve_watermarks
 from laptrain.hardware.profile import ProfileError, load_profile, validate_precision
+from laptrain.versions import package_versions
 
 GB = 1024**3
-PACKAGES = ("torch", "lightning", "transformers", "peft", "hydra", "omegaconf")
+# the packages a run cannot do without (laptrain.versions lists more)
+REQUIRED = ("torch", "lightning", "transformers", "peft", "hydra", "omegaconf")
 SMOKE_LINE = (
     "device smoke test: python benchmarks/device_smoke.py (paste its table into a bug report)"
 )
@@ -89,18 +89,13 @@ def check_machine(machine: MachineInfo, profile_name: str, profile: Mapping[str,
     return Check("machine", True, detail)
 
 
-def check_versions() -> Check:
-    found, missing = [f"python {platform.python_version()}"], []
-    for name in PACKAGES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-            continue
-        found.append(f"{name} {getattr(module, '__version__', '?')}")
+def check_versions(versions: Mapping[str, str] | None = None) -> Check:
+    """Python and the package versions (``laptrain.versions``); a required one missing fails."""
+    versions = package_versions() if versions is None else versions
+    missing = [name for name in REQUIRED if name not in versions]
     if missing:
         return Check("versions", False, f"missing {', '.join(missing)}", "pip install -e .")
-    return Check("versions", True, ", ".join(found))
+    return Check("versions", True, ", ".join(f"{k} {v}" for k, v in versions.items()))
 
 
 def check_device(machine: MachineInfo, profile: Mapping[str, Any]) -> Check:
@@ -203,9 +198,9 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     """Three real optimizer steps of a tiny BERT classifier on the profile's device and precision."""
     import lightning.pytorch as pl
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
 
     from laptrain.hardware.probe import TorchProbe
+    from laptrain.model.tiny import tiny_bert_classifier
     from laptrain.preflight.batch import plan_batch
 
     kind = str(profile.get("accelerator", "cpu"))
@@ -218,15 +213,9 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            config = BertConfig(
-                vocab_size=256,
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                intermediate_size=64,
-                max_position_embeddings=64,
+            self.model = tiny_bert_classifier(
+                num_labels=2, num_hidden_layers=2, max_position_embeddings=64
             )
-            self.model = BertForSequenceClassification(config)
             self.losses: list[float] = []
 
         def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:

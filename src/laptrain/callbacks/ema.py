@@ -26,6 +26,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from laptrain.callbacks.contracts import check_version
+
 
 def shadow_dtype(param_dtype: torch.dtype) -> torch.dtype:
     """The EMA's dtype for a parameter: float32 for float32 and half weights, float64 for float64."""
@@ -48,6 +50,8 @@ class EMA(Callback):
     Raises:
         ValueError: ``decay`` is not in [0, 1).
     """
+
+    STATE_VERSION = 1
 
     def __init__(self, decay: float = 0.999, warmup: bool = True) -> None:
         if not 0.0 <= decay < 1.0:
@@ -150,7 +154,7 @@ class EMA(Callback):
         if self._backup:
             raw = {n: t.cpu().clone() for n, t in self._backup.items()}
         state: dict[str, Any] = {
-            "version": 1,
+            "version": self.STATE_VERSION,
             "decay": self.decay,
             "updates": self.updates,
             "last_step": self.last_step,
@@ -186,6 +190,14 @@ class EMA(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not (self._fitting and state_dict):
+            return
+        if not check_version(
+            "ema",
+            state_dict,
+            self.STATE_VERSION,
+            "the update count (decay warm-up restarts; training goes on from the EMA weights)",
+        ):
+            self.updates, self.last_step, self._pending_raw = 0, 0, {}
             return
         self.updates = int(state_dict["updates"])
         self.last_step = int(state_dict["last_step"])

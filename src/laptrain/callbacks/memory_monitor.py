@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from laptrain.callbacks.contracts import check_version
 from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
 from laptrain.callbacks.stop_checkpoint import StopCheckpoint
 from laptrain.hardware.probe import DeviceProbe, MemoryReading, probe_for
@@ -45,6 +46,9 @@ class MemoryMonitor(Callback):
     Raises:
         ValueError: on out-of-range values, naming the config key.
     """
+
+    report_section = "memory"
+    STATE_VERSION = 1
 
     def __init__(
         self,
@@ -199,6 +203,17 @@ class MemoryMonitor(Callback):
             self.checkpoint.save(trainer)
             trainer.should_stop = True
 
+    def plot_point(self) -> dict[str, Any]:
+        """Process RSS and device memory of the last reading, for the report's plot."""
+        if not self.last:
+            return {}
+        return {
+            "rss_mb": self.last.get("memory/rss_mb"),
+            "device_mb": self.last.get(
+                "memory/mps_allocated_mb", self.last.get("memory/cuda_allocated_mb")
+            ),
+        }
+
     def summary(self) -> dict[str, Any]:
         """What the run report shows."""
         peaks = {f"peak_{k}": v for k, v in self.peaks.items() if k != "swap_grew_mb"}
@@ -218,7 +233,7 @@ class MemoryMonitor(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
-            "version": 1,
+            "version": self.STATE_VERSION,
             "peaks": dict(self.peaks),
             "cleanups": self.cleanups,
             "freed_mb": self.freed_mb,
@@ -226,5 +241,10 @@ class MemoryMonitor(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not check_version(
+            "memory_monitor", state_dict, self.STATE_VERSION, "peaks and cleanup counts"
+        ):
+            self.peaks, self.cleanups, self.freed_mb = {}, 0, 0.0
+            return
         self.peaks = dict(state_dict["peaks"])
         self.cleanups, self.freed_mb = state_dict["cleanups"], state_dict["freed_mb"]

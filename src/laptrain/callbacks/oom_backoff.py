@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from laptrain.callbacks.contracts import check_version
 from laptrain.hardware.probe import DeviceProbe, probe_for
 
 # What each device really raises (FACTS.md §7): CUDA torch.OutOfMemoryError; MPS a plain
@@ -52,6 +53,9 @@ class OOMBackoff(Callback):
         ValueError: when ``every_n_steps`` < 1.
     """
 
+    report_section = "oom"
+    STATE_VERSION = 1
+
     def __init__(
         self,
         enabled: bool = True,
@@ -64,7 +68,8 @@ class OOMBackoff(Callback):
             )
         self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
         self.micro_batch: int | None = None
-        self.hot_divisor = 1  # set by ThermalGuard(hot_micro_batch_divisor=...) while hot
+        # Owned here; a ``SplitsMicroBatch`` client (ThermalGuard while hot) sets it.
+        self.chunk_divisor = 1
         self.events: list[dict[str, Any]] = []
         self.batch_size, self.chunks = 0, 0
         self._last_step, self._pending, self._warned = -1, False, False
@@ -84,7 +89,13 @@ class OOMBackoff(Callback):
         if not self.enabled:
             return batch_size
         size = batch_size if self.micro_batch is None else min(self.micro_batch, batch_size)
-        return max(1, math.ceil(size / self.hot_divisor))
+        return max(1, math.ceil(size / self.chunk_divisor))
+
+    def set_chunk_divisor(self, divisor: int) -> None:
+        """Divide every micro-batch by ``divisor`` from the next batch on (1 = undivided)."""
+        if divisor < 1:
+            raise ValueError(f"oom_backoff: the chunk divisor must be >= 1, got {divisor}")
+        self.chunk_divisor = divisor
 
     def handle_oom(self, message: str, size: int, trainer: pl.Trainer) -> int:
         """Free memory after an OOM on ``size`` samples; return the new micro-batch."""
@@ -151,9 +162,18 @@ class OOMBackoff(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"version": 1, "micro_batch": self.micro_batch, "events": self.events}
+        return {
+            "version": self.STATE_VERSION,
+            "micro_batch": self.micro_batch,
+            "events": self.events,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not check_version(
+            "oom_backoff", state_dict, self.STATE_VERSION, "the micro-batch (full batch) and events"
+        ):
+            self.micro_batch, self.events = None, []
+            return
         self.micro_batch = state_dict["micro_batch"]
         self.events = list(state_dict["events"])

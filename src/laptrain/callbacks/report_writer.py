@@ -10,7 +10,6 @@ import json
 import os
 import platform
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import psutil
 from torch import Tensor
 
 PLOT_NAME = "report.png"
-PACKAGES = ("laptrain", "torch", "lightning", "transformers", "peft", "hydra-core")
 
 
 def token_count(batch: Any) -> int | None:
@@ -29,17 +27,6 @@ def token_count(batch: Any) -> int | None:
             if isinstance(value, Tensor):
                 return int(value.sum()) if key == "attention_mask" else value.numel()
     return None
-
-
-def package_versions() -> dict[str, str]:
-    """Python and the installed versions of the packages a run depends on."""
-    found = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 def machine_facts() -> dict[str, Any]:
@@ -77,17 +64,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     """The human-readable report: one table per section, then the plot and the events."""
     run = report["run"]
     lines = [f"# Run report: {run['name']}", "", f"Status: **{run['status']}**", ""]
-    for section in (
-        "run",
-        "hardware",
-        "versions",
-        "time",
-        "throughput",
-        "memory",
-        "thermal",
-        "oom",
-    ):
-        rows = {k: v for k, v in report.get(section, {}).items() if not isinstance(v, (list, dict))}
+    # every section in order (a new reporting callback's too); metrics and history follow below
+    for section, body in report.items():
+        if section in ("metrics", "history") or not isinstance(body, Mapping):
+            continue
+        rows = {k: v for k, v in body.items() if not isinstance(v, (list, dict))}
         if not rows:
             continue
         lines += [f"## {section}", "", "| | |", "|---|---|"]

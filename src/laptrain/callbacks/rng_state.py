@@ -16,14 +16,18 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from laptrain.callbacks.contracts import check_version
+
 
 class RNGState(Callback):
     """Save and restore python / numpy / torch RNG states with the checkpoint."""
 
+    STATE_VERSION = 1
+
     def state_dict(self) -> dict[str, Any]:
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         state = {
-            "version": 1,
+            "version": self.STATE_VERSION,
             "python": random.getstate(),
             # numpy arrays are not loadable with weights_only=True: store the key as a tensor.
             "numpy": [
@@ -42,6 +46,13 @@ class RNGState(Callback):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not check_version(
+            "rng_state",
+            state,
+            self.STATE_VERSION,
+            "the random generators (they keep this run's seed, so the resume is not bit-identical)",
+        ):
+            return
         random.setstate(_tuples(state["python"]))
         kind, keys, pos, has_gauss, gauss = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))

@@ -15,16 +15,19 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
-from laptrain.callbacks.memory_monitor import MemoryMonitor
-from laptrain.callbacks.oom_backoff import OOMBackoff
-from laptrain.callbacks.report_writer import (
-    machine_facts,
-    package_versions,
-    token_count,
-    write_report,
+from laptrain.callbacks.contracts import (
+    PlotsPoints,
+    check_version,
+    cooling_s,
+    report_sections,
+    signal_stop,
+    stop_reason,
 )
-from laptrain.callbacks.thermal_guard import ThermalGuard
+from laptrain.callbacks.report_writer import machine_facts, token_count, write_report
 from laptrain.model.chunked_backward import batch_length
+from laptrain.versions import package_versions
+
+GUARD_SECTIONS = ("memory", "thermal", "oom")
 
 
 class RunReport(Callback):
@@ -32,8 +35,8 @@ class RunReport(Callback):
 
     Lightning leaves a run's story spread over logger files; this gathers it in one place: hardware
     and profile, versions, wall and training time, samples/s and tokens/s, peak memory per kind,
-    swap, cooling breaks, OOM backoffs (read from the other guard callbacks when present), final
-    metrics and a plot over steps. It writes at the end of fit, after test, after an exception
+    swap, cooling breaks, OOM backoffs (each a section from a callback with ``summary()``, the
+    ``Reports`` contract in ``laptrain.callbacks.contracts``), final metrics and a plot over steps. It writes at the end of fit, after test, after an exception
     (Ctrl-C) and at a session-budget stop. Its totals live in the checkpoint, so a resumed run's
     report covers every session.
 
@@ -47,6 +50,8 @@ class RunReport(Callback):
     Raises:
         ValueError: when ``every_n_steps`` or ``max_points`` is too small.
     """
+
+    STATE_VERSION = 1
 
     def __init__(
         self,
@@ -64,18 +69,24 @@ class RunReport(Callback):
             raise ValueError("run_report.max_points must be >= 10")
         self.output_dir, self.profile, self.every_n = output_dir, profile, every_n_steps
         self.max_points, self.clock = max_points, clock
-        self.totals = {"wall_s": 0.0, "train_s": 0.0, "samples": 0, "tokens": 0, "sessions": 0}
-        self.history: list[dict[str, Any]] = []
-        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._reset_totals()
         self.status = "running"
         self._session_start = self._t0 = self.clock()
         self._cooling0 = 0.0
-        self._wall_before, self._last_step = 0.0, -1
+        self._last_step = -1
         self._point = {"t": self._session_start, "samples": 0}
         self._report: dict[str, Any] | None = None
         self._batch: dict[str, int] | None = None
         self._epoch = 0
         self._trainer: pl.Trainer | None = None
+
+    def _reset_totals(self) -> None:
+        """What the checkpoint carries over sessions, as at the start of a new run."""
+        self.totals = {"wall_s": 0.0, "train_s": 0.0, "samples": 0, "tokens": 0, "sessions": 0}
+        self.history: list[dict[str, Any]] = []
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._wall_before = 0.0
+        self._epoch = 0
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -91,7 +102,7 @@ class RunReport(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._t0, self._cooling0 = self.clock(), _cooling_s(trainer)
+        self._t0, self._cooling0 = self.clock(), cooling_s(trainer.callbacks)
         self._batch = {"samples": batch_length(batch), "tokens": token_count(batch) or 0}
 
     def _batch_totals(self, trainer: pl.Trainer) -> dict[str, Any]:
@@ -99,7 +110,7 @@ class RunReport(Callback):
         if self._batch is None:
             return dict(self.totals)
         # a cooling break taken between this callback's two hooks is not training time
-        spent = self.clock() - self._t0 - (_cooling_s(trainer) - self._cooling0)
+        spent = self.clock() - self._t0 - (cooling_s(trainer.callbacks) - self._cooling0)
         return {
             **self.totals,
             "train_s": self.totals["train_s"] + spent,
@@ -132,24 +143,15 @@ class RunReport(Callback):
         }
         self._point = {"t": now, "samples": self.totals["samples"]}
         for cb in trainer.callbacks:
-            if isinstance(cb, MemoryMonitor) and cb.last:
-                point["rss_mb"] = cb.last.get("memory/rss_mb")
-                point["device_mb"] = cb.last.get(
-                    "memory/mps_allocated_mb", cb.last.get("memory/cuda_allocated_mb")
-                )
-            if isinstance(cb, ThermalGuard):
-                point["thermal_state"], point["drift_pct"] = cb.last_level, cb.last_drift_pct
+            if isinstance(cb, PlotsPoints):
+                point.update(cb.plot_point())
         self.history.append(point)
         if len(self.history) > self.max_points:
             self.history = self.history[::2]
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # duck-typed: SessionBudget/MemoryMonitor set stop_reason, GracefulStop signal_received
-        reasons = [getattr(cb, "stop_reason", None) for cb in trainer.callbacks]
-        signals = [getattr(cb, "signal_received", None) for cb in trainer.callbacks]
-        reason = next((r for r in reasons if r), None)
-        signum = next((s for s in signals if s), None)
+        reason, signum = stop_reason(trainer.callbacks), signal_stop(trainer.callbacks)
         if signum:
             self.status = (
                 f"interrupted ({signal.Signals(signum).name}); resume with the same command"
@@ -192,8 +194,7 @@ class RunReport(Callback):
 
     def build(self, trainer: pl.Trainer) -> dict[str, Any]:
         wall, t = self.wall_s(), self.totals
-        guards = {type(cb): cb for cb in trainer.callbacks}
-        memory, thermal, oom = (guards.get(c) for c in (MemoryMonitor, ThermalGuard, OOMBackoff))
+        sections = report_sections(trainer.callbacks)
         train_s = max(t["train_s"], 1e-9)
         return {
             "run": {
@@ -216,7 +217,7 @@ class RunReport(Callback):
             "time": {
                 "wall_s": wall,
                 "train_s": t["train_s"],
-                "cooling_s": thermal.cooling_s if thermal else 0.0,
+                "cooling_s": cooling_s(trainer.callbacks),
             },
             "throughput": {
                 "samples": t["samples"],
@@ -225,9 +226,9 @@ class RunReport(Callback):
                 "tokens_per_s": t["tokens"] / train_s if t["tokens"] else None,
                 "samples_per_s_wall": t["samples"] / max(wall, 1e-9),
             },
-            "memory": memory.summary() if memory else {},
-            "thermal": thermal.summary() if thermal else {},
-            "oom": oom.summary() if oom else {},
+            # the guards' sections (memory, thermal, oom) are always there, empty without the guard
+            **{name: {} for name in GUARD_SECTIONS},
+            **sections,
             "metrics": _scalars(trainer),
             "history": self.history,
         }
@@ -237,7 +238,7 @@ class RunReport(Callback):
         # a checkpoint saved by an earlier callback's on_train_batch_end (a stop) includes this batch
         totals = {**self._batch_totals(self._trainer), "wall_s": self.wall_s()}
         return {
-            "version": 1,
+            "version": self.STATE_VERSION,
             "totals": totals,
             "history": self.history,
             "started_at": self.started_at,
@@ -246,6 +247,14 @@ class RunReport(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not check_version(
+            "run_report",
+            state_dict,
+            self.STATE_VERSION,
+            "the earlier sessions' totals and plot history (this report covers this session only)",
+        ):
+            self._reset_totals()
+            return
         self.totals = dict(state_dict["totals"])
         self._wall_before = self.totals["wall_s"]
         self.history = list(state_dict["history"])
@@ -255,7 +264,3 @@ class RunReport(Callback):
 
 def _scalars(trainer: pl.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-
-
-def _cooling_s(trainer: pl.Trainer) -> float:
-    return sum(cb.cooling_s for cb in trainer.callbacks if isinstance(cb, ThermalGuard))

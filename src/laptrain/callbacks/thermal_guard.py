@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from laptrain.callbacks.oom_backoff import OOMBackoff
+from laptrain.callbacks.contracts import SplitsMicroBatch, check_version, signal_stop
 from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
 from laptrain.hardware.probe import DeviceProbe, probe_for
 from laptrain.hardware.thermal import LEVEL_NAMES, ThermalSource, thermal_source
@@ -37,7 +37,8 @@ class ThermalGuard(Callback):
         break_seconds: length of one break; max_break_seconds_per_hour caps all breaks.
         check_every_n_steps: how often the source is read, the scalars logged and a break decided.
         hot_micro_batch_divisor: while hot, also divide the micro-batch by this (more accumulation,
-            same effective batch; needs ``OOMBackoff`` and a ``ChunkedBackward`` model); 1 = off.
+            same effective batch; needs a ``SplitsMicroBatch`` callback, i.e. ``OOMBackoff``, and a
+            ``ChunkedBackward`` model); 1 = off.
         probe: device probe (synchronised before each clock read); clock, sleep: injectable time.
 
     Raises:
@@ -47,6 +48,9 @@ class ThermalGuard(Callback):
 
         Trainer(callbacks=[ThermalGuard(break_seconds=60, max_break_seconds_per_hour=600)])
     """
+
+    report_section = "thermal"
+    STATE_VERSION = 1
 
     def __init__(
         self,
@@ -81,7 +85,8 @@ class ThermalGuard(Callback):
         self.hot_level, self.drift_threshold_pct = hot_level, drift_threshold_pct
         if hot_micro_batch_divisor < 1:
             raise ValueError("thermal_guard.hot_micro_batch_divisor must be >= 1 (1 = off)")
-        self.every_n, self.hot_divisor = check_every_n_steps, hot_micro_batch_divisor
+        self.every_n = check_every_n_steps
+        self.hot_micro_batch_divisor = hot_micro_batch_divisor
         self.drift = ThroughputDrift(warmup_steps, baseline_steps, window_steps)
         self.budget = CoolingBudget(break_seconds, max_break_seconds_per_hour)
         self.clock, self.sleep = clock, sleep
@@ -142,10 +147,12 @@ class ThermalGuard(Callback):
             logger.log_metrics(metrics, step=trainer.global_step)
 
     def _split_while_hot(self, trainer: pl.Trainer, hot: bool) -> None:
-        divisor = self.hot_divisor if hot else 1
+        if self.hot_micro_batch_divisor <= 1:
+            return
+        divisor = self.hot_micro_batch_divisor if hot else 1
         for cb in trainer.callbacks:
-            if self.hot_divisor > 1 and isinstance(cb, OOMBackoff) and cb.hot_divisor != divisor:
-                cb.hot_divisor = divisor
+            if isinstance(cb, SplitsMicroBatch) and cb.chunk_divisor != divisor:
+                cb.set_chunk_divisor(divisor)
                 rank_zero_info(f"thermal: micro-batch divided by {divisor} (effective batch kept)")
 
     def _reason(self, level: int | None, drift: float | None) -> str | None:
@@ -179,6 +186,10 @@ class ThermalGuard(Callback):
         )
         return taken
 
+    def plot_point(self) -> dict[str, Any]:
+        """The last thermal state and drift, for the report's plot."""
+        return {"thermal_state": self.last_level, "drift_pct": self.last_drift_pct}
+
     def summary(self) -> dict[str, Any]:
         """What the run report shows."""
         source = getattr(self.source, "name", None) or "none (step-time drift only)"
@@ -196,7 +207,7 @@ class ThermalGuard(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
-            "version": 1,
+            "version": self.STATE_VERSION,
             "breaks": self.breaks,
             "cooling_s": self.cooling_s,
             "events": self.events,
@@ -207,6 +218,18 @@ class ThermalGuard(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not check_version(
+            "thermal_guard",
+            state_dict,
+            self.STATE_VERSION,
+            "cooling breaks, worst state and the step-time baseline",
+        ):
+            self.breaks, self.cooling_s, self.events = 0, 0.0, []
+            self.worst_level, self.max_drift_pct = None, None
+            self.drift = ThroughputDrift(
+                self.drift.warmup, self.drift.baseline_size, self.drift.window_size
+            )
+            return
         self.breaks, self.cooling_s = state_dict["breaks"], state_dict["cooling_s"]
         self.events = list(state_dict["events"])
         self.worst_level, self.max_drift_pct = (
@@ -218,5 +241,4 @@ class ThermalGuard(Callback):
 
 def _stop_requested(trainer: pl.Trainer) -> bool:
     """A stop was asked for: by Lightning's flag or a signal seen by laptrain's ``GracefulStop``."""
-    signalled = any(getattr(cb, "signal_received", None) is not None for cb in trainer.callbacks)
-    return trainer.should_stop or signalled
+    return trainer.should_stop or signal_stop(trainer.callbacks) is not None

@@ -80,15 +80,9 @@ class _TokenData(pl.LightningDataModule):
 
 def _build_classifier(seed: int, steps: int) -> tuple[pl.LightningModule, pl.LightningDataModule]:
     from laptrain.model.text_classifier import TextClassifierModule
+    from laptrain.model.tiny import tiny_bert_backbone
 
-    backbone = {
-        "model_type": "bert",
-        "hidden_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 32,
-    }
+    backbone = tiny_bert_backbone(max_position_embeddings=32)
     torch.manual_seed(seed)
     module = TextClassifierModule(num_labels=3, backbone=backbone, vocab_size=64, pad_token_id=0)
     return module, _TokenData(steps)

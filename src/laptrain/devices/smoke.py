@@ -30,6 +30,7 @@ from laptrain.devices.families import FAMILIES, Family
 from laptrain.devices.placement import PlacementCheck
 from laptrain.hardware.probe import TorchProbe
 from laptrain.hardware.profile import ProfileError, validate_precision
+from laptrain.versions import package_versions
 
 # What each device is asked to run; the profile's rules (validate_precision) and the family's
 # own refuse the cells they cannot run, with their reason.
@@ -62,14 +63,13 @@ def device_name(kind: str) -> str:
 
 def header_lines(kind: str) -> list[str]:
     """Device, versions and OS: what a bug report needs above the table."""
-    import lightning
-
+    versions = package_versions()
     os_name = platform.platform()
     if platform.system() == "Darwin":
         os_name = f"macOS {platform.mac_ver()[0]} ({platform.machine()})"
     return [
         f"device: {kind} - {device_name(kind)}",
-        f"torch {torch.__version__}, lightning {lightning.__version__}, python {platform.python_version()}",
+        ", ".join(f"{name} {versions.get(name, '?')}" for name in ("torch", "lightning", "python")),
         f"OS: {os_name}",
     ]
 

@@ -1,0 +1,120 @@
+"""What the run and the callbacks may ask of one another, as Protocols instead of attribute names.
+
+A callback joins a contract by having the members below; it does not subclass anything, and nothing
+here imports a concrete callback, so a new guard (or a test's stand-in) plugs in by shape alone.
+``run.py`` and ``RunReport`` ask these Protocols; the helpers at the end are what they call.
+
+The state-version helper lives here too: every laptrain callback that saves state writes a
+``version`` and checks it on load, so a checkpoint from an older (or newer) laptrain resets that
+callback's state with one warning instead of a ``KeyError`` in the middle of a resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+@runtime_checkable
+class StopsRun(Protocol):
+    """Stops the run on purpose and leaves it resumable (a session budget, a swap stop).
+
+    ``stop_reason`` is None until the callback stops the run, then a short word ("session", "swap").
+    """
+
+    stop_reason: str | None
+
+
+@runtime_checkable
+class StopsOnSignal(Protocol):
+    """Turns SIGINT/SIGTERM into a stop at a batch boundary; ``signal_received`` is the signal."""
+
+    signal_received: int | None
+
+
+@runtime_checkable
+class Reports(Protocol):
+    """Contributes one section, ``report_section``, to the run report with ``summary()``."""
+
+    report_section: str
+
+    def summary(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class PlotsPoints(Protocol):
+    """Adds fields (e.g. ``rss_mb``, ``thermal_state``) to each point of the report's plot."""
+
+    def plot_point(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class TakesBreaks(Protocol):
+    """Sleeps between steps (cooling breaks); ``cooling_s`` is not training time."""
+
+    cooling_s: float
+
+
+@runtime_checkable
+class SplitsMicroBatch(Protocol):
+    """Owns the divisor applied to the micro-batch (more accumulation, same effective batch)."""
+
+    chunk_divisor: int
+
+    def set_chunk_divisor(self, divisor: int) -> None: ...
+
+
+def stop_reason(callbacks: Iterable[object]) -> str | None:
+    """Why a callback stopped the run on purpose (the first one that did), else None."""
+    return next(
+        (cb.stop_reason for cb in callbacks if isinstance(cb, StopsRun) and cb.stop_reason), None
+    )
+
+
+def signal_stop(callbacks: Iterable[object]) -> int | None:
+    """The signal number a callback stopped the run for (SIGINT, SIGTERM), else None."""
+    return next(
+        (
+            cb.signal_received
+            for cb in callbacks
+            if isinstance(cb, StopsOnSignal) and cb.signal_received is not None
+        ),
+        None,
+    )
+
+
+def report_sections(callbacks: Iterable[object]) -> dict[str, dict[str, Any]]:
+    """Every reporting callback's ``summary()`` under its section name (the first one per name)."""
+    sections: dict[str, dict[str, Any]] = {}
+    for cb in callbacks:
+        if isinstance(cb, Reports) and cb.report_section not in sections:
+            sections[cb.report_section] = cb.summary()
+    return sections
+
+
+def cooling_s(callbacks: Iterable[object]) -> float:
+    """Seconds spent in cooling breaks so far, over all callbacks that take them."""
+    return sum(cb.cooling_s for cb in callbacks if isinstance(cb, TakesBreaks))
+
+
+class StateVersionWarning(UserWarning):
+    """A callback's checkpoint state has another version than this laptrain writes; it was reset."""
+
+
+def check_version(name: str, state: Mapping[str, Any], expected: int, resets: str) -> bool:
+    """Whether ``state`` (a callback's ``state_dict`` from a checkpoint) has version ``expected``.
+
+    On a mismatch, or no version at all (a checkpoint from before versions), warn once naming the
+    callback and ``resets`` (what the caller resets instead of loading), and return False.
+    """
+    found = state.get("version")
+    if found == expected:
+        return True
+    rank_zero_warn(
+        f"{name}: checkpoint state has version {found!r}, this laptrain reads version {expected}; "
+        f"not loaded, reset instead: {resets}",
+        category=StateVersionWarning,
+    )
+    return False
