@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -15,7 +16,11 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+from laptrain.model.tiny import tiny_bert_backbone
 from laptrain.run_dir import register_resolvers
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -23,14 +28,9 @@ CONF_FIXTURES = ROOT / "tests" / "conf"  # test-only config options (callbacks=f
 TRAIN = ROOT / "train.py"
 register_resolvers()
 
-# A tiny BERT for in-process tests, and the same as train.py overrides for end-to-end runs.
-TINY_BERT = {
-    "model_type": "bert",
-    "hidden_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "intermediate_size": 64,
-}
+# A tiny BERT for in-process tests (laptrain.model.tiny), and the same as train.py overrides for
+# end-to-end runs.
+TINY_BERT = tiny_bert_backbone()
 TINY = [
     "model.backbone.hidden_size=32",
     "model.backbone.intermediate_size=64",
@@ -110,3 +110,17 @@ def run_train(
         text=True,
         timeout=timeout,
     )
+
+
+def quiet_trainer(**overrides: Any) -> pl.Trainer:
+    """A Trainer that prints and writes nothing of its own: no progress bar, model summary, logger
+    or checkpoints. Each test passes what it exercises (``enable_checkpointing=True``, a logger)."""
+    import lightning.pytorch as pl
+
+    quiet = {
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+    }
+    return pl.Trainer(**{**quiet, **overrides})

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from laptrain.callbacks.ema import EMA
+from tests.conftest import quiet_trainer
 
 
 class ManualLinear(pl.LightningModule):
@@ -58,12 +59,10 @@ def test_validation_checkpoint_and_test_use_the_ema(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model, ema = ManualLinear(), EMA(decay=0.9)
     ckpt = ModelCheckpoint(dirpath=tmp_path, monitor="val/acc", mode="max", save_top_k=1)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
+        enable_checkpointing=True,
         max_epochs=2,
         callbacks=[ema, ckpt],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(model, loader(), loader())
     assert ema.updates == trainer.global_step == 16
@@ -82,13 +81,11 @@ def fit_linear(
 ) -> tuple[pl.Trainer, EMA, ManualLinear]:
     torch.manual_seed(seed)
     model, ema = ManualLinear(), EMA(decay=0.9)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
+        enable_checkpointing=True,
         max_steps=steps,
         precision=precision,
         callbacks=[ema, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(model, loader(), loader(), ckpt_path=resume)

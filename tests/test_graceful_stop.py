@@ -6,6 +6,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.rng_state import RNGState
+from tests.conftest import quiet_trainer
 
 
 class SignalAtStep(pl.Callback):
@@ -20,13 +21,9 @@ class SignalAtStep(pl.Callback):
 def test_signal_stops_at_a_batch_boundary_with_a_checkpoint(tmp_path):
     stop = GracefulStop(dirpath=str(tmp_path))
     before = signal.getsignal(signal.SIGTERM)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=50,
         callbacks=[stop, SignalAtStep(5)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
     )
     trainer.fit(BoringModel())
     assert stop.signal_received == signal.SIGTERM
@@ -37,12 +34,9 @@ def test_signal_stops_at_a_batch_boundary_with_a_checkpoint(tmp_path):
 
 def test_fit_end_leaves_last_ckpt_even_between_periodic_saves(tmp_path):
     stop = GracefulStop(dirpath=str(tmp_path))
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=7,
         callbacks=[stop],
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
     )
     trainer.fit(BoringModel())
     assert stop.signal_received is None

@@ -6,12 +6,12 @@ from unittest.mock import Mock
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.memory_trend import GrowthTrend, SwapWatch
 from laptrain.hardware.probe import FakeProbe, MemoryReading
+from tests.conftest import quiet_trainer
 
 MB = 1024 * 1024
 
@@ -35,7 +35,7 @@ def fit(
 ):
     logger = Mock()
     logger.save_dir = str(tmp_path)
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=steps,
         max_epochs=epochs,
@@ -43,9 +43,6 @@ def fit(
         limit_val_batches=0,
         logger=logger,
         callbacks=[monitor],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(BoringModel())

@@ -6,7 +6,7 @@ from unittest.mock import Mock
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from laptrain.callbacks.oom_backoff import OOMBackoff, is_oom
 from laptrain.hardware.probe import FakeProbe
 from laptrain.model.chunked_backward import ChunkedBackward, batch_length, slice_batch
+from tests.conftest import quiet_trainer
 
 # The texts each device raises (FACTS.md §7).
 DEVICE_ERRORS = {
@@ -84,14 +85,12 @@ class PlainModel(BoringModel):
 def fit(model, backoff, steps, tmp_path, ckpt_path=None, callbacks=(), **kwargs):
     logger = Mock()
     logger.save_dir = str(tmp_path)
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=steps,
         limit_val_batches=0,
         logger=logger,
         callbacks=[c for c in (backoff, *callbacks) if c],
-        enable_progress_bar=False,
-        enable_model_summary=False,
         enable_checkpointing=bool(callbacks),
         default_root_dir=tmp_path,
         **kwargs,
@@ -230,15 +229,12 @@ def test_micro_batch_survives_a_resume(tmp_path):
 
 def test_a_module_without_chunked_backward_gets_one_warning(tmp_path):
     logger = Mock()
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=3,
         limit_val_batches=0,
         logger=logger,
         callbacks=[OOMBackoff(probe=FakeProbe())],
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     with pytest.warns(UserWarning, match="does not use laptrain's ChunkedBackward") as record:

@@ -2,9 +2,10 @@ import json
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertForSequenceClassification
 
 from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.model.tiny import tiny_bert_classifier
 from laptrain.preflight.activations import (
     Quadratic,
     hf_batch_maker,
@@ -22,15 +23,7 @@ SEQ = 64
 
 def tiny_bert() -> BertForSequenceClassification:
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    return BertForSequenceClassification(config)
+    return tiny_bert_classifier(vocab_size=100, num_hidden_layers=2, max_position_embeddings=128)
 
 
 def reading(**kw) -> MemoryReading:

@@ -12,7 +12,7 @@ from laptrain.callbacks.rng_state import RNGState
 from laptrain.data.text_classification import TextClassificationDataModule
 from laptrain.model.text_classifier import TextClassifierModule
 from tests.conftest import TINY_BERT as BACKBONE
-from tests.conftest import write_texts
+from tests.conftest import quiet_trainer, write_texts
 
 
 class SigtermAt(pl.Callback):
@@ -35,13 +35,9 @@ def fit(tmp_path, ckpt_dir, extra=(), ckpt_path=None):
     )
     dm.setup()
     model = TextClassifierModule(backbone=BACKBONE, **dm.model_kwargs())
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=30,
         limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         callbacks=[GracefulStop(dirpath=str(ckpt_dir)), RNGState(), *extra],
     )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from matplotlib.image import imread
@@ -23,7 +23,7 @@ from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
 from laptrain.model.chunked_backward import ChunkedBackward
-from tests.conftest import CONF_FIXTURES, TINY, run_train, write_texts
+from tests.conftest import CONF_FIXTURES, TINY, quiet_trainer, run_train, write_texts
 
 MB = 1024 * 1024
 MPS_READING = MemoryReading(
@@ -107,15 +107,13 @@ def guards(clock: FakeClock, tmp_path, **budget) -> list:
 def fit(tmp_path, clock, steps=8, resume=False, oom_step=3, crash_step=None, **budget):
     seed_everything(5)
     callbacks = guards(clock, tmp_path, **budget)
-    trainer = Trainer(
+    trainer = quiet_trainer(
+        enable_checkpointing=True,
         accelerator="cpu",
         max_steps=steps,
         limit_val_batches=2,
         val_check_interval=4,
         callbacks=callbacks,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     ckpt = str(tmp_path / "checkpoints" / "last.ckpt") if resume else None
@@ -188,15 +186,11 @@ class CtrlC(Callback):
 def test_a_signal_stop_is_reported_as_interrupted(tmp_path):
     seed_everything(5)
     report = RunReport(output_dir=str(tmp_path), clock=FakeClock())
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=8,
         limit_val_batches=0,
         callbacks=[CtrlC(3), report],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(Model(FakeClock()))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+from tests.conftest import quiet_trainer
 
 
 class FakeClock:
@@ -52,16 +53,14 @@ def session(tmp_path, budget, *, max_epochs=3, max_steps=-1, resume=False, clock
     )
     if budget is not None:
         budget.checkpoint = StopCheckpoint(str(stop.path))
-    trainer = Trainer(
+    trainer = quiet_trainer(
+        enable_checkpointing=True,
         accelerator="cpu",
         max_epochs=max_epochs,
         max_steps=max_steps,
         limit_train_batches=8,
         limit_val_batches=2,
         callbacks=[c for c in (budget, stop, periodic) if c],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(model, ckpt_path=str(stop.path) if resume else None)

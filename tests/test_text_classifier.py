@@ -1,8 +1,8 @@
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
 
 from laptrain.model.text_classifier import TextClassifierModule
+from laptrain.model.tiny import tiny_bert_classifier
 from tests.conftest import TINY_BERT as BACKBONE
 
 
@@ -17,16 +17,8 @@ def test_from_config_uses_the_data_vocabulary_and_labels():
 
 
 def test_a_saved_folder_loads_through_the_same_path_as_a_hub_name(tmp_path):
-    config = BertConfig(
-        vocab_size=99,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=2,
-    )
     torch.manual_seed(0)
-    original = BertForSequenceClassification(config)
+    original = tiny_bert_classifier(num_labels=2, vocab_size=99)
     original.save_pretrained(tmp_path / "tiny")
     m = TextClassifierModule(num_labels=2, pretrained=str(tmp_path / "tiny"))
     assert torch.equal(

@@ -6,7 +6,7 @@ from unittest.mock import Mock
 
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -14,6 +14,7 @@ from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
+from tests.conftest import quiet_trainer
 
 NOMINAL, SERIOUS = ThermalReading(level=0), ThermalReading(level=2)
 
@@ -48,15 +49,12 @@ class TimedModel(BoringModel):
 def fit(guard: ThermalGuard | None, model: BoringModel, steps: int, tmp_path, **kwargs) -> Mock:
     logger = Mock()
     logger.save_dir = str(tmp_path)
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=steps,
         limit_val_batches=0,
         logger=logger,
         callbacks=[guard] if guard else [],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
         default_root_dir=tmp_path,
         **kwargs,
     )
@@ -228,15 +226,12 @@ def test_a_signal_ends_the_break_and_stops_at_that_batch(tmp_path):
         sleep=lambda s: clock.sleep(s),
     )
     logger = Mock()
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=20,
         limit_val_batches=0,
         logger=logger,
         callbacks=[guard, stopper],
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(TimedModel(clock))
@@ -302,15 +297,12 @@ def test_hot_micro_batch_divisor_splits_batches_only_while_hot(tmp_path):
     seed_everything(3)
     model = ChunkedModel()
     logger = Mock()
-    trainer = Trainer(
+    trainer = quiet_trainer(
         accelerator="cpu",
         max_steps=6,
         limit_val_batches=0,
         logger=logger,
         callbacks=[guard, backoff],
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(model)

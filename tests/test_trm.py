@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
@@ -16,6 +15,7 @@ from laptrain.model.trm.carry import Carry
 from laptrain.model.trm.loss import per_puzzle_answer_loss, stablemax_log_probs
 from laptrain.model.trm.module import EagerFallback, check_precision
 from laptrain.model.trm.sizing import choose_size, parse_presets
+from tests.conftest import quiet_trainer
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
     "sizes"
@@ -188,14 +188,10 @@ def fit_steps(
             return real(inputs, y, z)
 
         module.supervision_step = step_with_fake_oom
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=steps,
         callbacks=callbacks,
         limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(module, data)
@@ -267,14 +263,10 @@ def test_steps_run_when_a_precision_plugin_changes_the_default_dtype(
         board_size=4, givens=(6, 9), train_size=16, val_size=4, test_size=4, batch_size=8
     )
     module = TRMSudokuModule(**data.model_kwargs(), size="tiny", sizes=sizes)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=2,
         precision=precision,
         limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     trainer.fit(module, data)

@@ -18,6 +18,7 @@ import yaml
 from laptrain.data.sudoku import SudokuDataModule
 from laptrain.model.trm import TRMSudokuModule
 from laptrain.model.trm.metrics import BLANK_TOKEN
+from tests.conftest import quiet_trainer
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
     "sizes"
@@ -51,13 +52,9 @@ def train_tiny(
     torch.manual_seed(0)
     module = TRMSudokuModule(**data.model_kwargs(), size="tiny", sizes=sizes)
     recorder = LossRecorder()
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_steps=steps,
         limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[recorder],
         default_root_dir=tmp_path,
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
@@ -17,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from laptrain.callbacks.ema import EMA
 from laptrain.data.sudoku import SudokuDataModule
 from laptrain.model.trm import TRMSudokuModule
+from tests.conftest import quiet_trainer
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
     "sizes"
@@ -55,14 +55,12 @@ def fit(
     resume: Path | None = None,
     precision: str = "32-true",
 ):
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
+        enable_checkpointing=True,
         max_steps=steps,
         precision=precision,
         max_epochs=-1,
         val_check_interval=1.0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=ckpt_dir,
         callbacks=[
             ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1, monitor=None)
