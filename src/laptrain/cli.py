@@ -1,4 +1,5 @@
-"""The ``laptrain`` console script: ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``.
+"""The ``laptrain`` console script: ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``,
+and ``laptrain export|generate|eval <run or adapter folder>`` for LoRA adapters.
 
 ``laptrain-train`` runs the repository's ``train.py`` (Hydra's entry point stays a plain script so
 ``python train.py`` and the console script behave the same).
@@ -11,6 +12,7 @@ import os
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 from laptrain.hardware.profile import conf_dir
 
@@ -74,6 +76,53 @@ def doctor(args: argparse.Namespace) -> int:
     return 0 if report.ready else 1
 
 
+def lora_command(args: argparse.Namespace) -> int:
+    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.lora_tools)."""
+    from laptrain import lora_tools
+
+    try:
+        if args.command == "export":
+            out = lora_tools.export_merged(args.path, args.out, args.dtype)
+            print(f"merged model written to {out}")
+        elif args.command == "generate":
+            model, tokenizer = lora_tools.load_for_generation(args.path)
+            lora_tools.generate(
+                model,
+                tokenizer,
+                args.prompt,
+                max_new_tokens=args.max_new_tokens,
+                system_prompt=args.system,
+                temperature=args.temperature,
+            )
+            print()
+        else:
+            result = lora_tools.evaluate(args.path, args.data, args.max_length, args.batch_size)
+            print(result.markdown())
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_lora_commands(commands: Any) -> None:
+    where = "a LoRA run folder or adapter folder"
+    export = commands.add_parser("export", help="merge a LoRA adapter into its base model")
+    export.add_argument("path", help=where)
+    export.add_argument("--out", help="output folder (default <run>/merged or <adapter>-merged)")
+    export.add_argument("--dtype", default="float32", help="float32, bfloat16 or auto (the base's)")
+    gen = commands.add_parser("generate", help="reply to a prompt with a LoRA (or merged) model")
+    gen.add_argument("path", help=f"{where}, or a merged model folder")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--system", default=None, help="system prompt")
+    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    ev = commands.add_parser("eval", help="masked loss/perplexity of base vs adapter on a file")
+    ev.add_argument("path", help=where)
+    ev.add_argument("--data", required=True, help="JSONL/CSV/Parquet rows as in training")
+    ev.add_argument("--max-length", type=int, default=None)
+    ev.add_argument("--batch-size", type=int, default=8)
+
+
 def train_main() -> None:
     """``laptrain-train [overrides]``: run the repository's train.py as ``python train.py`` would."""
     script = Path(__file__).resolve().parents[2] / "train.py"
@@ -97,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "overrides", nargs="*", help="hardware=<profile> (default auto), model=<name>"
     )
+    _add_lora_commands(commands)
     args = parser.parse_args(argv)
+    if args.command in ("export", "generate", "eval"):
+        return lora_command(args)
     return doctor(args)
 
 

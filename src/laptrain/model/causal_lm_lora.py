@@ -1,0 +1,510 @@
+"""LoRA fine-tuning of a causal language model (any ``AutoModelForCausalLM``) with peft.
+
+The base is frozen in ``base_dtype`` (float32 or bfloat16); the adapters, their gradients and
+AdamW's moments stay float32 (peft's ``autocast_adapter_dtype=True``). The loss is the sum of the
+response tokens' losses over the response tokens of the whole optimizer step, so micro batch 1 x
+accumulation 8 trains exactly like micro batch 8 x accumulation 1 (transformers#24725,
+torchtune#1875). Checkpoints hold only the adapter weights and a fingerprint of the base; each
+checkpoint save also writes a peft adapter folder ``adapters/step-NNNNNN/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics.aggregation import MeanMetric
+
+from laptrain.model.chunked_backward import ChunkedBackward
+from laptrain.pretrained import from_pretrained
+
+OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
+
+FINGERPRINT_KEY = "laptrain_base_fingerprint"
+IGNORE_INDEX = -100
+BASE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SCHEDULERS = ("constant", "linear", "cosine")
+KEEP_ADAPTERS = 2
+
+
+def refuse_precision(kind: str, precision: str) -> str | None:
+    """Why this family does not train at ``precision`` on device ``kind``, or None.
+
+    ``16-true`` / ``bf16-true`` make Lightning call ``module.to(half dtype)``, which casts the
+    LoRA adapters (and so their gradients and AdamW state) to half precision too (measured). A
+    half-precision base is ``model.base_dtype=bfloat16`` with ``32-true`` or a ``-mixed`` precision.
+    """
+    text = str(precision)
+    if text in ("16-true", "bf16-true", "16", "bf16", "half"):
+        return (
+            f"causal_lm_lora keeps its adapters in float32, and precision={text} would cast them to "
+            "half precision: set hardware.precision=32-true (or bf16-mixed) and "
+            "model.base_dtype=bfloat16 for a half-precision base"
+        )
+    return None
+
+
+def check_quantization(quantization: str | None) -> None:
+    """4-bit bases (QLoRA) run only where bitsandbytes and a CUDA GPU are both present here.
+
+    bitsandbytes 0.50 also ships an MPS backend, unvalidated (bitsandbytes#1983), so it is not
+    offered on Macs.
+    """
+    if quantization in (None, "", "none", "null"):
+        return
+    if quantization != "4bit":
+        raise ValueError(f"model.quantization must be null or 4bit (got {quantization!r})")
+    has_bnb = importlib.util.find_spec("bitsandbytes") is not None
+    if not (torch.cuda.is_available() and has_bnb):
+        raise ValueError(
+            "model.quantization=4bit (QLoRA) is supported here only on a CUDA GPU with bitsandbytes "
+            f"installed (CUDA: {'yes' if torch.cuda.is_available() else 'no'}, bitsandbytes: "
+            f"{'yes' if has_bnb else 'no'}): set model.quantization=null (model.base_dtype=bfloat16 "
+            "halves the base instead)"
+        )
+
+
+def resolve_base_dtype(base_dtype: str) -> torch.dtype:
+    """``float32`` / ``bfloat16``; ``auto`` left unresolved (no preflight ran) means float32."""
+    name = str(base_dtype)
+    if name == "auto":
+        rank_zero_info("model.base_dtype=auto was not resolved by the preflight: float32")
+        return torch.float32
+    if name not in BASE_DTYPES:
+        raise ValueError(f"model.base_dtype must be float32, bfloat16 or auto (got {base_dtype!r})")
+    return BASE_DTYPES[name]
+
+
+def config_hash(config: Any) -> str:
+    """SHA-256 of the base's config, without the fields a load changes (dtype, path, version)."""
+    fields = {
+        k: v
+        for k, v in config.to_dict().items()
+        if k not in ("dtype", "torch_dtype", "_name_or_path", "transformers_version", "use_cache")
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def response_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens the loss is taken over: labels other than -100, after the causal shift."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def load_base(
+    pretrained: str | None,
+    backbone: dict[str, Any] | None,
+    dtype: torch.dtype,
+    revision: str | None = None,
+    quantization: str | None = None,
+) -> torch.nn.Module:
+    """The frozen base: ``pretrained`` (hub name or ``save_pretrained`` folder) or a config dict."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if pretrained:
+        kwargs: dict[str, Any] = {"dtype": dtype}
+        if revision:
+            kwargs["revision"] = revision
+        if quantization == "4bit":
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.bfloat16,
+            )
+        return from_pretrained(
+            partial(AutoModelForCausalLM.from_pretrained, **kwargs),
+            str(pretrained),
+            "model",
+            "set model.pretrained to a folder written by save_pretrained, or use "
+            "model=tiny_llama_lora offline",
+        )
+    if not backbone or "model_type" not in backbone:
+        raise ValueError(
+            "set model.pretrained=<name or folder>, model.tiny_base, or model.backbone.model_type"
+        )
+    fields = {k: v for k, v in backbone.items() if k != "model_type"}
+    config = AutoConfig.for_model(backbone["model_type"], **fields)
+    return AutoModelForCausalLM.from_config(config).to(dtype)
+
+
+class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
+    """LoRA (or DoRA / rsLoRA) fine-tuning of a frozen causal LM on masked instruction batches.
+
+    Batches hold ``input_ids``, ``attention_mask`` (2D, or a 4D additive mask for packed rows,
+    then with ``position_ids``) and ``labels`` (-100 except the response tokens).
+
+    Args:
+        tokenizer: from the datamodule (``model_kwargs``); saved beside every adapter. Its tokens
+            must already exist in the base: embeddings are never resized (peft would then save
+            whole embedding matrices, trl#1287).
+        pretrained: hub name or ``save_pretrained`` folder of the base.
+        revision: hub revision of ``pretrained``.
+        tiny_base: keyword arguments of :func:`laptrain.model.tiny_llama.tiny_llama`: the offline
+            base, built once from ``tokenizer`` and cached (used when ``pretrained`` is null).
+        backbone: transformers config fields incl. ``model_type``: a random base (tests, smoke).
+        lora: r, alpha, dropout, target_modules (``all-linear``: every linear layer but the
+            output head), use_dora, use_rslora.
+        base_dtype: float32, bfloat16, or auto (resolved by the preflight before this is built).
+        quantization: null, or 4bit (QLoRA; CUDA with bitsandbytes only).
+        gradient_checkpointing: recompute activations in backward (non-reentrant, with input
+            grads enabled so the adapters of the first layer still get gradients).
+        optimizer: a factory (Hydra ``_partial_: true``) taking parameter groups.
+        scheduler: constant, linear or cosine, after ``warmup_ratio`` of the steps.
+        adapters_dir: where ``step-NNNNNN/`` adapter folders go; default
+            ``<trainer.default_root_dir>/adapters``. ``save_adapters=false`` writes none.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        pretrained: str | None = None,
+        revision: str | None = None,
+        tiny_base: dict[str, Any] | None = None,
+        backbone: dict[str, Any] | None = None,
+        lora: dict[str, Any] | None = None,
+        base_dtype: str = "float32",
+        quantization: str | None = None,
+        gradient_checkpointing: bool = False,
+        optimizer: OptimizerFactory | None = None,
+        scheduler: str = "constant",
+        warmup_ratio: float = 0.0,
+        adapters_dir: str | None = None,
+        save_adapters: bool = True,
+    ) -> None:
+        super().__init__()
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"model.scheduler must be one of {', '.join(SCHEDULERS)}")
+        if not 0 <= warmup_ratio < 1:
+            raise ValueError(f"model.warmup_ratio must be in [0, 1) (got {warmup_ratio})")
+        check_quantization(quantization)
+        self.save_hyperparameters(ignore=["optimizer", "tokenizer"])
+        self.tokenizer = tokenizer
+        self.strict_loading = False  # checkpoints hold the adapters only
+        dtype = resolve_base_dtype(base_dtype)
+        if not pretrained and tiny_base:
+            from laptrain.model.tiny_llama import tiny_llama
+
+            if tokenizer is None:
+                raise ValueError("model.tiny_base needs the datamodule's tokenizer")
+            pretrained = str(tiny_llama(tokenizer, **tiny_base))
+        base = load_base(pretrained, backbone, dtype, revision, quantization)
+        self._check_vocabulary(base)
+        self.fingerprint = {
+            "name": str(Path(pretrained).resolve())
+            if pretrained and Path(pretrained).exists()
+            else str(pretrained or f"config:{backbone['model_type']}"),  # type: ignore[index]
+            "revision": revision,
+            "config_sha256": config_hash(base.config),
+        }
+        self.model = self._wrap(base, dict(lora or {}), gradient_checkpointing, quantization)
+        self.model.peft_config["default"].revision = revision
+        self.model.train()  # from_pretrained returns eval mode: no dropout, no checkpointing
+        self.gradient_checkpointing = gradient_checkpointing
+        self.optimizer_factory = optimizer or partial(torch.optim.AdamW, lr=2e-4, weight_decay=0.0)
+        self.scheduler = scheduler
+        self.warmup_ratio = warmup_ratio
+        self.adapters_dir = adapters_dir
+        self.save_adapters = save_adapters
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+        self._window_tokens = 0
+        self._window_ref: int | None = None
+        self._adapter_step: int | None = None
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in self.model.parameters())
+        rank_zero_info(
+            f"causal_lm_lora: base {self.fingerprint['name']} in {str(dtype).replace('torch.', '')}"
+            f"{' (4-bit)' if quantization == '4bit' else ''}, adapters float32, "
+            f"{trainable:,} trainable of {total:,} parameters"
+        )
+
+    def _check_vocabulary(self, base: torch.nn.Module) -> None:
+        if self.tokenizer is None:
+            return
+        vocab = base.get_input_embeddings().weight.shape[0]
+        if len(self.tokenizer) > vocab:
+            raise ValueError(
+                f"the tokenizer has {len(self.tokenizer)} tokens, the base's embeddings {vocab}: "
+                "laptrain never adds tokens or resizes embeddings (peft would save the whole "
+                "embedding matrices, trl#1287); use a reserved special token or EOS as pad"
+            )
+
+    @staticmethod
+    def _wrap(
+        base: torch.nn.Module,
+        lora: dict[str, Any],
+        gradient_checkpointing: bool,
+        quantization: str | None,
+    ) -> torch.nn.Module:
+        from peft import LoraConfig, get_peft_model
+
+        base.config.use_cache = False
+        if quantization == "4bit":
+            from peft import prepare_model_for_kbit_training
+
+            base = prepare_model_for_kbit_training(
+                base,
+                use_gradient_checkpointing=gradient_checkpointing,
+                gradient_checkpointing_kwargs={"use_reentrant": False},
+            )
+        elif gradient_checkpointing:
+            # Non-reentrant, and inputs that require grad: with frozen embeddings the reentrant
+            # variant gives the adapters no gradient (transformers#26377, #42489).
+            kwargs = {"use_reentrant": False}
+            if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.23
+                base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            base.enable_input_require_grads()
+        known = {"r", "alpha", "dropout", "target_modules", "use_dora", "use_rslora"}
+        unknown = sorted(set(lora) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown model.lora key {unknown[0]!r}: use {', '.join(sorted(known))}"
+            )
+        targets = lora.get("target_modules", "all-linear")
+        if isinstance(targets, Sequence) and not isinstance(targets, str):
+            targets = [str(t) for t in targets]
+        config = LoraConfig(
+            r=int(lora.get("r", 8)),
+            lora_alpha=int(lora.get("alpha", 16)),
+            lora_dropout=float(lora.get("dropout", 0.0)),
+            target_modules=targets,
+            use_dora=bool(lora.get("use_dora", False)),
+            use_rslora=bool(lora.get("use_rslora", False)),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        try:
+            return get_peft_model(base, config, autocast_adapter_dtype=True)
+        except ValueError as err:
+            if "target" not in str(err).lower():
+                raise
+            raise ValueError(
+                f"model.lora.target_modules={targets} matches no module of the base: use all-linear "
+                "or layer names such as q_proj, v_proj"
+            ) from None
+
+    # ----- training ---------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        dtype = self.model.get_input_embeddings().weight.dtype
+        if (
+            attention_mask is not None
+            and attention_mask.dim() == 4
+            and attention_mask.dtype != dtype
+        ):
+            # a packed batch's additive mask (0 / float32 min) in the base's dtype: sdpa wants
+            # the mask in the query's dtype
+            attention_mask = torch.zeros(
+                attention_mask.shape, dtype=dtype, device=input_ids.device
+            ).masked_fill(attention_mask != 0, torch.finfo(dtype).min)
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        ).logits
+
+    def _loss_sum(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """Summed cross-entropy of the response tokens (float32) and their number.
+
+        Only the response positions' logits are upcast: the full float32 logits of a 128k
+        vocabulary would be the largest tensor of the step."""
+        logits = self(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"))
+        labels = batch["labels"][:, 1:]
+        keep = labels != IGNORE_INDEX
+        picked = logits[:, :-1][keep].float()
+        loss = F.cross_entropy(picked, labels[keep], reduction="sum")
+        return loss, int(keep.sum())
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        tokens = response_tokens(batch)
+        if self._window_ref is None:
+            self._window_ref = max(tokens, 1)
+        self._window_tokens += tokens
+        # Each batch back-propagates sum / window_ref / accumulate; on_before_optimizer_step turns
+        # that into sum / (response tokens of the whole step) once the step's count is known.
+        scale = tokens / self._window_ref
+
+        def loss_of(chunk: dict[str, torch.Tensor]) -> torch.Tensor:
+            total, count = self._loss_sum(chunk)
+            return total / max(count, 1) * scale
+
+        loss = self.chunked_backward(batch, loss_of, lambda chunk: max(response_tokens(chunk), 1))
+        mean = loss.detach() / scale if scale else loss.detach()
+        self.log("train/loss", mean, on_step=True, prog_bar=True, batch_size=max(tokens, 1))
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._window_ref is None or self._window_tokens == 0:
+            return
+        factor = self._window_ref * self.trainer.accumulate_grad_batches / self._window_tokens
+        if factor != 1.0:
+            for param in self.model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(factor)
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        self._window_tokens = 0
+        self._window_ref = None
+
+    def _eval_step(self, metric: MeanMetric, batch: dict[str, torch.Tensor]) -> None:
+        total, count = self._loss_sum(batch)
+        if count:
+            metric.update(total / count, weight=count)
+
+    def _log_eval(self, stage: str, metric: MeanMetric) -> None:
+        if metric.weight == 0:  # type: ignore[operator]
+            return
+        loss = metric.compute()
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val")
+        self.log(f"{stage}/perplexity", torch.exp(loss.clamp(max=50.0)))
+        metric.reset()
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(self.val_loss, batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val", self.val_loss)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(self.test_loss, batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test", self.test_loss)
+
+    def setup(self, stage: str) -> None:
+        reason = refuse_precision(self.trainer.strategy.root_device.type, self.trainer.precision)
+        if reason:
+            raise ValueError(reason)
+        if self.hparams.get("quantization") == "4bit":
+            kind = self.trainer.strategy.root_device.type
+            if kind != "cuda":
+                raise ValueError(
+                    f"model.quantization=4bit needs the CUDA device, this run trains on {kind}: "
+                    "set model.quantization=null"
+                )
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        from transformers import (
+            get_constant_schedule_with_warmup,
+            get_cosine_schedule_with_warmup,
+            get_linear_schedule_with_warmup,
+        )
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory([{"params": params}])
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(total * self.warmup_ratio)
+        if self.scheduler == "constant":
+            scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
+        elif self.scheduler == "linear":
+            scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)
+        else:
+            scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    # ----- checkpoints and adapters -----------------------------------------------------------
+    def trainable_keys(self) -> set[str]:
+        """``state_dict`` keys of the adapter weights: all a checkpoint keeps."""
+        return {name for name, p in self.named_parameters() if p.requires_grad}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        keep = self.trainable_keys()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
+        checkpoint[FINGERPRINT_KEY] = dict(self.fingerprint)
+        trainer = self._trainer
+        if trainer is not None and self.save_adapters and trainer.is_global_zero:
+            self._write_step_adapter(trainer)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(FINGERPRINT_KEY)
+        if saved is None:
+            raise ValueError(
+                "the checkpoint has no base fingerprint (not written by causal_lm_lora): "
+                "set resume=false or point ckpt_path at a LoRA run's checkpoint"
+            )
+        if dict(saved) != self.fingerprint:
+            raise ValueError(
+                f"the checkpoint was trained on base {saved.get('name')} (config "
+                f"{str(saved.get('config_sha256'))[:12]}), this run loads "
+                f"{self.fingerprint['name']} (config {self.fingerprint['config_sha256'][:12]}): "
+                "use the same model.pretrained, or resume=false for a new run"
+            )
+        keys = set(checkpoint.get("state_dict", {}))
+        expected = self.trainable_keys()
+        missing, extra = sorted(expected - keys), sorted(keys - expected)
+        if missing or extra:
+            first = (missing or extra)[0]
+            raise ValueError(
+                f"the checkpoint's adapters do not match this model.lora ({len(missing)} missing, "
+                f"{len(extra)} unexpected, e.g. {first}): resume with the same model.lora settings"
+            )
+
+    def training_config(self) -> dict[str, Any]:
+        """What trained the adapter: written as ``training_config.json`` beside it."""
+        config: dict[str, Any] = {"hparams": dict(self.hparams), "base": dict(self.fingerprint)}
+        trainer = self._trainer
+        if trainer is not None:
+            config.update(
+                global_step=trainer.global_step,
+                epoch=trainer.current_epoch,
+                accumulate_grad_batches=trainer.accumulate_grad_batches,
+                precision=str(trainer.precision),
+                max_steps=trainer.max_steps,
+            )
+        return json.loads(json.dumps(config, default=str))
+
+    def export(self, folder: str | Path) -> None:
+        """Write the adapter (peft ``save_pretrained``), the tokenizer and training_config.json."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(folder))
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(folder))
+        (folder / "training_config.json").write_text(json.dumps(self.training_config(), indent=1))
+
+    def _write_step_adapter(self, trainer: pl.Trainer) -> None:
+        """``adapters/step-NNNNNN/`` for this checkpoint; only the last ``KEEP_ADAPTERS`` stay."""
+        step = trainer.global_step
+        if step == self._adapter_step:  # top-k and last.ckpt of one step: one folder
+            return
+        root = Path(self.adapters_dir or Path(trainer.default_root_dir) / "adapters")
+        target = root / f"step-{step:06d}"
+        partial_dir = root / f".step-{step:06d}.partial"
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        self.export(partial_dir)
+        shutil.rmtree(target, ignore_errors=True)
+        partial_dir.rename(target)
+        self._adapter_step = step
+        for old in sorted(root.glob("step-*"))[:-KEEP_ADAPTERS]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), capped where it would overflow."""
+    return math.exp(min(loss, 50.0))
