@@ -1,9 +1,14 @@
+from functools import partial
+
+import lightning.pytorch as pl
 import pytest
 import torch
 
+from laptrain.data.text_classification import TextClassificationDataModule
 from laptrain.model.text_classifier import TextClassifierModule
 from laptrain.model.tiny import tiny_bert_classifier
 from tests.conftest import TINY_BERT as BACKBONE
+from tests.conftest import quiet_trainer, write_texts
 
 
 def test_from_config_uses_the_data_vocabulary_and_labels():
@@ -64,3 +69,28 @@ def test_gradient_checkpointing_option_switches_the_backbone_and_is_recorded():
     ).loss
     loss.backward()
     assert m.model.classifier.weight.grad is not None
+
+
+def test_the_tiny_classifier_learns_the_word_label_texts(tmp_path):
+    # The texts' words give the label away: a working model, loss and optimizer get well above
+    # chance (1/3) within 60 steps; a broken head, labels or backward stays at it. Measured on
+    # CPU: val/acc 0.67 and val/loss 0.53 at 60 steps (0.67 / 1.02 already at 30).
+    pl.seed_everything(0, verbose=False)
+    data = TextClassificationDataModule(
+        files={"train": str(write_texts(tmp_path / "t.csv"))},
+        vocab_size=300,
+        max_length=48,
+        batch_size=16,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    data.setup()
+    model = TextClassifierModule(
+        backbone={**BACKBONE, "hidden_dropout_prob": 0.0},
+        optimizer=partial(torch.optim.AdamW, lr=3e-3),
+        warmup_ratio=0.0,
+        **data.model_kwargs(),
+    )
+    trainer = quiet_trainer(max_steps=60, check_val_every_n_epoch=1000, num_sanity_val_steps=0)
+    trainer.fit(model, datamodule=data)
+    (metrics,) = trainer.validate(model, datamodule=data, verbose=False)
+    assert metrics["val/acc"] > 0.5 and metrics["val/loss"] < 0.8

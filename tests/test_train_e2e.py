@@ -34,7 +34,14 @@ def test_run_writes_checkpoint_events_and_finite_metrics_then_resumes(tmp_path):
     assert ckpt_step(run / "checkpoints" / "last.ckpt") == 4
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["val/acc"] >= 0 and all(math.isfinite(v) for v in metrics.values())
+    assert all(math.isfinite(v) for v in metrics.values())
+    # 4 steps inside the lr warm-up leave the model at the uniform prior over the 3 labels, so the
+    # losses sit at ln 3 (1.0989 measured; a wrong label count or a diverged head is far from it)
+    # and the accuracy near chance, whose argmax over near-equal logits is not stable across
+    # machines. That the model learns is test_text_classifier's tiny-classifier test.
+    for key in ("val/loss", "test/loss"):
+        assert abs(metrics[key] - math.log(3)) < 0.05, (key, metrics[key])
+    assert {"val/acc", "val/f1", "test/acc", "test/f1"} <= metrics.keys()
     assert json.loads((run / "labels.json").read_text()) == ["cooking", "sports", "weather"]
     assert (run / "model" / "config.json").is_file() and (
         run / "tokenizer" / "tokenizer.json"
