@@ -1,8 +1,9 @@
 """TRM throughput on this machine: presets x mixers x micro-batch, compile and checkpointing.
 
 One measured step = one supervision step (forward, backward, AdamW) of ``micro`` puzzles, as in
-training. Prints a markdown table measured side by side in one run, next to seed 002's unsourced
-samples/s claims, and the step-time ratio of the LightningModule to a bare loop (goal <= 1.03).
+training. Prints a markdown table measured side by side in one run, next to field note 002's
+unsourced samples/s claims (docs/field_notes.md), and the step-time ratio of the LightningModule to
+a bare loop (goal <= 1.03).
 
     python benchmarks/trm_throughput.py                       # the full grid (slow for big presets)
     python benchmarks/trm_throughput.py --sizes tiny ram_8gb --micro 8 64 --steps 3
@@ -29,7 +30,8 @@ from laptrain.model.trm.loss import halt_loss, per_puzzle_answer_loss
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
     "sizes"
 ]
-SEED_CLAIMS = {"ram_8gb": "5-15", "ram_16gb": "15-30", "ram_32gb": "25-50"}  # seed 002, unsourced
+# field note 002, unsourced
+SEED_CLAIMS = {"ram_8gb": "5-15", "ram_16gb": "15-30", "ram_32gb": "25-50"}
 
 
 def make(size: str, mixer: str, compile_: bool, checkpoint: bool) -> TRMSudokuModule:

@@ -1,4 +1,4 @@
-"""Print the composed config as a Rich tree and the machine summary seed 001 asks for."""
+"""Print the composed config as a Rich tree and the machine summary field note 001 asks for."""
 
 from __future__ import annotations
 

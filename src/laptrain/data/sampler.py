@@ -8,10 +8,10 @@ goes to pad tokens; grouping by length recovers most of it (``benchmarks/padding
 shuffles the batch order, so that batches stay random but each holds similar lengths (the same idea
 as transformers' ``LengthGroupedSampler``, which is not resumable and needs the Trainer).
 
-``ResumableDataLoader`` fills the gap Lightning leaves for mid-epoch resume (FACTS.md §8): a plain
-DataLoader has no ``state_dict``, so Lightning replays the interrupted epoch from its start. This
-loader counts the batches it has handed out (not what workers prefetched) and, restored, skips
-exactly those.
+``ResumableDataLoader`` fills the gap Lightning leaves for mid-epoch resume (docs/lightning.md,
+"Mid-epoch resume"): a plain DataLoader has no ``state_dict``, so Lightning replays the interrupted
+epoch from its start. This loader counts the batches it has handed out (not what workers
+prefetched) and, restored, skips exactly those.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Sudoku for TRM: generated offline (no download), cached, streamed with on-the-fly augmentation.
 
-Tokens follow the official builder (TRM.md §4): pad 0, blank 1, digit d -> d + 1; inputs and
-labels are [N, n*n] uint8 arrays held in memory (1M boards x 81 bytes = 81 MB), so seed 002's
+Tokens follow the official builder (docs/trm.md §4): pad 0, blank 1, digit d -> d + 1; inputs and
+labels are [N, n*n] uint8 arrays held in memory (1M boards x 81 bytes = 81 MB), so field note 002's
 streaming/chunking knobs do not apply.
 
 Training batches come from :class:`SudokuStream`, an infinite seeded stream whose batch at
@@ -119,7 +119,7 @@ def augment(
     inputs: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """Validity-preserving random transforms per row: digit relabelling, band/row and stack/column
-    shuffles, and a transpose with p = 0.5 on square-box boards (TRM.md §4)."""
+    shuffles, and a transpose with p = 0.5 on square-box boards (docs/trm.md §4)."""
     br, bc = BOX_SHAPES[n]
     batch = inputs.shape[0]
     index = np.empty((batch, n * n), dtype=np.int64)

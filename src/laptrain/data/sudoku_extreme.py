@@ -1,6 +1,6 @@
 """Sudoku-Extreme from the user's local copy of the official data (no download here).
 
-Two layouts are read (TRM.md §4): the CSVs ``train.csv`` / ``test.csv`` with header
+Two layouts are read (docs/trm.md §4): the CSVs ``train.csv`` / ``test.csv`` with header
 ``source,question,answer,rating`` (81-character boards, ``.`` blank), or the official builder's
 directory ``train|test/all__inputs.npy``, ``all__labels.npy`` and ``dataset.json`` (memory-mapped).
 Tokens are the builder's (pad 0, blank 1, digit d -> d + 1), so files and checkpoints interoperate.

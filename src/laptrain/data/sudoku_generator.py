@@ -1,6 +1,6 @@
 """Offline Sudoku generator: random full grids, unique-solution digging, difficulty labels.
 
-Pure Python with bitmasks (TRM.md §8): a full grid by randomized backtracking that always fills
+Pure Python with bitmasks (docs/trm.md §8): a full grid by randomized backtracking that always fills
 the cell with the fewest candidates; then cells are blanked in random order, undoing any blank
 after which the puzzle no longer has exactly one solution (a counter that stops at 2). Boards are
 4x4 (2x2 boxes), 6x6 (2x3 boxes) and 9x9 (3x3 boxes). Grids here hold digits 1..n and 0 for blank.

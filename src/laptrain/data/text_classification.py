@@ -382,7 +382,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
             # RNG (dropout) alone, so a resumed run's masks match an uninterrupted run's.
             "generator": torch.Generator().manual_seed(self.seed),
         }
-        if workers > 0:  # both are errors with workers == 0 (FACTS.md §5)
+        if workers > 0:  # both are errors with workers == 0 (docs/hardware.md §5)
             kwargs["persistent_workers"] = bool(self.persistent_workers)
             kwargs["prefetch_factor"] = self.prefetch_factor
         return (ResumableDataLoader if train else DataLoader)(ds, **kwargs)

@@ -27,7 +27,7 @@ APPLE_PROFILES = {
     (5, "pro"): "m5_pro",
     (5, "max"): "m5_max",
 }
-# seed 002's MacBook table: 8, 16, 32 GB. A Mac at or below a size gets that size's profile.
+# field note 002's MacBook table: 8, 16, 32 GB. A Mac at or below a size gets that size's profile.
 CPU_MAC_PROFILES = ((8, "macbook_cpu_8gb"), (16, "macbook_cpu_16gb"), (32, "macbook_cpu_32gb"))
 # torch's MPS backend only accepts a device whose MPSGraph has a macOS 14 API (pytorch/pytorch:
 # aten/src/ATen/mps/MPSDevice.mm); below it torch.backends.mps.is_available() is False.
@@ -62,7 +62,7 @@ class Choice:
 
 
 def cpu_profile_for(machine: MachineInfo) -> str:
-    """The CPU-only profile for a machine: a MacBook's by its RAM (seed 002's table), else ``cpu``."""
+    """The CPU-only profile for a machine: a MacBook's by RAM (field note 002), else ``cpu``."""
     if machine.system != "Darwin":
         return "cpu"
     for size, name in CPU_MAC_PROFILES:

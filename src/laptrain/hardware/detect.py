@@ -1,7 +1,7 @@
 """What machine is this? Read without sudo and without importing torch.
 
 The launcher resolves ``hardware=auto`` before torch is imported (torch reads a profile's env vars
-once, at import or at the first MPS allocation: docs/hardware.md), so detection reads the OS:
+once, at import or at the first MPS allocation: docs/hardware.md §1, §2), so detection reads the OS:
 ``sysctl`` and ``platform.mac_ver()`` on macOS, ``/proc/cpuinfo`` and ``/proc/meminfo`` on Linux,
 ``nvidia-smi`` for NVIDIA GPUs, and the installed torch's ``torch/version.py`` as text (never
 imported) to know whether that torch was built with CUDA. The raw outputs are collected in a

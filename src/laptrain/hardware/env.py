@@ -1,13 +1,14 @@
 """Apply a hardware profile's ``env:`` map before torch is imported.
 
 torch reads PYTORCH_ENABLE_MPS_FALLBACK and OMP/MKL thread counts at import and the MPS watermark
-ratios when the MPS allocator starts (docs/hardware.md), so this module must not import torch.
+ratios when the MPS allocator starts (docs/hardware.md §1, §2, §6), so this module must not import
+torch.
 A variable the user already exported wins over the profile.
 
 The MPS allocator refuses LOW > HIGH when it starts (pytorch/pytorch:
 aten/src/ATen/mps/MPSAllocator.mm ``init_allocator``): a bare RuntimeError at the first MPS
 allocation. ``resolve_watermarks`` runs that check here, before torch, for both the launcher and
-``laptrain doctor`` (docs/hardware.md#mps-allocator-watermarks).
+``laptrain doctor`` (docs/hardware.md §1).
 """
 
 from __future__ import annotations

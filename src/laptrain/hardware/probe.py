@@ -6,7 +6,7 @@ monitor, OOM backoff, thermal guard) takes a probe as an argument, so its MPS an
 on a CPU-only machine with a ``FakeProbe``.
 
 torch is imported inside the methods, never at module import: ``laptrain.hardware`` is imported by
-the launcher before the profile's environment variables are applied (docs/hardware.md).
+the launcher before the profile's environment variables are applied (docs/hardware.md §1, §2, §6).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class MemoryReading:
     device_allocated: int | None = None
     # MPS: torch.mps.driver_allocated_memory (includes the allocator cache); CUDA: memory_reserved.
     device_reserved: int | None = None
-    # CUDA: max_memory_allocated. MPS has no peak API (FACTS.md §7).
+    # CUDA: max_memory_allocated. MPS has no peak API (docs/hardware.md §7).
     device_peak: int | None = None
     # MPS: torch.mps.recommended_max_memory; CUDA: total memory of the device.
     device_limit: int | None = None
@@ -101,13 +101,13 @@ class TorchProbe:
         if self.kind == "cuda":
             # torch's default counts bf16 *emulated* on pre-Ampere GPUs (T4, V100, RTX 20xx) as
             # supported (torch/cuda/__init__.py ``is_bf16_supported(including_emulation=True)``);
-            # emulation is slow, so only native bf16 counts (docs/hardware.md "Precision per device").
+            # emulation is slow, so only native bf16 counts (docs/hardware.md §4).
             return torch.cuda.is_available() and torch.cuda.is_bf16_supported(
                 including_emulation=False
             )
         if self.kind == "mps":
             # bf16 on MPS needs macOS >= 14, which current torch's MPS requires anyway
-            # (docs/hardware.md "Which macOS runs MPS").
+            # (docs/hardware.md §13).
             return torch.backends.mps.is_available() and torch.backends.mps.is_macos_or_newer(14, 0)
         return True
 

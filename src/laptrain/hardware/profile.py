@@ -2,7 +2,8 @@
 
 The launcher reads a profile before Hydra composes (to print what ``hardware=auto`` chose), and
 ``laptrain doctor`` reads one without a training config, so this module loads ``conf/hardware/*.yaml``
-itself, following their ``defaults`` within the group. It must not import torch (FACTS.md §2).
+itself, following their ``defaults`` within the group. It must not import torch (docs/hardware.md
+§2).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def validate_precision(precision: object, kind: str, bf16_supported: bool) -> st
     - ``64-true`` never on MPS (no float64 there).
     - bf16 precisions only where the device has bf16 (CUDA: native, not emulated).
 
-    See docs/hardware.md "Precision per device".
+    See docs/hardware.md §4 "Precision per device".
     """
     text = normalize_precision(precision)
     if text == "16-mixed" and kind == "cpu":

@@ -1,6 +1,6 @@
 """Where the thermal guard learns that the machine is hot.
 
-Sources, first that works (FACTS.md §11):
+Sources, first that works (docs/hardware.md §11):
 
 - ``MacThermalState``: macOS ``ProcessInfo.thermalState`` (nominal 0, fair 1, serious 2, critical 3)
   through PyObjC, the optional extra ``pip install laptrain[mac]``. It is Apple's only public thermal

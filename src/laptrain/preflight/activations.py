@@ -3,7 +3,7 @@
 Counting formulas per architecture would miss whatever a model's attention kernel or loss saves,
 so this measures instead: a few forward passes at batch 1 and 2 and short lengths, under
 ``torch.autograd.graph.saved_tensors_hooks``, summing the distinct storages autograd keeps
-(parameters excluded) — the method FACTS.md §9 used for SciBERT. Sizes of saved tensors are
+(parameters excluded) — the method docs/hardware.md §9 used for SciBERT. Sizes of saved tensors are
 products of batch, length and model widths, so ``fixed + batch * (c + a*s + b*s^2)`` fits three
 lengths exactly (``b`` is attention's seq² term) and extrapolates to the configured length.
 

@@ -1,8 +1,8 @@
 """Memory preflight: will this job fit, and what micro batch should it use?
 
 Lightning's BatchSizeFinder and HF's ``auto_find_batch_size`` search by provoking OOM. On unified
-memory a too-large batch often does not OOM: it swaps and the laptop crawls (FACTS.md §1, §7). So
-laptrain estimates first:
+memory a too-large batch often does not OOM: it swaps and the laptop crawls (docs/hardware.md §1,
+§7). So laptrain estimates first:
 
     peak = overhead + weights (all params) + grads + optimizer state (trainable params only)
            + activations (measured per sample, a function of sequence length; activations.py)
@@ -180,7 +180,8 @@ def measure_peak(
 
     AdamW with lr=0 and no weight decay allocates its state like the real optimizer but leaves the
     weights unchanged, so the run that follows starts from the same model. CPU: process peak RSS;
-    CUDA: max allocated; MPS: driver-allocated memory after each step (MPS has no peak API, FACTS.md §7).
+    CUDA: max allocated; MPS: driver-allocated memory after each step (MPS has no peak API,
+    docs/hardware.md §7).
     """
     from laptrain.preflight.activations import _autocast
 

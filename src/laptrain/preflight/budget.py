@@ -1,6 +1,6 @@
 """The memory budget of a hardware profile, applied to what the device probe reads now.
 
-Two rules beyond "a fraction of what the device has" (docs/hardware.md):
+Two rules beyond "a fraction of what the device has" (docs/hardware.md §1b):
 - MPS: the budget sits under the allocator's LOW watermark. Above LOW the MPS allocator frees its
   cached buffers and commits command buffers more often on every allocation
   (aten/src/ATen/mps/MPSAllocator.mm), so a job planned between LOW and HIGH would run all along in

@@ -5,7 +5,7 @@ is *spawned* (Python's default start method there since 3.8): a fresh interprete
 torch, a few hundred MB each. On Apple Silicon that comes out of the same unified memory the
 model trains in, and with ``persistent_workers`` the train and validation loaders both keep their
 workers alive, so a profile with 4 workers holds 8 extra processes. The preflight subtracts
-:func:`worker_cost` from the budget (docs/hardware.md "DataLoader workers on macOS").
+:func:`worker_cost` from the budget (docs/hardware.md §5, §1b).
 
 The measurement starts one child with the platform's start method (what the DataLoader uses
 unless told otherwise: ``torch/utils/data/dataloader.py`` takes ``multiprocessing_context=None``

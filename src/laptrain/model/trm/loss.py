@@ -1,4 +1,4 @@
-"""Answer and halting losses of TRM (TRM.md §2)."""
+"""Answer and halting losses of TRM (docs/trm.md §2)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
     """log of stable-max probabilities, in float64 (float32 on MPS, which has no float64).
 
     ``s(x) = x + 1`` for x >= 0 and ``1 / (1 - x)`` for x < 0; ``p_i = s(x_i) / sum_j s(x_j)``
-    (Prieto et al. 2025 as used by the paper §6; TRM.md §2).
+    (Prieto et al. 2025 as used by the paper §6; docs/trm.md §2).
     """
     x = logits.float() if logits.device.type == "mps" else logits.double()
     s = torch.where(x >= 0, x + 1, 1 / (1 - torch.clamp(x, max=0)))

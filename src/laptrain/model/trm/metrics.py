@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torchmetrics.aggregation import MeanMetric
 
-BLANK_TOKEN = 1  # token scheme of the official builder: pad 0, blank 1, digits 2.. (TRM.md §4)
+BLANK_TOKEN = 1  # token scheme of the official builder: pad 0, blank 1, digits 2.. (docs/trm.md §4)
 
 
 class SudokuMetrics(nn.Module):

@@ -5,7 +5,7 @@ One small network ``net`` of post-norm blocks refines two states: the answer ``y
 §4.3). One supervision step is ``cycles - 1`` latent recursions without gradients and one with
 gradients; each latent recursion is ``latent_steps`` times ``z <- net(z, x + y)`` then once
 ``y <- net(y, z)`` (paper Fig. 3; ``net(h, inj)`` adds the injection before the blocks). The answer
-head reads y; the halting head reads y at position 0 (TRM.md §1).
+head reads y; the halting head reads y at position 0 (docs/trm.md §1).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class TRMArch:
     """Shape of the network and of one supervision step.
 
     ``cycles`` is the paper's T, ``latent_steps`` its n; ``swiglu_multiple`` rounds SwiGLU widths up
-    (256 in the official code, TRM.md §1; 1 = no rounding).
+    (256 in the official code, docs/trm.md §1; 1 = no rounding).
     """
 
     vocab_size: int
@@ -73,7 +73,7 @@ def swiglu_width(dim: int, expansion: float, multiple: int) -> int:
 
 
 def rms_norm(x: torch.Tensor, eps: float, dim: int = -1) -> torch.Tensor:
-    """RMSNorm over ``dim`` without a learnable scale, computed in float32 (TRM.md §1)."""
+    """RMSNorm over ``dim`` without a learnable scale, computed in float32 (docs/trm.md §1)."""
     dtype = x.dtype
     x = x.float()
     return (x * torch.rsqrt(x.square().mean(dim, keepdim=True) + eps)).to(dtype)
@@ -219,18 +219,20 @@ class TinyRecursiveModel(nn.Module):
         nn.init.trunc_normal_(self.embed.weight, std=std, a=-2 * std, b=2 * std)
         self.embed_scale = math.sqrt(dim)
         # On Sudoku every puzzle has the same identifier, so the official per-puzzle embedding is
-        # one shared learned vector at prefix position 0, the other prefix positions zero (TRM.md §1).
+        # one shared learned vector at prefix position 0, the other prefix positions zero
+        # (docs/trm.md §1).
         self.prefix = nn.Parameter(torch.zeros(dim)) if arch.prefix_len > 0 else None
         self.pos_embed = None
         if arch.positions == "learned":
             self.pos_embed = nn.Parameter(torch.empty(arch.total_len, dim))
             nn.init.trunc_normal_(self.pos_embed, std=std, a=-2 * std, b=2 * std)
-        # Fixed random starting states, not trained (TRM.md §1: buffers, truncated normal std 1).
+        # Fixed random starting states, not trained (docs/trm.md §1: buffers, truncated normal
+        # std 1).
         self.register_buffer("y_init", nn.init.trunc_normal_(torch.empty(dim), a=-2.0, b=2.0))
         self.register_buffer("z_init", nn.init.trunc_normal_(torch.empty(dim), a=-2.0, b=2.0))
         self.net = ReasoningNet(arch)
         self.answer_head = lecun_linear(dim, arch.vocab_size)
-        # Starts at "don't halt": zero weight, bias -5 (TRM.md §1).
+        # Starts at "don't halt": zero weight, bias -5 (docs/trm.md §1).
         self.halt_head = nn.Linear(dim, 1)
         nn.init.zeros_(self.halt_head.weight)
         nn.init.constant_(self.halt_head.bias, -5.0)

@@ -1,4 +1,4 @@
-"""TRM size presets and ``size=auto``: pick by memory (seed 002's rule) and a time budget.
+"""TRM size presets and ``size=auto``: pick by memory (field note 002's rule) and a time budget.
 
 The presets themselves are data in ``conf/model/trm_sudoku.yaml`` (each number cited there); this
 module validates them and holds the choosing rule as a pure function, testable without a machine.
@@ -17,7 +17,7 @@ from laptrain.argv import override_indices, overrides
 class SizePreset:
     """One named size: architecture, recursion, optimisation and what it costs on the reference.
 
-    ``ram_class_gb`` is seed 002's RAM class (8, 16, or .inf = "more"); presets with None are
+    ``ram_class_gb`` is field note 002's RAM class (8, 16, or .inf = "more"); presets with None are
     only picked by ``auto`` as a faster fallback. ``ref_samples_per_s`` and ``ref_step_memory_gb``
     are measured on the 2-core x86 reference machine (benchmarks/trm_throughput.py).
     """
@@ -83,7 +83,7 @@ def choose_size(
     target_samples: int,
     speed_scale: float = 1.0,
 ) -> SizeChoice:
-    """Seed 002's pick by RAM, stepped down to a faster preset when it would overrun the budget.
+    """Field note 002's RAM pick, stepped down to a faster preset when it would overrun the budget.
 
     1. RAM class: the smallest preset whose ``ram_class_gb`` is >= ``memory_gb``, else the one
        (``.inf`` = "more"); the largest class when memory exceeds them all.
