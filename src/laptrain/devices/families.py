@@ -149,3 +149,82 @@ FAMILIES: dict[str, Family] = {
 def register(family: Family) -> None:
     """Add (or replace) a family in the registry."""
     FAMILIES[family.name] = family
+
+
+# ----- causal-LM LoRA -----------------------------------------------------------------------
+class _PromptResponseDataset(Dataset):
+    """Random token rows: the first half is the prompt (labels -100), the rest the response;
+    half the rows end in padding (mask 0, labels -100)."""
+
+    def __init__(self, rows: int, length: int, vocab: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(3, vocab, (rows, length), generator=generator)
+        self.mask = torch.ones_like(self.ids)
+        self.mask[rows // 2 :, 3 * length // 4 :] = 0
+        self.ids[self.mask == 0] = 0
+        self.labels = self.ids.clone()
+        self.labels[:, : length // 2] = -100
+        self.labels[self.mask == 0] = -100
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+
+
+class _PromptResponseData(_TokenData):
+    def __init__(self, steps: int, batch_size: int = 8, length: int = 16, vocab: int = 64) -> None:
+        pl.LightningDataModule.__init__(self)
+        self.train = _PromptResponseDataset(steps * batch_size, length, vocab, seed=1)
+        self.val = _PromptResponseDataset(batch_size, length, vocab, seed=2)
+        self.batch_size = batch_size
+
+
+def _build_causal_lm_lora(
+    seed: int, steps: int
+) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+    from laptrain.model.causal_lm_lora import CausalLMLoRAModule
+
+    backbone = {
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32,
+        "initializer_range": 0.3,
+        "pad_token_id": 0,
+    }
+    torch.manual_seed(0)  # one frozen base for every seed, as a hub model would be
+    module = CausalLMLoRAModule(backbone=backbone, lora={"r": 4})
+    torch.manual_seed(seed)
+    with torch.no_grad():  # other adapters per seed: a resume must take them from the file
+        for name, param in module.named_parameters():
+            if "lora_A" in name:
+                param.normal_(0.0, 0.1)
+    return module, _PromptResponseData(steps)
+
+
+def _predict_causal_lm_lora(
+    module: pl.LightningModule, batch: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    return module(batch["input_ids"], batch["attention_mask"]).argmax(-1)
+
+
+def _refuse_causal_lm_lora(kind: str, precision: str) -> str | None:
+    from laptrain.model.causal_lm_lora import refuse_precision
+
+    return refuse_precision(kind, precision)
+
+
+register(
+    Family(
+        "causal_lm_lora",
+        _build_causal_lm_lora,
+        _predict_causal_lm_lora,
+        refuse=_refuse_causal_lm_lora,
+    )
+)
