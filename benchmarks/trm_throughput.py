@@ -153,7 +153,7 @@ def main() -> None:
     )
     print(
         "| size | mixer | params | micro | compile | ckpt | step s (median) | samples/s | "
-        "puzzles/s (no halting) | saved activations MB | seed 002 claim |"
+        "puzzles/s (no halting) | saved activations MB | field note 002 claim |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     variants = [(False, False), (False, True)] + ([(True, False)] if args.compile else [])

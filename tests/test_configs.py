@@ -46,12 +46,12 @@ def test_profiles_are_data_with_the_keys_other_groups_read(hardware, tmp_path):
     ):
         assert key in hw, f"conf/hardware/{hardware}.yaml lacks {key}"
     assert "_target_" not in hw
-    # FACTS.md §5: these two are errors with workers == 0, and pinning only helps CUDA.
+    # docs/hardware.md §5: these two are errors with workers == 0, and pinning only helps CUDA.
     if hw.num_workers == 0:
         assert not hw.persistent_workers and hw.prefetch_factor is None
     if hw.accelerator != "cuda":
         assert not hw.pin_memory
-    # FACTS.md §1: never the seed's 0.0, and LOW <= HIGH or the first MPS allocation fails.
+    # docs/hardware.md §1: never field note 000's 0.0, and LOW <= HIGH or the first MPS allocation fails.
     env = hw.env or {}
     if "PYTORCH_MPS_HIGH_WATERMARK_RATIO" in env:
         high = float(env["PYTORCH_MPS_HIGH_WATERMARK_RATIO"])
@@ -62,7 +62,7 @@ def test_profiles_are_data_with_the_keys_other_groups_read(hardware, tmp_path):
 def test_m2_air_profile_carries_seed_000_settings(tmp_path):
     cfg = compose_train(["hardware=m2_air"], tmp_path)
     hw = cfg.hardware
-    # seed 000's batch 12 was SciBERT at 256 tokens on 16 GB; the preflight does that sum per job.
+    # field note 000's batch 12 was SciBERT at 256 tokens on 16 GB; the preflight does that sum per job.
     assert (hw.batch_size, hw.num_workers, hw.pin_memory, hw.accelerator) == (
         "auto",
         0,

@@ -18,7 +18,7 @@ from laptrain.hardware.probe import FakeProbe
 from laptrain.model.chunked_backward import ChunkedBackward, batch_length, slice_batch
 from tests.conftest import quiet_trainer
 
-# The texts each device raises (FACTS.md §7).
+# The texts each device raises (docs/hardware.md §7).
 DEVICE_ERRORS = {
     "cuda": lambda: torch.OutOfMemoryError(
         "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.79 GiB "

@@ -185,7 +185,7 @@ class _Data:
     eval_batch_size = 1
 
 
-def test_run_entry_sets_the_datamodule_batch_writes_json_and_keeps_it_on_resume(tmp_path):
+def test_run_entry_writes_json_and_keeps_the_batch_on_resume_without_touching_the_data(tmp_path):
     from laptrain.preflight.batch import preflight_for_run
 
     model = tiny_bert()
@@ -198,7 +198,7 @@ def test_run_entry_sets_the_datamodule_batch_writes_json_and_keeps_it_on_resume(
     (tmp_path / "preflight.json").write_text(json.dumps(record))
     again = preflight_for_run(model, data, hardware, max_batch=8, output_dir=tmp_path)
     assert (again.micro_batch, again.accumulation) == (6, 2)
-    assert (data.batch_size, data.eval_batch_size) == (6, 6)
+    assert (data.batch_size, data.eval_batch_size) == (_Data().batch_size, _Data().eval_batch_size)
     assert "earlier session" in again.summary_lines()[-1]
 
 

@@ -104,7 +104,7 @@ def test_minutes_budget_stops_at_a_batch_boundary_and_resume_finishes(tmp_path):
 
 
 def test_lightning_max_time_would_stop_a_resumed_run_at_once(tmp_path):
-    """Why this callback exists: Timer restores its elapsed time from the checkpoint (FACTS.md §8)."""
+    """Why this callback exists: Timer restores its elapsed time from the checkpoint (docs/lightning.md, "Timer and max_time")."""
     timer = Timer(duration={"seconds": 100})
     timer.load_state_dict({"time_elapsed": {"train": 120.0}})
     assert timer.time_remaining() < 0

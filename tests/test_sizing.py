@@ -12,7 +12,7 @@ def test_size_auto_is_rewritten_by_memory_and_explained():
     assert args[:2] == argv[:2] and args[3] == argv[3]
     assert args[2] == "model.size=ram_8gb"
     assert "RAM class picks 'ram_8gb'" in lines[0] and "chose 'ram_8gb'" in lines[-1]
-    # 16 GB: seed 002's class is ram_16gb, but its ~2 h estimate overruns the 60-minute budget
+    # 16 GB: field note 002's class is ram_16gb, but its ~2 h estimate overruns the 60-minute budget
     args16, lines16 = resolve_size_argv([*argv[:3], "model.memory_gb=16"], YAML)
     assert "picks 'ram_16gb'" in lines16[0] and args16[2] == "model.size=ram_8gb"
     args16, _ = resolve_size_argv(

@@ -75,7 +75,7 @@ def test_linux_uses_the_hottest_sensor_and_its_own_marks(monkeypatch):
     [
         (Shwtemp("", 60.0, None, None), 0),
         (Shwtemp("", 80.0, None, None), 1),
-        (Shwtemp("", 86.0, None, None), 2),  # no marks: hot_celsius (85, seed 002)
+        (Shwtemp("", 86.0, None, None), 2),  # no marks: hot_celsius (85, field note 002)
         (Shwtemp("", 95.0, 95.0, 105.0), 2),
         (Shwtemp("", 105.0, 95.0, 105.0), 3),
     ],

@@ -234,7 +234,7 @@ def test_auto_dry_run_prints_estimates_and_choice(capsys: pytest.CaptureFixture[
     config = str(Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml")
     main(["--config", config, "--memory-gb", "16", "--budget-min", "60"])
     out = capsys.readouterr().out
-    assert "seed 002's RAM class picks 'ram_16gb'" in out
+    assert "field note 002's RAM class picks 'ram_16gb'" in out
     assert "~122 min" in out and "chose 'ram_8gb'" in out
 
 

@@ -1,6 +1,6 @@
 """TRM learns Sudoku on CPU (step budgets, not minutes: the shared machine's speed varies).
 
-Reference figures (TRM.md §9, throwaway code on 2 cores): tiny on 55-60 givens reached 57%
+Reference figures (docs/trm.md §9, throwaway code on 2 cores): tiny on 55-60 givens reached 57%
 blank-cell accuracy (raw weights) at 157 steps; on 40-45 givens 92.0% / 96.8% EMA exact at
 694 / 783 steps.
 """

@@ -1,4 +1,4 @@
-"""``laptrain doctor``: is this machine ready to train, and if not, what to change (seed 004's self-test).
+"""``laptrain doctor``: is this machine ready to train, and if not, what to change (field note 004 asked for a self-test).
 
 Each check returns a ``Check``; "ready" means every check passed, including a few real training
 steps of a tiny model on the profile's device with its precision. Warnings (``ok`` with a note)
@@ -171,7 +171,8 @@ def check_quantization(machine: MachineInfo) -> Check:
     return Check(
         "qlora",
         True,
-        "no bitsandbytes on macOS, so no 4-bit QLoRA: use LoRA on a bf16 base (seed 004)",
+        "4-bit QLoRA (model.quantization=4bit) runs on CUDA only in laptrain: on a Mac use LoRA on a "
+        "bf16 base (model.base_dtype=bfloat16)",
         warning=True,
     )
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,12 +20,13 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.callbacks.graceful_stop import GracefulStop
+from laptrain.callbacks.contracts import signal_stop, stop_reason
 from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
 from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan
+from laptrain.versions import package_versions
 
 
 def _instantiate_all(section: DictConfig | None) -> list[Any]:
@@ -72,21 +72,13 @@ def summary_lines(plan: RunPlan, env: EnvReport | None) -> list[str]:
 
 
 def write_run_info(folder: Path, plan: RunPlan, lines: list[str], env: EnvReport | None) -> None:
-    import lightning
-    import transformers
-
     info = {
         "plan": plan.to_dict(),
         "summary": lines,
         "torch_threads": torch.get_num_threads(),
         "env_applied": env.applied if env else {},
         "env_kept": env.kept if env else {},
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "lightning": lightning.__version__,
-            "transformers": transformers.__version__,
-        },
+        "versions": package_versions(),
     }
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "run_info.json").write_text(json.dumps(info, indent=1, default=str))
@@ -195,20 +187,19 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
         )
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
-    stop = next((c for c in callbacks if isinstance(c, GracefulStop)), None)
-    if stop is not None and stop.signal_received is not None:
-        name = signal.Signals(stop.signal_received).name
+    last = Path(cfg.paths.ckpt_dir) / "last.ckpt"
+    signum = signal_stop(callbacks)
+    if signum is not None:
         rank_zero_info(
-            f"{name}: stopped at global step {trainer.global_step}; checkpoint {stop.path}. "
-            "Resume with the same command (or ckpt_path=<that file>)."
+            f"{signal.Signals(signum).name}: stopped at global step {trainer.global_step}; "
+            f"checkpoint {last}. Resume with the same command (or ckpt_path=<that file>)."
         )
-        return Outcome("interrupted", 128 + stop.signal_received)
+        return Outcome("interrupted", 128 + signum)
     # A callback that stops the run on purpose (session budget, swap) leaves it resumable: exit 0.
-    paused = next((c.stop_reason for c in callbacks if getattr(c, "stop_reason", None)), None)
+    paused = stop_reason(callbacks)
     if paused:
         # The stopping callback saved last.ckpt at the batch boundary (laptrain/callbacks/
         # stop_checkpoint.py); a save here, after fit, would count the interrupted epoch as done.
-        last = Path(cfg.paths.ckpt_dir) / "last.ckpt"
         rank_zero_info(
             f"stopped ({paused}) at global step {trainer.global_step}; checkpoint {last}. "
             "Resume with the same command."

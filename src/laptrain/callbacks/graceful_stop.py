@@ -3,7 +3,7 @@
 Gap filled: Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is (its
 OnExceptionCheckpoint may then save mid-step) and exits 1; SIGTERM stops at a batch boundary but
 exits 0, and ModelCheckpoint saves no ``last.ckpt`` when fit ends between two save points
-(FACTS.md §8). This callback turns both signals into a stop request honoured at the next batch
+(docs/lightning.md, "Interrupts and exit codes"). This callback turns both signals into a stop request honoured at the next batch
 boundary, writes ``last.ckpt`` there and at the end of fit, and records the signal so the launcher
 can exit 130 / 143 with a resume hint. A second Ctrl-C aborts at once.
 """

@@ -28,8 +28,8 @@ class MemoryMonitor(Callback):
     allocator (``current_allocated_memory``, ``driver_allocated_memory``, share of
     ``recommended_max_memory``) and CUDA's allocated/reserved/peak through the device probe. It
     empties the allocator cache at epoch end and under memory pressure only: doing it on every log
-    throws the cache away and slows the next steps (FACTS.md §7). On unified memory a job that does
-    not fit swaps instead of failing (FACTS.md §1), so swap growth gets one warning, or with
+    throws the cache away and slows the next steps (docs/hardware.md §7). On unified memory a job that does
+    not fit swaps instead of failing (docs/hardware.md §1), so swap growth gets one warning, or with
     ``on_swap="stop"`` a checkpoint and a clean stop (``stop_reason = "swap"``, run.py exits 0).
 
     Args:

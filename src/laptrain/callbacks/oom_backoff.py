@@ -15,7 +15,7 @@ from typing_extensions import override
 from laptrain.callbacks.contracts import check_version
 from laptrain.hardware.probe import DeviceProbe, probe_for
 
-# What each device really raises (FACTS.md §7): CUDA torch.OutOfMemoryError; MPS a plain
+# What each device really raises (docs/hardware.md §7): CUDA torch.OutOfMemoryError; MPS a plain
 # RuntimeError "MPS backend out of memory (...)" or "Invalid buffer size: ..."; CPU
 # "DefaultCPUAllocator: can't allocate memory: ...".
 OOM_MARKERS = ("out of memory", "Invalid buffer size", "can't allocate memory")

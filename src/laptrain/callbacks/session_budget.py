@@ -18,8 +18,8 @@ class SessionBudget(Callback):
     """Stop at a batch boundary once this process has trained ``max_minutes`` or ``max_epochs``.
 
     Lightning's ``max_time`` (the ``Timer`` callback) restores its elapsed time from the checkpoint,
-    so its budget is cumulative over resumes (FACTS.md §8) and a resumed run would stop at once.
-    This budget is per process: "train 2-3 epochs at a time, then let the machine rest" (seed 000).
+    so its budget is cumulative over resumes (docs/lightning.md, "Timer and max_time") and a resumed run would stop at once.
+    This budget is per process: "train 2-3 epochs at a time, then let the machine rest" (field note 000, docs/field_notes.md).
     When it runs out it sets ``trainer.should_stop`` and ``stop_reason = "session"`` (saving
     ``ckpt_path`` at that batch boundary); ``run.train`` then exits 0 with "resume with the same command". A
     run that would end anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.

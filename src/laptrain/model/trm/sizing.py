@@ -104,7 +104,7 @@ def choose_size(
         raise ValueError("model.size=auto needs presets with ram_class_gb in model.sizes")
     ram_pick = next((n for gb, n in classed if memory_gb <= gb), classed[-1][1])
     pick_speed = presets[ram_pick].ref_samples_per_s
-    lines = [f"size=auto: {memory_gb:.1f} GB RAM -> seed 002's RAM class picks {ram_pick!r}"]
+    lines = [f"size=auto: {memory_gb:.1f} GB RAM -> field note 002's RAM class picks {ram_pick!r}"]
     candidates = []
     for name, preset in sorted(auto.items(), key=lambda kv: kv[1].ref_samples_per_s):
         minutes = estimate_minutes(preset, target_samples, speed_scale)
