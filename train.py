@@ -13,10 +13,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from laptrain.argv import run_argv_hook
 from laptrain.config_check import check_composed, compose_argv
 from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import EnvReport, apply_env
-from laptrain.model.trm.sizing import resolve_size_argv
 from laptrain.run_dir import register_resolvers
 
 register_resolvers()
@@ -68,8 +68,8 @@ def resolve_argv(argv: list[str]) -> list[str]:
     argv, why = resolve_hardware_argv(argv)
     if why:
         print(why)
-    argv, size_lines = resolve_size_argv(argv, str(CONF / "model" / "trm_sudoku.yaml"))
-    for line in size_lines:
+    argv, lines = run_argv_hook(argv, CONF)  # e.g. TRM's model.size=auto
+    for line in lines:
         print(line)
     return argv
 

@@ -134,3 +134,35 @@ def test_train_py_help_works_after_an_override():
     done = _train("seed=3", "--help")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Powered by Hydra" in done.stdout
+
+
+def test_the_selected_model_comes_from_the_override_the_experiment_or_the_default():
+    from laptrain.argv import selected_option
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    assert selected_option(["train.py", "model=scibert"], "model", conf) == "scibert"
+    assert selected_option(["train.py", "experiment=trm_sudoku"], "model", conf) == "trm_sudoku"
+    assert selected_option(["train.py"], "model", conf) == "tiny_classifier"
+
+
+def test_a_model_yaml_names_its_own_command_line_hook(tmp_path):
+    """TRM's size=auto runs through the hook its YAML names; train.py knows no model by name."""
+    from laptrain.argv import run_argv_hook
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    argv = [
+        "train.py",
+        "experiment=trm_sudoku",
+        "model.size=auto",
+        "model.memory_gb=8",
+        "--cfg",
+        "job",
+    ]
+    args, lines = run_argv_hook(argv, conf)
+    assert "model.size=ram_8gb" in args and args[-2:] == ["--cfg", "job"]
+    assert any("chose 'ram_8gb'" in line for line in lines)
+    assert run_argv_hook(["train.py", "model.size=auto"], conf) == (
+        ["train.py", "model.size=auto"],
+        [],
+    )  # the default classifier has no hook
+    assert "trm_sudoku" not in (Path(__file__).resolve().parents[1] / "train.py").read_text()

@@ -73,7 +73,7 @@ def test_an_auto_batch_is_not_a_type_error_where_the_preflight_picks_it():
 
 def test_values_the_run_passes_itself_replace_the_config_placeholder():
     cfg = precheck(["train.py", "hardware=m2_air"], str(CONF))
-    with pytest.raises(ConfigError, match="data.batch_size='auto'"):
+    with pytest.raises(ConfigError, match="data.batch_size='from_profile'"):
         check_config(cfg)
     check_config(cfg, {"data.batch_size": 1})
 

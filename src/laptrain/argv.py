@@ -11,6 +11,7 @@ optional value and would swallow it).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 # Hydra 1.3's options, as get_args_parser defines them (tests/test_argv.py compares).
 VALUE_OPTIONS = frozenset(
@@ -97,3 +98,51 @@ def insert_overrides(argv: Sequence[str], new: Sequence[str]) -> list[str]:
     indices = override_indices(argv)
     at = indices[-1] + 1 if indices else min(1, len(argv))
     return [*argv[:at], *new, *argv[at:]]
+
+
+def selected_option(argv: Sequence[str], group: str, conf_dir: Path) -> str | None:
+    """The option of a config group a command line selects: its last ``group=x`` override, else
+    the ``override /group`` of a selected experiment, else ``train.yaml``'s default."""
+    import yaml
+
+    def last(key: str) -> str | None:
+        values = [o.split("=", 1)[1] for o in overrides(argv) if o.split("=", 1)[0] == key]
+        return values[-1] if values else None
+
+    chosen = last(group)
+    if chosen:
+        return chosen
+    experiment = last("experiment") or last("+experiment")
+    sources = [conf_dir / "experiment" / f"{experiment}.yaml"] if experiment else []
+    for source in [*sources, conf_dir / "train.yaml"]:
+        if not source.is_file():
+            continue
+        for entry in (yaml.safe_load(source.read_text()) or {}).get("defaults", []) or []:
+            if isinstance(entry, dict):
+                for key, value in entry.items():
+                    if key.replace("override ", "").strip().lstrip("/") == group and value:
+                        return str(value)
+    return None
+
+
+def run_argv_hook(argv: Sequence[str], conf_dir: Path) -> tuple[list[str], list[str]]:
+    """Let the selected model YAML rewrite the command line before Hydra composes.
+
+    A model YAML may name ``_argv_hook_: <module>.<function>``; the function gets
+    ``(argv, yaml_path)`` and returns ``(argv, lines to print)``. TRM uses it to turn
+    ``model.size=auto`` into a preset (the choice then shows in ``--cfg job``). The hook's module
+    must not import torch: it runs before the profile's environment is exported.
+    """
+    import importlib
+
+    import yaml
+
+    name = selected_option(argv, "model", conf_dir)
+    path = conf_dir / "model" / f"{name}.yaml"
+    if not name or not path.is_file():
+        return list(argv), []
+    hook = (yaml.safe_load(path.read_text()) or {}).get("_argv_hook_")
+    if not hook:
+        return list(argv), []
+    module, _, function = str(hook).rpartition(".")
+    return getattr(importlib.import_module(module), function)(list(argv), str(path))

@@ -24,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from laptrain.plan import batch_follows_profile
 
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
+# laptrain's own reserved keys in a model YAML, removed before instantiation (laptrain.argv).
+LAPTRAIN_KEYS = {"_argv_hook_"}
 
 
 class ConfigError(ValueError):
@@ -125,7 +127,7 @@ def _check_one(target: str, node: Mapping[str, Any], path: str) -> list[str]:
     hints = _hints(obj)
     problems = []
     for key, value in node.items():
-        if key in HYDRA_KEYS:
+        if key in HYDRA_KEYS or key in LAPTRAIN_KEYS:
             continue
         name = f"{path}.{key}" if path else str(key)
         if key not in params:

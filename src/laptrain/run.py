@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.config_check import LAPTRAIN_KEYS
 from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
@@ -137,7 +138,10 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
     datamodule.prepare_data()
     datamodule.setup("fit")
     model_kwargs = datamodule.model_kwargs() if hasattr(datamodule, "model_kwargs") else {}
-    model = instantiate(cfg.model, _convert_="all", **model_kwargs)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    for key in LAPTRAIN_KEYS:  # read by the launcher, not arguments of the module
+        model_cfg.pop(key, None)
+    model = instantiate(model_cfg, _convert_="all", **model_kwargs)
     plan = build_run_plan(cfg, model, datamodule, precision, output_dir, Path(cfg.paths.cache_dir))
     if follows:
         datamodule = datamodule.with_batch_sizes(plan.loader_batch, plan.eval_batch)

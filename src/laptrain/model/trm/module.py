@@ -17,9 +17,7 @@ from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
-import psutil
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 
 from laptrain.callbacks.ema import EMA
 from laptrain.callbacks.oom_backoff import is_oom
@@ -28,7 +26,7 @@ from laptrain.model.trm.carry import Carry
 from laptrain.model.trm.loss import LOSSES, halt_loss, per_puzzle_answer_loss
 from laptrain.model.trm.metrics import SudokuMetrics
 from laptrain.model.trm.network import StepOutput, TinyRecursiveModel, TRMArch
-from laptrain.model.trm.sizing import SizePreset, choose_size, parse_presets
+from laptrain.model.trm.sizing import SizePreset, parse_presets
 
 
 class EagerFallback:
@@ -59,25 +57,18 @@ class EagerFallback:
         return self.eager(*args)
 
 
-def resolve_size(
-    size: str,
-    presets: Mapping[str, SizePreset],
-    memory_gb: float | None,
-    time_budget_min: float,
-    target_samples: int,
-) -> str:
-    """Return the preset name for ``size`` (``auto`` -> :func:`choose_size`, logged)."""
-    if size != "auto":
-        if size not in presets:
-            raise ValueError(f"model.size={size!r}: choose auto or one of {sorted(presets)}")
-        return size
-    if memory_gb is None:
-        memory_gb = psutil.virtual_memory().total / 1e9
-    speed_scale = max(1, torch.get_num_threads()) / 2  # reference machine: 2 threads (docs/trm.md)
-    choice = choose_size(presets, memory_gb, time_budget_min, target_samples, speed_scale)
-    for line in choice.lines:
-        rank_zero_info(line)
-    return choice.name
+def resolve_size(size: str, presets: Mapping[str, SizePreset]) -> str:
+    """The preset name for ``size``. ``auto`` never reaches here from ``train.py``: the model
+    YAML's ``_argv_hook_`` (laptrain/model/trm/sizing.py) resolves it on the command line, the one
+    place that decides it, so ``--cfg job`` shows the choice."""
+    if size == "auto":
+        raise ValueError(
+            "model.size=auto is chosen by train.py before Hydra composes; when building the "
+            f"module yourself pick a preset: model.size=<one of {', '.join(sorted(presets))}>"
+        )
+    if size not in presets:
+        raise ValueError(f"model.size={size!r}: choose auto or one of {sorted(presets)}")
+    return size
 
 
 def check_precision(device_type: str, precision: str) -> None:
@@ -108,9 +99,10 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
 
     Args:
         vocab_size, seq_len: from the datamodule (pad 0, blank 1, digits 2..; cells per board).
-        size: a key of ``sizes`` or ``auto`` (pick by ``memory_gb`` and ``time_budget_min``).
+        size: a key of ``sizes`` (``auto`` is resolved on the command line by the YAML's
+            ``_argv_hook_``, from ``memory_gb`` and ``time_budget_min``).
         sizes: presets (see ``conf/model/trm_sudoku.yaml`` and :class:`SizePreset`).
-        memory_gb: RAM for ``size=auto``; None = this machine's total RAM.
+        memory_gb: RAM for ``size=auto``; None = this machine's total RAM (recorded only).
         time_budget_min, auto_target_samples: the budget ``auto`` must fit, and the supervision
             samples a useful run needs.
         loss: ``stablemax`` (paper) or ``softmax`` cross-entropy.
@@ -149,7 +141,7 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         if not 0.0 <= exploration_prob <= 1.0:
             raise ValueError(f"model.exploration_prob={exploration_prob} must be in [0, 1]")
         presets = parse_presets(sizes)
-        name = resolve_size(size, presets, memory_gb, time_budget_min, auto_target_samples)
+        name = resolve_size(size, presets)
         self.save_hyperparameters(
             {
                 "vocab_size": vocab_size,
