@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import math
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -354,6 +353,9 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Rescale the step's gradients to sum / (response tokens of the whole step). Runs after
+        the precision plugin unscales and before clipping. Under DDP each process normalises by
+        its own tokens before the average (not by the global count)."""
         if self._window_ref is None or self._window_tokens == 0:
             return
         factor = self._window_ref * self.trainer.accumulate_grad_batches / self._window_tokens
@@ -503,8 +505,3 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self._adapter_step = step
         for old in sorted(root.glob("step-*"))[:-KEEP_ADAPTERS]:
             shutil.rmtree(old, ignore_errors=True)
-
-
-def perplexity(loss: float) -> float:
-    """exp(loss), capped where it would overflow."""
-    return math.exp(min(loss, 50.0))
