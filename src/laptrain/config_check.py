@@ -25,7 +25,7 @@ from laptrain.plan import batch_follows_profile
 
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 # laptrain's own reserved keys in a model YAML, removed before instantiation (laptrain.argv).
-LAPTRAIN_KEYS = {"_argv_hook_"}
+LAPTRAIN_KEYS = {"_argv_hook_", "_metric_"}
 
 
 class ConfigError(ValueError):

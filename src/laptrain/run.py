@@ -219,7 +219,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
     if trainer.is_global_zero and hasattr(model, "export"):
-        model.export(output_dir / "model")
+        model.export(output_dir / getattr(model, "export_folder", "model"))
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     rank_zero_info(f"run folder: {output_dir}")
     return Outcome("done", 0, metrics.get(str(cfg.get("optimized_metric"))))

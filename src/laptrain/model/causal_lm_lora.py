@@ -481,6 +481,8 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
             )
         return json.loads(json.dumps(config, default=str))
 
+    export_folder = "adapter"  # run.py writes the final adapter to <run>/adapter/
+
     def export(self, folder: str | Path) -> None:
         """Write the adapter (peft ``save_pretrained``), the tokenizer and training_config.json."""
         folder = Path(folder)
