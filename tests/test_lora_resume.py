@@ -1,0 +1,129 @@
+"""`python train.py experiment=lora_offline`, stopped by SIGTERM mid-run and rerun, ends with the
+same adapter as an uninterrupted run; rerunning the folder on another base is refused.
+
+Tiny sizes: a 32-wide 1-layer base pretrained a few steps, a handful of stdlib modules, 12 LoRA
+steps with validation (and so a top-k checkpoint with its adapter folder) every 4. LoRA dropout
+is on, so the dropout RNG has to come back from the checkpoint too.
+
+Measured: equal on the first try. The stopped run also validates at step 6 (Lightning validates
+when ``should_stop`` is set) and leaves a ``best-step6.ckpt``; ``last.ckpt`` was saved before that
+validation, so the rerun's top-k ranking (and the best checkpoint it tests) matches the straight
+run's, and the orphaned file is never chosen.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import run_train
+
+TOTAL, STOP = 12, 6
+RUN = ["run_name=lora"]
+TINY_LORA = [
+    "experiment=lora_offline",
+    "hardware=cpu",
+    "hardware.torch_threads=1",
+    "model.tiny_base.hidden_size=32",
+    "model.tiny_base.intermediate_size=64",
+    "model.tiny_base.num_layers=1",
+    "model.tiny_base.steps=4",
+    "model.lora.r=4",
+    "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
+    "data.vocab_size=512",
+    "data.max_length=64",
+    "data.batch_size=4",
+    f"trainer.max_steps={TOTAL}",
+    "trainer.val_check_interval=4",
+    "trainer.log_every_n_steps=2",
+    "trainer.deterministic=true",
+    "test=false",
+]
+
+
+class SigtermAt(pl.Callback):
+    """Sends this process SIGTERM as the batch that makes ``global_step`` reach ``step`` begins:
+    GracefulStop finishes that batch and saves ``last.ckpt`` at exactly ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+SIGTERM_AT = [
+    f"+callbacks.sigterm_at._target_={__name__}.SigtermAt",  # train.py's folder is on sys.path
+    f"+callbacks.sigterm_at.step={STOP}",
+]
+
+
+def train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    # One thread: two concurrent runs on a shared machine should not fight over cores.
+    return run_train(args, cwd, env={"OMP_NUM_THREADS": "1"})
+
+
+def final_weights(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
+    """The exported adapter, last.ckpt's adapter weights, and last.ckpt's global step."""
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    adapter = load_file(str(run / "adapter" / "adapter_model.safetensors"))
+    return adapter, ckpt["state_dict"], int(ckpt["global_step"])
+
+
+def assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:
+    assert a.keys() == b.keys(), what
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"{what}: {len(differ)} of {len(a)} tensors differ, e.g. {differ[0]}"
+
+
+def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_refused(
+    tmp_path: Path,
+) -> None:
+    straight_dir, stopped_dir = tmp_path / "straight", tmp_path / "stopped"
+    for folder in (straight_dir, stopped_dir):
+        folder.mkdir()
+        # one cache: the tokenizer, data and base are built once (the base has a content key)
+        (folder / "cache").symlink_to(tmp_path / "cache", target_is_directory=True)
+    (tmp_path / "cache").mkdir()
+
+    straight = train([*TINY_LORA, *RUN], straight_dir)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    want_adapter, want_ckpt, step = final_weights(straight_dir / "outputs" / "lora")
+    assert step == TOTAL and want_ckpt
+
+    stopped = train([*TINY_LORA, *RUN, *SIGTERM_AT], stopped_dir)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    run = stopped_dir / "outputs" / "lora"
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == STOP
+    assert not (run / "adapter").exists()  # the final adapter is written only when a run ends
+
+    resumed = train([*TINY_LORA, *RUN], stopped_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"global step {STOP}," in resumed.stdout
+    got_adapter, got_ckpt, step = final_weights(run)
+    assert step == TOTAL
+    assert_equal(want_ckpt, got_ckpt, "last.ckpt adapter weights")
+    assert_equal(want_adapter, got_adapter, "adapter/adapter_model.safetensors")
+    # the step adapters beside the checkpoints hold the same weights
+    step_adapter = load_file(
+        str(run / "adapters" / f"step-{TOTAL:06d}" / "adapter_model.safetensors")
+    )
+    assert_equal(want_adapter, step_adapter, f"adapters/step-{TOTAL:06d}")
+
+    other = [a for a in TINY_LORA if not a.startswith("model.tiny_base.hidden_size")]
+    refused = train(
+        [*other, "model.tiny_base.hidden_size=48", *RUN, f"trainer.max_steps={TOTAL + 4}"],
+        stopped_dir,
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "base" in errors[0], refused.stderr[-3000:]
