@@ -109,6 +109,13 @@ class RunPlan:
         return data
 
 
+def plan_device(cfg: DictConfig) -> str:
+    """The device kind (cpu, cuda, mps) the trainer config asks for."""
+    return _device_kind(
+        str(cfg.trainer.get("accelerator") or cfg.hardware.get("accelerator") or "cpu")
+    )
+
+
 def _device_kind(accelerator: str) -> str:
     if accelerator in ("cpu", "cuda", "mps"):
         return accelerator

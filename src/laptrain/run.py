@@ -26,7 +26,9 @@ from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
-from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan
+from laptrain.model.base_dtype import resolve_auto_base_dtype
+from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan, plan_device
+from laptrain.preflight.budget import device_budget
 from laptrain.versions import package_versions
 
 
@@ -141,7 +143,19 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     for key in LAPTRAIN_KEYS:  # read by the launcher, not arguments of the module
         model_cfg.pop(key, None)
-    model = instantiate(model_cfg, _convert_="all", **model_kwargs)
+    probe = TorchProbe(plan_device(cfg))
+    hw = cfg.hardware
+    decided = resolve_auto_base_dtype(  # model.base_dtype=auto: fp32 if it fits, else bf16
+        model_cfg,
+        lambda: (
+            device_budget(
+                probe, float(hw.get("memory_fraction", 0.8)), hw.get("memory_budget_gb")
+            ).bytes
+        ),
+        probe.bf16_supported(),
+        rank_zero_info,
+    )
+    model = instantiate(model_cfg, _convert_="all", **model_kwargs, **decided)
     plan = build_run_plan(cfg, model, datamodule, precision, output_dir, Path(cfg.paths.cache_dir))
     if follows:
         datamodule = datamodule.with_batch_sizes(plan.loader_batch, plan.eval_batch)

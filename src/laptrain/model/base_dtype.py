@@ -1,0 +1,83 @@
+"""``model.base_dtype: auto`` for a frozen base: float32 when it fits the machine, else bfloat16.
+
+Gap it fills: peft and transformers load a base in whatever dtype they are told; nothing looks at
+the machine first. A frozen base costs only its weights (no gradients, no optimizer state), so the
+rule compares the float32 weights with the memory budget the preflight will use (docs/hardware.md
+§1b, §9): float32 when they take at most ``FP32_SHARE`` of it, leaving the rest for activations,
+adapters and the allocator; bfloat16 otherwise (half the bytes; Llama 3.2 3B: 12.85 GB -> 6.43 GB).
+The parameter count comes from the model's config on the meta device, so nothing is downloaded
+but ``config.json`` and no weights are allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+FP32_SHARE = 0.5
+GB = 1024**3
+
+
+def base_parameter_count(model_cfg: Mapping[str, Any]) -> int | None:
+    """Parameters of the base a causal-LM config names (hub name, folder or backbone dict)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from laptrain.pretrained import from_pretrained
+
+    pretrained, backbone = model_cfg.get("pretrained"), model_cfg.get("backbone")
+    if pretrained:
+        config = from_pretrained(
+            AutoConfig.from_pretrained,
+            str(pretrained),
+            "model config",
+            "set model.pretrained to a folder written by save_pretrained, or "
+            "model.base_dtype=float32|bfloat16",
+        )
+    elif backbone and "model_type" in backbone:
+        fields = {k: v for k, v in backbone.items() if k != "model_type"}
+        config = AutoConfig.for_model(backbone["model_type"], **fields)
+    else:
+        return None  # built later from tiny_base: tiny by definition
+    import torch
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def choose_base_dtype(
+    params: int | None, budget_bytes: float, bf16_supported: bool
+) -> tuple[str, str]:
+    """(``float32`` or ``bfloat16``, the reason in one line)."""
+    if params is None:
+        return "float32", "base_dtype auto: a tiny base built here, float32"
+    fp32 = 4 * params
+    if fp32 <= FP32_SHARE * budget_bytes:
+        return "float32", (
+            f"base_dtype auto: {params / 1e9:.2f}B parameters = {fp32 / GB:.2f} GB in float32, "
+            f"within {FP32_SHARE:.0%} of the {budget_bytes / GB:.1f} GB budget: float32"
+        )
+    if not bf16_supported:
+        return "float32", (
+            f"base_dtype auto: float32 needs {fp32 / GB:.2f} GB, over {FP32_SHARE:.0%} of the "
+            f"{budget_bytes / GB:.1f} GB budget, but this device has no native bfloat16: float32"
+        )
+    return "bfloat16", (
+        f"base_dtype auto: {params / 1e9:.2f}B parameters = {fp32 / GB:.2f} GB in float32, over "
+        f"{FP32_SHARE:.0%} of the {budget_bytes / GB:.1f} GB budget: bfloat16 "
+        f"({fp32 / 2 / GB:.2f} GB)"
+    )
+
+
+def resolve_auto_base_dtype(
+    model_cfg: Mapping[str, Any],
+    budget_bytes: Callable[[], float],
+    bf16_supported: bool,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Constructor overrides for a model config whose ``base_dtype`` is ``auto`` (else none)."""
+    if str(model_cfg.get("base_dtype")) != "auto":
+        return {}
+    choice, why = choose_base_dtype(base_parameter_count(model_cfg), budget_bytes(), bf16_supported)
+    say(why)
+    return {"base_dtype": choice}
