@@ -127,3 +127,13 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
     assert refused.returncode == 2, refused.stderr[-3000:]
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "base" in errors[0], refused.stderr[-3000:]
+
+
+def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path):
+    """`trainer=ddp_cpu` (Lightning's ddp_spawn, 2 CPU processes): 4 steps, one checkpoint, the
+    adapter exported once (rank 0)."""
+    done = train([*TINY_LORA, *RUN, "trainer=ddp_cpu", "trainer.max_steps=4"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "effective batch size: 8" in done.stdout  # 4 per process x 2 processes
+    _, state, step = final_weights(tmp_path / "outputs" / "lora")
+    assert step == 4 and all("lora_" in k for k in state)

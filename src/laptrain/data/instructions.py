@@ -49,6 +49,7 @@ from laptrain.data.text_classification import (
     SPLIT_ALIASES,
     TextClassificationDataModule,
     _file_digest,
+    publish_entry,
 )
 from laptrain.data.tokenizer import load_tokenizer
 
@@ -545,23 +546,17 @@ class InstructionDataModule(TextClassificationDataModule):
         tokenizer.save_pretrained(str(tmp / "tokenizer"))
         meta = {"sizes": {k: len(v["length"]) for k, v in encoded.items()}, "truncated": truncated}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if entry.exists():  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.rename(entry)
+        publish_entry(tmp, entry)
 
     # ---- using it -----------------------------------------------------------------------------
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        if self.entry is None:
-            self.prepare_data()
         import datasets
         from transformers import AutoTokenizer
 
-        assert self.entry is not None
-        meta = json.loads((self.entry / "meta.json").read_text())
+        meta = self.read_meta()
         self.splits = {
             s: datasets.load_from_disk(str(self.entry / s))
             if (self.entry / s).is_dir()

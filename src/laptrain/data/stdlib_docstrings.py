@@ -18,8 +18,9 @@ import json
 import os
 import sys
 import sysconfig
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def _docstrings(tree: ast.Module) -> Iterator[str]:
@@ -89,10 +90,15 @@ def build_stdlib_docstrings(
                 f"no docstrings found under {sysconfig.get_paths()['stdlib']}: this Python ships "
                 "without its standard library sources; use data=text_csv with your own file"
             )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        with tmp.open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        tmp.replace(out)
+        write_jsonl(out, rows)
     return {"all": str(out)}
+
+
+def write_jsonl(out: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Write rows as JSON lines through a temporary file, so a reader never sees half a file."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    tmp.replace(out)

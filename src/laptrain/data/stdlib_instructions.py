@@ -12,13 +12,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import re
 import sys
 import sysconfig
 from pathlib import Path
 
-from laptrain.data.stdlib_docstrings import _source_files
+from laptrain.data.stdlib_docstrings import _source_files, write_jsonl
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 
@@ -93,10 +92,5 @@ def build_stdlib_instructions(
                 f"{', '.join(modules)}: this Python ships without its standard library sources, or "
                 "the modules are wrong; use data=instructions with your own file"
             )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        with tmp.open("w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        tmp.replace(out)
+        write_jsonl(out, rows)
     return {"all": str(out)}

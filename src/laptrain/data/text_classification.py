@@ -31,6 +31,14 @@ SPLIT_ALIASES = {"train": "train", "validation": "val", "val": "val", "dev": "va
 CACHE_VERSION = 2  # 2: stratified split
 
 
+def publish_entry(tmp: Path, entry: Path) -> None:
+    """Move a finished cache folder into place, unless another process finished first."""
+    if entry.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(entry)
+
+
 def _check_batch_size(batch_size: int | None) -> None:
     if batch_size is not None and int(batch_size) < 1:
         raise ValueError(
@@ -302,23 +310,24 @@ class TextClassificationDataModule(pl.LightningDataModule):
         tokenizer.save_pretrained(str(tmp / "tokenizer"))
         meta = {"label_names": label_names, "sizes": {k: len(v) for k, v in splits.items()}}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if entry.exists():  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.rename(entry)
+        publish_entry(tmp, entry)
 
     # ---- using it -----------------------------------------------------------------------------
+
+    def read_meta(self) -> dict[str, Any]:
+        """The cache entry's meta.json, preparing the entry first if this process has not."""
+        if self.entry is None:
+            self.prepare_data()
+        assert self.entry is not None
+        return json.loads((self.entry / "meta.json").read_text())
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
-        if self.entry is None:
-            self.prepare_data()
         import datasets
         from transformers import AutoTokenizer
 
-        assert self.entry is not None
-        meta = json.loads((self.entry / "meta.json").read_text())
+        meta = self.read_meta()
         self.label_names = meta["label_names"]
         self.splits = {
             s: datasets.load_from_disk(str(self.entry / s)) for s in ("train", "val", "test")
