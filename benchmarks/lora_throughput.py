@@ -14,8 +14,9 @@ default.yaml) except the progress bar, and TensorBoard logging every 10 steps; t
 tokens/s counts every input token of the timed steps (prompt and response). The ratio's goal is
 >= 0.95.
 
-Preflight: parameter counts from a LlamaConfig built on the meta device (nothing downloaded), LoRA
-r 16 on all linear layers, gradient checkpointing on. Activations are measured on a 2-layer
+Preflight: the code of ``laptrain preflight`` (laptrain.preflight.from_config) on a LlamaConfig:
+parameter counts on the meta device (nothing downloaded), LoRA r 16 on all linear layers, gradient
+checkpointing on. Activations are measured on a 2-layer
 full-width copy on CPU at short lengths (laptrain.preflight.activations, fitted per length and
 extrapolated), the per-layer part scaled to 28 layers; the sum follows laptrain.preflight.estimate
 (device calibration, allocator slack). Apple budgets are 0.65 x the MPS recommended maximum, taken
@@ -34,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -330,55 +330,37 @@ BUDGET_FRACTION = 0.65  # laptrain's Apple profiles: memory_fraction 0.65 of tha
 LENGTHS = (512, 1024, 2048)
 
 
-def lora_model(fields: dict[str, Any], r: int, device: str) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    with torch.device(device):
-        base = LlamaForCausalLM(LlamaConfig(**fields))
-    base.config.use_cache = False
-    config = LoraConfig(
-        r=r, lora_alpha=2 * r, target_modules="all-linear", bias="none", task_type="CAUSAL_LM"
-    )
-    return get_peft_model(base, config)
-
-
 def preflight(args: argparse.Namespace) -> None:
-    from laptrain.preflight.activations import measure_activations
-    from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, ModelMemory
+    from transformers import LlamaConfig
+
+    from laptrain.preflight.from_config import (
+        count_lora,
+        lora_estimate,
+        measure_lora_activations,
+    )
 
     r, layers = 16, LLAMA32_3B["num_hidden_layers"]
-    meta = lora_model(LLAMA32_3B, r, "meta")
-    params = sum(p.numel() for p in meta.parameters())
-    trainable = sum(p.numel() for p in meta.parameters() if p.requires_grad)
-    del meta
+    config = LlamaConfig(**LLAMA32_3B)
+    lora = {"r": r, "alpha": 2 * r, "target_modules": "all-linear"}
+    counts = count_lora(config, lora)
+    params, trainable = counts.params, counts.trainable
 
     # Activations: a 2-layer copy at full width on CPU with checkpointing on, measured at short
-    # lengths and fitted; the per-layer part (each layer's input) is scaled from 2 to 28 layers.
+    # lengths and fitted; the per-layer part is scaled from 2 to 28 layers (laptrain preflight's
+    # own code, laptrain.preflight.from_config).
     start = time.perf_counter()
-    small = lora_model({**LLAMA32_3B, "num_hidden_layers": 2}, r, "cpu")
-    small.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    small.enable_input_require_grads()
-    profile = measure_activations(small, args.preflight_seq)
-    del small
+    profile = measure_lora_activations(config, lora, args.preflight_seq)
     measured_s = time.perf_counter() - start
-    per_layer = replace(
-        profile.block_inputs,
-        c=profile.block_inputs.c * layers / 2,
-        a=profile.block_inputs.a * layers / 2,
-        b=profile.block_inputs.b * layers / 2,
-    )
-    profile = replace(profile, block_inputs=per_layer, blocks=layers, checkpointing=True)
 
     print(machine_line())
     print(
         f"Llama 3.2 3B (hidden 3072, 28 layers, 24 heads / 8 KV, intermediate 8192, vocab 128256, "
         f"tied embeddings): {params / 1e9:.3f} B parameters with LoRA r {r} all-linear, "
         f"{trainable / 1e6:.1f} M trainable (counted on the meta device). Activations measured on "
-        f"a 2-layer full-width copy on CPU at {args.preflight_seq // 4}-"
-        f"{3 * args.preflight_seq // 4} tokens in {measured_s:.0f} s, extrapolated to 28 layers "
-        "and 512-2048 tokens. ALL FIGURES ARE ESTIMATES (GB, micro batch 1, gradient "
-        "checkpointing on, AdamW fp32 on the adapters; bf16 rows halve base weights and "
+        f"a 2-layer full-width copy on CPU at {max(8, args.preflight_seq // 4)}-"
+        f"{3 * max(8, args.preflight_seq // 4)} tokens in {measured_s:.0f} s, extrapolated to "
+        f"{layers} layers and 512-2048 tokens. ALL FIGURES ARE ESTIMATES (GB, micro batch 1, "
+        "gradient checkpointing on, AdamW fp32 on the adapters; bf16 rows halve base weights and "
         "activations).\n"
     )
     budgets = {ram: BUDGET_FRACTION * MPS_RECOMMENDED * ram for ram in APPLE_RAM_GB}
@@ -386,20 +368,10 @@ def preflight(args: argparse.Namespace) -> None:
     print(f"| base | tokens | estimate (weights + adapters/grads/AdamW + activations) | {header} |")
     print("|---|---:|---|" + "---|" * len(budgets))
     for dtype, width in (("fp32", 4), ("bf16", 2)):
-        memory = ModelMemory(
-            params=params,
-            trainable=trainable,
-            param_bytes=4,
-            materialized_cpu_bytes=0,
-            activations=profile,
-            activation_scale=1.0 if width == 4 else 0.5,
-        )
         for seq in LENGTHS:
-            est = memory.estimate(1, seq, "mps", baseline=0.0, checkpointing=True)
-            weights = (params - trainable) * width + trainable * 4
-            static = weights + est.grads + est.optimizer
-            slack = DEVICE_ALLOCATOR_SLACK * (static + est.activations + est.transient)
-            est = replace(est, weights=float(weights), overhead=slack)
+            est = lora_estimate(
+                counts, profile, seq, width, "mps", vocab=int(LLAMA32_3B["vocab_size"])
+            )
             total = est.total
             cells = " | ".join(
                 f"~{total / GB:.1f} est. {'fits' if total <= b * GB else 'over'}"
@@ -424,7 +396,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--preflight", action="store_true", help="print the Llama 3.2 3B table")
-    parser.add_argument("--preflight-seq", type=int, default=128, help=argparse.SUPPRESS)
+    parser.add_argument("--preflight-seq", type=int, default=32, help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=["laptrain", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--ckpt", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()

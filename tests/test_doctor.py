@@ -173,3 +173,15 @@ def test_a_missing_required_package_fails_the_versions_check():
     check = check_versions({"python": "3.11.7", "torch": "2.13.0", "lightning": "2.6.6"})
     assert not check.ok and check.fix == "pip install -e ."
     assert check.detail == "missing transformers, peft, hydra, omegaconf"
+
+
+def test_doctor_with_a_lora_model_runs_tiny_llama_lora_steps(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(HIGH, raising=False)
+    assert main(["doctor", "model=tiny_llama_lora"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "[ok  ] lora training: 3 LoRA steps of a tiny Llama with gradient checkpointing on cpu"
+        in out
+    )
+    assert out.rstrip().endswith("\nready")

@@ -1,5 +1,7 @@
 """The ``laptrain`` console script: ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``,
-and ``laptrain export|generate|eval <run or adapter folder>`` for LoRA adapters.
+``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]`` (a causal-LM LoRA
+job's memory estimate from config.json alone), and ``laptrain export|generate|eval <run or adapter
+folder>`` for LoRA adapters.
 
 ``laptrain-train`` runs the repository's ``train.py`` (Hydra's entry point stays a plain script so
 ``python train.py`` and the console script behave the same).
@@ -39,6 +41,19 @@ def configured_model_params(overrides: list[str]) -> int | None:
         return None
 
 
+def is_causal_lm_lora(model: str | None) -> bool:
+    """Whether ``model=<name>`` names a causal-LM LoRA config (conf/model/<name>.yaml)."""
+    if not model:
+        return False
+    path = conf_dir() / "model" / f"{model}.yaml"
+    if not path.is_file():
+        return False
+    from omegaconf import OmegaConf
+
+    target = OmegaConf.load(path).get("_target_")
+    return target == "laptrain.model.causal_lm_lora.CausalLMLoRAModule"
+
+
 def doctor(args: argparse.Namespace) -> int:
     from laptrain.doctor import run_doctor
     from laptrain.hardware.detect import detect_machine, read_raw_machine
@@ -71,7 +86,13 @@ def doctor(args: argparse.Namespace) -> int:
     params = configured_model_params(
         [f"model={overrides['model']}"] if "model" in overrides else []
     )
-    report = run_doctor(name, environ=exported, machine=machine, params=params)
+    report = run_doctor(
+        name,
+        environ=exported,
+        machine=machine,
+        params=params,
+        lora=is_causal_lm_lora(overrides.get("model")),
+    )
     print(report.to_json() if args.json else report.text())
     return 0 if report.ready else 1
 
@@ -146,8 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "overrides", nargs="*", help="hardware=<profile> (default auto), model=<name>"
     )
+    estimate = commands.add_parser(
+        "preflight", help="memory estimate of a causal-LM LoRA job from config.json alone"
+    )
+    estimate.add_argument(
+        "overrides",
+        nargs="*",
+        help="train.py overrides: model=..., hardware=..., data=..., key=value",
+    )
     _add_lora_commands(commands)
     args = parser.parse_args(argv)
+    if args.command == "preflight":
+        from laptrain.preflight.from_config import preflight_main
+
+        return preflight_main(args.overrides)
     if args.command in ("export", "generate", "eval"):
         return lora_command(args)
     return doctor(args)

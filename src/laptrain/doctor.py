@@ -261,6 +261,103 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     )
 
 
+def tiny_lora_batches(count: int, batch: int = 2, seq: int = 32, vocab: int = 256) -> list[dict]:
+    """Random token rows whose first half is prompt (label -100): the masked instruction format."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(count):
+        ids = torch.randint(4, vocab, (batch, seq), generator=generator)
+        labels = ids.clone()
+        labels[:, : seq // 2] = -100
+        rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+    return rows
+
+
+def check_lora_training(profile: Mapping[str, Any]) -> Check:
+    """Three LoRA steps of a tiny Llama with gradient checkpointing on the profile's device.
+
+    Checkpointing with a frozen base is where LoRA breaks silently (no gradient reaches the
+    adapters: transformers#26377, #42489), so besides finite losses every lora_B matrix (zeros at
+    init) must have moved.
+    """
+    from functools import partial
+
+    import lightning.pytorch as pl
+    import torch
+
+    from laptrain.hardware.probe import TorchProbe
+    from laptrain.model.causal_lm_lora import CausalLMLoRAModule, refuse_precision
+
+    kind = str(profile.get("accelerator", "cpu"))
+    try:
+        precision = validate_precision(
+            profile.get("precision"), kind, TorchProbe(kind).bf16_supported()
+        )
+    except ProfileError as err:
+        return Check("lora training", False, str(err), "fix hardware.precision in the profile")
+    if refuse_precision(kind, precision):
+        precision = "32-true"  # train.py refuses it for LoRA with its own line; test the rest
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    torch.manual_seed(0)
+    backbone = {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "tie_word_embeddings": False,
+    }
+    module = CausalLMLoRAModule(
+        backbone=backbone,
+        lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
+        gradient_checkpointing=True,
+        optimizer=partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.0),
+        scheduler="constant",
+        save_adapters=False,
+    )
+    losses: list[float] = []
+
+    class Losses(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            losses.append(float(outputs["loss"]))
+
+    trainer = pl.Trainer(
+        accelerator=kind,
+        devices=1,
+        precision=precision,
+        max_steps=3,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Losses()],
+    )
+    loader = torch.utils.data.DataLoader(tiny_lora_batches(3), batch_size=None)
+    trainer.fit(module, train_dataloaders=loader)
+    lora_b = [p for n, p in module.named_parameters() if "lora_B" in n]
+    moved = sum(bool(p.detach().abs().sum() > 0) for p in lora_b)
+    if len(losses) < 3 or not all(math.isfinite(x) for x in losses) or moved < len(lora_b):
+        return Check(
+            "lora training",
+            False,
+            f"losses {losses}, {moved}/{len(lora_b)} LoRA B matrices updated with checkpointing",
+            "report this with --json output",
+        )
+    return Check(
+        "lora training",
+        True,
+        f"3 LoRA steps of a tiny Llama with gradient checkpointing on {kind} in {precision}, "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, {moved}/{len(lora_b)} LoRA B matrices updated",
+    )
+
+
 def _guard(name: str, check: Callable[[], Check]) -> Check:
     """A check that raises becomes a failed check naming the error, not a traceback."""
     try:
@@ -275,8 +372,10 @@ def run_doctor(
     machine: MachineInfo | None = None,
     output_dir: Path | None = None,
     params: int | None = None,
+    lora: bool = False,
 ) -> Report:
-    """Run every check; nothing here raises."""
+    """Run every check; nothing here raises. ``lora``: a causal-LM LoRA model was named, so also
+    run :func:`check_lora_training`."""
     environ = dict(os.environ if environ is None else environ)
     machine = machine or detect_machine()
     try:
@@ -296,6 +395,10 @@ def run_doctor(
     ]
     if all(c.ok for c in checks):
         checks.append(_guard("training", lambda: check_training(profile)))
+        if lora:
+            checks.append(_guard("lora training", lambda: check_lora_training(profile)))
     else:
         checks.append(Check("training", False, "skipped: fix the failures above first"))
+        if lora:
+            checks.append(Check("lora training", False, "skipped: fix the failures above first"))
     return Report(checks)

@@ -1,0 +1,381 @@
+"""Memory estimate of a causal-LM LoRA job from the base's ``config.json`` alone (no weights).
+
+Gap it fills: train.py's preflight measures the model it has built, which for a 3B base means
+downloading and loading 6-13 GB first. Here parameters are counted on the meta device, and the
+saved-for-backward bytes are measured on a 2-layer copy at full width (same hidden size, heads and
+vocabulary, so the logits B·S·V are real) at short lengths on CPU, then extrapolated in length
+(``laptrain.preflight.activations``) and in depth (the per-layer parts times layers / 2). The sum
+follows ``laptrain.preflight.estimate``: the frozen base in its own dtype, the adapters in fp32
+with their gradients and AdamW state. ``laptrain preflight`` and
+``benchmarks/lora_throughput.py --preflight`` both use this module.
+
+Only causal-LM LoRA configs (``CausalLMLoRAModule``) are estimated here: the classifier families
+are small enough that train.py's own preflight builds and measures them before training.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from laptrain.preflight.activations import ActivationProfile, Quadratic, measure_activations
+from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, Estimate, ModelMemory
+
+GiB = 1024**3
+GB = 1e9
+MEASURED_LAYERS = 2
+MEASURED_SEQ = 32  # measured at 8, 16 and 24 tokens: the quadratic fit is exact in length
+SMALL_TENSOR = 1 << 22
+LORA_TARGET = "laptrain.model.causal_lm_lora.CausalLMLoRAModule"
+
+
+class PreflightInputError(ValueError):
+    """The estimate cannot be made; the message is one line with the fix."""
+
+
+@dataclass(frozen=True)
+class LoRACounts:
+    params: int  # base + adapters
+    trainable: int  # adapters only
+
+    @property
+    def base(self) -> int:
+        return self.params - self.trainable
+
+
+def causal_lm_config(model_cfg: Mapping[str, Any]) -> Any | None:
+    """The transformers config a LoRA model config names (hub name, folder or backbone dict);
+    None for a base built from ``tiny_base``. Only ``config.json`` is read."""
+    from transformers import AutoConfig
+
+    from laptrain.pretrained import from_pretrained
+
+    pretrained, backbone = model_cfg.get("pretrained"), model_cfg.get("backbone")
+    if pretrained:
+        return from_pretrained(
+            AutoConfig.from_pretrained,
+            str(pretrained),
+            "model config",
+            "set model.pretrained to a folder written by save_pretrained (config.json is enough)",
+        )
+    if backbone and "model_type" in backbone:
+        fields = {k: v for k, v in backbone.items() if k != "model_type"}
+        return AutoConfig.for_model(backbone["model_type"], **fields)
+    return None
+
+
+def _targets(lora: Mapping[str, Any]) -> str | list[str]:
+    targets = lora.get("target_modules", "all-linear")
+    if isinstance(targets, Sequence) and not isinstance(targets, str):
+        return [str(t) for t in targets]
+    return str(targets)
+
+
+def lora_model(
+    config: Any, lora: Mapping[str, Any], device: str, layers: int | None = None
+) -> nn.Module:
+    """The peft model of ``config`` (optionally cut to ``layers``) on ``device``.
+
+    On ``cpu`` the weights are not initialised: the activation measurement needs the sizes of saved
+    tensors, not their values. Norms and buffers (rotary frequencies) are zeroed; the large
+    matrices are left as allocated (fresh pages, which read as zeros without being written:
+    zeroing or a random init of a 128k x 3072 embedding costs seconds).
+    """
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    if layers is not None:
+        config = type(config).from_dict({**config.to_dict(), "num_hidden_layers": layers})
+    config.use_cache = False
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config)
+    if device != "meta":
+        base = base.to_empty(device=device)
+        with torch.no_grad():
+            for tensor in (*base.parameters(), *base.buffers()):
+                if tensor.numel() < SMALL_TENSOR:
+                    tensor.zero_()
+    r = int(lora.get("r", 8))
+    peft_config = LoraConfig(
+        r=r,
+        lora_alpha=int(lora.get("alpha", 2 * r)),
+        target_modules=_targets(lora),
+        use_dora=bool(lora.get("use_dora", False)),
+        use_rslora=bool(lora.get("use_rslora", False)),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with warnings.catch_warnings():  # peft asks transformers' deprecated is_gradient_checkpointing
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(base, peft_config)
+
+
+def count_lora(config: Any, lora: Mapping[str, Any]) -> LoRACounts:
+    """Parameters with the adapters, and the adapters' own, counted on the meta device."""
+    model = lora_model(config, lora, "meta")
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return LoRACounts(params, trainable)
+
+
+def _scaled(q: Quadratic, factor: float) -> Quadratic:
+    return Quadratic(q.c * factor, q.a * factor, q.b * factor)
+
+
+def measure_lora_activations(
+    config: Any, lora: Mapping[str, Any], seq_len: int = MEASURED_SEQ
+) -> ActivationProfile:
+    """Saved-for-backward bytes of the full-depth model, from a 2-layer full-width copy on CPU.
+
+    Measured with gradient checkpointing on (the profile answers both ways); the per-layer parts
+    (the blocks' inputs, and the blocks' share of the total) are scaled from 2 layers to all.
+    """
+    layers = int(config.num_hidden_layers)
+    small = lora_model(config, lora, "cpu", layers=MEASURED_LAYERS)
+    kwargs = {"use_reentrant": False}
+    with warnings.catch_warnings():  # transformers' deprecation notes about the old names
+        warnings.simplefilter("ignore", FutureWarning)
+        base = small.get_base_model()
+        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.23
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        base.enable_input_require_grads()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            profile = measure_activations(small, seq_len)
+    del small
+    factor = layers / MEASURED_LAYERS
+    in_blocks = Quadratic(
+        profile.total.c - profile.outside.c,
+        profile.total.a - profile.outside.a,
+        profile.total.b - profile.outside.b,
+    )
+    total = _scaled(in_blocks, factor)
+    return replace(
+        profile,
+        total=Quadratic(
+            profile.outside.c + total.c, profile.outside.a + total.a, profile.outside.b + total.b
+        ),
+        block_inputs=_scaled(profile.block_inputs, factor),
+        blocks=layers,
+        checkpointing=True,
+    )
+
+
+def logits_bytes(micro_batch: int, seq_len: int, vocab: int) -> float:
+    """The fp32 logits of one micro batch, B·S·V·4: the largest tensor of a causal-LM step."""
+    return float(micro_batch * seq_len * vocab * 4)
+
+
+def lora_estimate(
+    counts: LoRACounts,
+    activations: ActivationProfile,
+    seq_len: int,
+    base_bytes: int,
+    kind: str,
+    micro_batch: int = 1,
+    checkpointing: bool = True,
+    baseline: float = 0.0,
+    vocab: int | None = None,
+) -> Estimate:
+    """Peak memory of one step: the frozen base in ``base_bytes`` per parameter, the adapters fp32
+    with gradients and AdamW's two states, activations (halved for a 16-bit base).
+
+    With ``vocab``, the saved activations are at least the logits B·S·V in fp32 (the loss keeps
+    them), whatever the short-length fit extrapolated to.
+    """
+    memory = ModelMemory(
+        params=counts.params,
+        trainable=counts.trainable,
+        param_bytes=4,
+        materialized_cpu_bytes=0,
+        activations=activations,
+        activation_scale=1.0 if base_bytes == 4 else 0.5,
+    )
+    est = memory.estimate(micro_batch, seq_len, kind, baseline, checkpointing=checkpointing)
+    if vocab:
+        est = replace(
+            est, activations=max(est.activations, logits_bytes(micro_batch, seq_len, vocab))
+        )
+    weights = float(counts.base * base_bytes + counts.trainable * 4)
+    if kind == "cpu":
+        return replace(est, weights=weights)
+    static = weights + est.grads + est.optimizer
+    slack = DEVICE_ALLOCATOR_SLACK * (static + est.activations + est.transient)
+    return replace(est, weights=weights, overhead=slack)
+
+
+# ---- laptrain preflight ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    bytes: float
+    source: str
+    bf16: bool  # whether the target device computes in bfloat16
+
+
+def _is_apple(profile: Mapping[str, Any]) -> bool:
+    return profile.get("accelerator") == "mps" or str(profile.get("name", "")).startswith("macbook")
+
+
+def choose_budget(hw: Mapping[str, Any]) -> BudgetChoice:
+    """The profile's budget: measured on this machine when the profile is for it, else
+    ``hardware.memory_budget_gb``; an Apple profile on another machine without it is refused."""
+    from laptrain.hardware.probe import TorchProbe
+    from laptrain.preflight.budget import device_budget
+
+    kind = str(hw.get("accelerator", "cpu"))
+    given = hw.get("memory_budget_gb")
+    fraction = float(hw.get("memory_fraction", 0.8))
+    probe = TorchProbe(kind)
+    here = probe.available() and (not _is_apple(hw) or platform.system() == "Darwin")
+    if here:
+        budget = device_budget(probe, fraction, given)
+        return BudgetChoice(budget.bytes, f"{budget.source} (this machine)", probe.bf16_supported())
+    name = hw.get("name", kind)
+    if given:
+        return BudgetChoice(
+            float(given) * GiB,
+            f"hardware.memory_budget_gb={given} (hardware={name} is for another machine)",
+            kind != "cpu",
+        )
+    where = "a Mac" if _is_apple(hw) else f"a {kind.upper()} machine"
+    raise PreflightInputError(
+        f"hardware={name} is for {where}, not this one: its memory budget cannot be probed here; "
+        f"add hardware.memory_budget_gb=<GB> (e.g. 0.65 x 0.75 x the Mac's RAM for an MPS profile)"
+    )
+
+
+def _gib(value: float) -> str:
+    return f"{value / GiB:.2f} GiB ({value / GB:.2f} GB)"
+
+
+def fix_list(
+    model_cfg: Mapping[str, Any], seq_len: int, dtype: str, checkpointing: bool
+) -> list[str]:
+    """What to change when the job does not fit, one line each."""
+    fixes = [f"shorter sequences: data.max_length={max(64, seq_len // 2)} (now {seq_len})"]
+    if not checkpointing:
+        fixes.append("gradient checkpointing: model.gradient_checkpointing=true")
+    if dtype != "bfloat16":
+        fixes.append("bf16 base: model.base_dtype=bfloat16 (halves the frozen weights)")
+    lora = model_cfg.get("lora") or {}
+    r = int(lora.get("r", 8))
+    fixes.append(
+        f"smaller adapter: model.lora.r={max(4, r // 2)} or model.lora.target_modules=[q_proj,v_proj]"
+    )
+    return fixes
+
+
+def _composed(overrides: list[str]) -> Any:
+    from laptrain.config_check import compose_argv
+    from laptrain.hardware.auto import resolve_hardware_argv
+    from laptrain.hardware.profile import conf_dir
+
+    argv, _ = resolve_hardware_argv(["train.py", *overrides])
+    return compose_argv(argv, str(conf_dir()))
+
+
+def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
+    """The lines ``laptrain preflight`` prints, and whether the job fits. Raises
+    ``PreflightInputError``/``ConfigError``/``OSError`` with one line."""
+    import psutil
+    from omegaconf import OmegaConf
+
+    from laptrain.model.base_dtype import choose_base_dtype
+
+    cfg = _composed(overrides)
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
+    if model_cfg.get("_target_") != LORA_TARGET:
+        raise PreflightInputError(
+            f"laptrain preflight estimates causal-LM LoRA models only ({LORA_TARGET}); "
+            f"model {model_cfg.get('_target_')} is measured by train.py's own preflight before "
+            "training"
+        )
+    config = causal_lm_config(model_cfg)
+    if config is None:
+        raise PreflightInputError(
+            "this model builds a tiny base from model.tiny_base (a few MB): nothing to estimate "
+            "before a download; train.py's preflight measures it"
+        )
+    hw = OmegaConf.to_container(cfg.hardware, resolve=True)
+    budget = choose_budget(hw)
+    lora = model_cfg.get("lora") or {}
+    counts = count_lora(config, lora)
+    data = cfg.get("data") or {}
+    seq_len = int(data.get("max_length") or 512)
+    batch = hw.get("batch_size")
+    micro = int(batch) if isinstance(batch, int) else 1
+    checkpointing = bool(model_cfg.get("gradient_checkpointing", False))
+    dtype = str(model_cfg.get("base_dtype", "float32"))
+    why = ""
+    if dtype == "auto":
+        dtype, why = choose_base_dtype(counts.base, budget.bytes, budget.bf16)
+    kind = str(hw.get("accelerator", "cpu"))
+    baseline = float(psutil.Process().memory_info().rss) if kind == "cpu" else 0.0
+    acts = measure_lora_activations(config, lora)
+    vocab = int(config.vocab_size)
+    est = {
+        name: lora_estimate(
+            counts, acts, seq_len, width, kind, micro, checkpointing, baseline, vocab
+        )
+        for name, width in (("float32", 4), ("bfloat16", 2))
+    }
+    chosen = est[dtype if dtype in est else "float32"]
+    fits = chosen.total <= budget.bytes
+    pretrained = model_cfg.get("pretrained") or "backbone"
+    lines = [
+        f"model: {pretrained} ({type(config).__name__}, {config.num_hidden_layers} layers x "
+        f"{config.hidden_size}, vocab {vocab}); counted on the meta device, no weights loaded",
+        f"parameters: {counts.base / 1e9:.2f} B base + {counts.trainable / 1e6:.1f} M trainable "
+        f"(LoRA r {lora.get('r', 8)}, targets {_targets(lora)})",
+        f"base weights: fp32 {_gib(counts.base * 4)} / bf16 {_gib(counts.base * 2)}",
+        f"base dtype: {dtype}" + (f" ({why})" if why else " (model.base_dtype)"),
+        f"job: micro batch {micro} x {seq_len} tokens (data={cfg.hydra.runtime.choices.get('data')}"
+        f" max_length), gradient checkpointing {'on' if checkpointing else 'off'}, {kind} "
+        f"calibration; logits B·S·V = {micro}·{seq_len}·{vocab}: "
+        f"{logits_bytes(micro, seq_len, vocab) / GiB:.2f} GiB fp32",
+    ]
+    for name, e in est.items():
+        adapters = e.grads + e.optimizer + counts.trainable * 4
+        lines.append(
+            f"estimate ({'fp32' if name == 'float32' else 'bf16'} base): {e.total / GiB:.2f} GiB = "
+            f"base {counts.base * (4 if name == 'float32' else 2) / GiB:.2f} + "
+            f"adapters/grads/AdamW {adapters / GiB:.2f} + activations {e.activations / GiB:.2f} + "
+            f"backward transient {e.transient / GiB:.2f} + overhead {e.overhead / GiB:.2f}"
+            + ("  <- chosen" if e is chosen else "")
+        )
+    lines.append(f"budget: {budget.bytes / GiB:.2f} GiB from {budget.source}")
+    verdict = "fits" if fits else "does not fit"
+    lines.append(
+        f"{verdict}: {chosen.total / GiB:.2f} GiB of {budget.bytes / GiB:.2f} GiB "
+        f"({dtype} base). Units: GiB = 2^30 bytes (GB = 10^9 in brackets). All figures are "
+        f"estimates (activations measured on a {MEASURED_LAYERS}-layer full-width copy on CPU, "
+        "extrapolated)"
+    )
+    if not fits:
+        lines.append("to fit, try:")
+        lines.extend(f"  - {f}" for f in fix_list(model_cfg, seq_len, dtype, checkpointing))
+    return lines, fits
+
+
+def preflight_main(overrides: list[str]) -> int:
+    """``laptrain preflight``: 0 fits, 1 does not fit, 2 bad input (one line on stderr)."""
+    from laptrain.config_check import ConfigError
+
+    try:
+        lines, fits = preflight_report(overrides)
+    except (PreflightInputError, ConfigError, OSError) as err:
+        print(f"error: {err}".splitlines()[0], file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0 if fits else 1

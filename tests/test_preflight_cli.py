@@ -1,0 +1,88 @@
+"""``laptrain preflight``: a causal-LM LoRA job's memory estimate from config.json alone."""
+
+import pytest
+from transformers import LlamaConfig
+
+from laptrain.cli import main
+
+LLAMA32_3B = {
+    "vocab_size": 128256,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+}
+
+
+@pytest.fixture(scope="module")
+def llama_3b_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama32_3b")
+    LlamaConfig(**LLAMA32_3B).save_pretrained(folder)  # config.json only: no weights anywhere
+    return folder
+
+
+def test_llama_3b_estimate_from_a_local_config(capsys, llama_3b_folder):
+    code = main(
+        [
+            "preflight",
+            "model=llama32_3b_lora",
+            "hardware=m2_air",
+            "hardware.memory_budget_gb=16",
+            f"model.pretrained={llama_3b_folder}",
+            "data=instructions",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "parameters: 3.21 B base" in out and "LoRA r 16, targets all-linear" in out
+    assert "base weights: fp32 11.97 GiB (12.85 GB) / bf16 5.98 GiB (6.43 GB)" in out
+    assert "base dtype: bfloat16 (base_dtype auto" in out
+    assert "logits B·S·V = 1·512·128256" in out
+    assert "estimate (fp32 base): " in out and "estimate (bf16 base): " in out
+    assert "budget: 16.00 GiB from hardware.memory_budget_gb=16" in out
+    assert "\nfits: " in out
+
+
+def test_a_job_that_does_not_fit_lists_the_fixes(capsys, llama_3b_folder):
+    code = main(
+        [
+            "preflight",
+            "model=llama32_3b_lora",
+            "hardware=m2_air",
+            "hardware.memory_budget_gb=8",
+            f"model.pretrained={llama_3b_folder}",
+            "model.base_dtype=float32",
+            "data=instructions",
+            "data.max_length=2048",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "\ndoes not fit: " in out
+    assert "data.max_length=1024" in out and "model.base_dtype=bfloat16" in out
+    assert "model.lora.r=8" in out
+
+
+def test_an_apple_profile_on_this_linux_box_needs_a_budget(capsys, llama_3b_folder):
+    code = main(
+        [
+            "preflight",
+            "model=llama32_3b_lora",
+            "hardware=m2_air",
+            f"model.pretrained={llama_3b_folder}",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    (line,) = captured.err.strip().splitlines()
+    assert "hardware=m2_air is for a Mac" in line and "hardware.memory_budget_gb=<GB>" in line
+
+
+def test_classifier_models_are_left_to_the_training_preflight(capsys):
+    assert main(["preflight", "model=tiny_classifier", "hardware=cpu"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "estimates causal-LM LoRA models only" in line
