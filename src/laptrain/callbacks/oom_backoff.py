@@ -130,8 +130,12 @@ class OOMBackoff(Callback):
             if not self._warned:
                 self._warned = True
                 rank_zero_warn(
-                    "oom_backoff: the model's training_step does not use laptrain's ChunkedBackward,"
-                    " so out-of-memory errors are not caught; see model/chunked_backward.py"
+                    "oom_backoff: inactive with more than one process (DDP refuses a backward "
+                    "inside its forward, so whole batches go through Lightning's backward)"
+                    if trainer.world_size > 1
+                    else "oom_backoff: the model's training_step does not use laptrain's "
+                    "ChunkedBackward, so out-of-memory errors are not caught; see "
+                    "model/chunked_backward.py"
                 )
             return
         step = trainer.global_step
