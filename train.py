@@ -25,6 +25,8 @@ CONF = Path(__file__).resolve().parent / "conf"
 
 # Flags that only print Hydra's help or completion: nothing to check or apply.
 HELP_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc"}
+# Flags that print the config without training: checked, but any profile may be inspected anywhere.
+PRINT_FLAGS = {"--cfg", "-c", "--info", "-i"}
 ENV: EnvReport | None = None  # applied once per process, before the config check imports torch
 
 
@@ -82,6 +84,8 @@ def precheck(argv: list[str]) -> EnvReport | None:
     cfg = compose_argv(argv, str(CONF))
     env = apply_profile_env(cfg)
     check_composed(cfg)
+    if PRINT_FLAGS.intersection(a.split("=", 1)[0] for a in argv[1:]):
+        return env  # `--cfg job` on any machine shows what a profile sets; nothing runs
     from laptrain.run import check_device  # imports torch: after the env is set
 
     check_device(cfg)

@@ -44,3 +44,16 @@ def test_train_py_refuses_16_mixed_on_cpu_in_one_line_before_any_data_work(tmp_p
     assert len(errors) == 1 and "hardware.precision=bf16-mixed" in errors[0]
     assert not (tmp_path / "cache").exists()  # no corpus built, no tokenizer fitted
     assert not (tmp_path / "outputs").exists()  # checked before Hydra makes the run folder
+
+
+def test_any_profile_can_be_inspected_here_but_not_trained_on_a_device_this_machine_lacks(
+    tmp_path,
+):
+    shown = run_train(["hardware=m2_air", "--cfg", "job"], tmp_path)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "accelerator: mps" in shown.stdout and "PYTORCH_MPS_HIGH_WATERMARK_RATIO" in shown.stdout
+    refused = run_train(["hardware=m2_air"], tmp_path)
+    assert refused.returncode == 2
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "set hardware=auto (or hardware=cpu)" in errors[0]
+    assert not (tmp_path / "outputs").exists()
