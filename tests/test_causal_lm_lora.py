@@ -328,3 +328,16 @@ def test_packed_4d_mask_runs_in_the_base_dtype(tokenizer, base):
         alone = module(torch.tensor([rows[1]["input_ids"]]))
     n = len(rows[1]["input_ids"])
     assert float((packed[0, -n:].float() - alone[0].float()).abs().max()) < 0.1
+
+
+def test_a_hub_name_that_cannot_be_reached_is_one_line_naming_the_fix(tokenizer, monkeypatch):
+    """No network (HF_HUB_OFFLINE, an empty hub cache): `model=llama32_3b_lora` fails in one line
+    naming model.pretrained, not with a hub traceback."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read at import: also set the parsed constant
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(OSError) as err:
+        CausalLMLoRAModule(tokenizer=tokenizer, pretrained="meta-llama/Llama-3.2-3B-Instruct")
+    text = str(err.value)
+    assert "\n" not in text and "hub name (offline?)" in text and "model.pretrained" in text
