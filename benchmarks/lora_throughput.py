@@ -42,6 +42,9 @@ from typing import Any
 import psutil
 import torch
 
+from laptrain.model.tiny_llama import masked_token_batches
+from laptrain.preflight.from_config import LLAMA32_3B
+
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9  # decimal GB, as RAM sizes are quoted
 VOCAB = 2048  # the offline tokenizer's size
@@ -58,18 +61,6 @@ def llama_fields(hidden: int, layers: int) -> dict[str, Any]:
         "max_position_embeddings": 2048,
         "tie_word_embeddings": False,
     }
-
-
-def make_batches(steps: int, batch: int, seq: int) -> list[dict[str, torch.Tensor]]:
-    """``steps`` full-length batches; the first half of every row is prompt (label -100)."""
-    generator = torch.Generator().manual_seed(1)
-    out = []
-    for _ in range(steps):
-        ids = torch.randint(4, VOCAB, (batch, seq), generator=generator)
-        labels = ids.clone()
-        labels[:, : seq // 2] = -100
-        out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
-    return out
 
 
 def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -206,7 +197,7 @@ def run_laptrain(args: argparse.Namespace, batches: list[dict[str, torch.Tensor]
 
 def child(args: argparse.Namespace) -> None:
     """One arm in this process; prints one JSON line."""
-    batches = make_batches(args.warmup + args.steps, args.batch, args.seq)
+    batches = masked_token_batches(args.warmup + args.steps, args.batch, args.seq, VOCAB, seed=1)
     rss_start = psutil.Process().memory_info().rss
     ends = (run_laptrain if args.arm == "laptrain" else run_bare)(args, batches)
     timed = ends[args.warmup - 1 :]
@@ -313,17 +304,6 @@ def throughput(args: argparse.Namespace) -> None:
 
 # ---- preflight table ------------------------------------------------------------------------
 
-LLAMA32_3B = {
-    "vocab_size": 128256,
-    "hidden_size": 3072,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 8,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": True,
-    "rope_theta": 500000.0,
-}
 APPLE_RAM_GB = (16, 24, 32)
 MPS_RECOMMENDED = 0.75  # the MPS recommended maximum working set, as a share of RAM (approximate)
 BUDGET_FRACTION = 0.65  # laptrain's Apple profiles: memory_fraction 0.65 of that maximum

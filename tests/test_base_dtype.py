@@ -8,21 +8,13 @@ from laptrain.model.base_dtype import (
     choose_base_dtype,
     resolve_auto_base_dtype,
 )
-
-LLAMA_32_3B = {
-    "model_type": "llama",
-    "hidden_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 8,
-    "intermediate_size": 8192,
-    "vocab_size": 128256,
-    "tie_word_embeddings": True,
-}
+from laptrain.preflight.from_config import LLAMA32_3B
 
 
 def test_llama_32_3b_is_counted_on_the_meta_device_without_weights():
-    assert base_parameter_count({"backbone": LLAMA_32_3B}) == 3_212_749_824
+    assert (
+        base_parameter_count({"backbone": {"model_type": "llama", **LLAMA32_3B}}) == 3_212_749_824
+    )
 
 
 def test_a_16_gb_mac_gets_a_bfloat16_base_and_a_64_gb_one_float32():
@@ -38,7 +30,10 @@ def test_only_auto_is_decided_and_the_reason_is_said_once():
     said: list[str] = []
     assert resolve_auto_base_dtype({"base_dtype": "float32"}, lambda: 1.0, True, said.append) == {}
     decided = resolve_auto_base_dtype(
-        {"base_dtype": "auto", "backbone": LLAMA_32_3B}, lambda: 7.8 * GB, True, said.append
+        {"base_dtype": "auto", "backbone": {"model_type": "llama", **LLAMA32_3B}},
+        lambda: 7.8 * GB,
+        True,
+        said.append,
     )
     assert decided == {"base_dtype": "bfloat16"} and len(said) == 1
     tiny = resolve_auto_base_dtype({"base_dtype": "auto"}, lambda: 1.0, True, said.append)

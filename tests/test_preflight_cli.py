@@ -4,18 +4,7 @@ import pytest
 from transformers import LlamaConfig
 
 from laptrain.cli import main
-
-LLAMA32_3B = {
-    "vocab_size": 128256,
-    "hidden_size": 3072,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 8,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": True,
-    "rope_theta": 500000.0,
-}
+from laptrain.preflight.from_config import LLAMA32_3B
 
 
 @pytest.fixture(scope="module")

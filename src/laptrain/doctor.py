@@ -261,20 +261,6 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     )
 
 
-def tiny_lora_batches(count: int, batch: int = 2, seq: int = 32, vocab: int = 256) -> list[dict]:
-    """Random token rows whose first half is prompt (label -100): the masked instruction format."""
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    rows = []
-    for _ in range(count):
-        ids = torch.randint(4, vocab, (batch, seq), generator=generator)
-        labels = ids.clone()
-        labels[:, : seq // 2] = -100
-        rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
-    return rows
-
-
 def check_lora_training(profile: Mapping[str, Any]) -> Check:
     """Three LoRA steps of a tiny Llama with gradient checkpointing on the profile's device.
 
@@ -289,6 +275,7 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
 
     from laptrain.hardware.probe import TorchProbe
     from laptrain.model.causal_lm_lora import CausalLMLoRAModule, refuse_precision
+    from laptrain.model.tiny_llama import masked_token_batches
 
     kind = str(profile.get("accelerator", "cpu"))
     try:
@@ -339,7 +326,7 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
         enable_model_summary=False,
         callbacks=[Losses()],
     )
-    loader = torch.utils.data.DataLoader(tiny_lora_batches(3), batch_size=None)
+    loader = torch.utils.data.DataLoader(masked_token_batches(3), batch_size=None)
     trainer.fit(module, train_dataloaders=loader)
     lora_b = [p for n, p in module.named_parameters() if "lora_B" in n]
     moved = sum(bool(p.detach().abs().sum() > 0) for p in lora_b)

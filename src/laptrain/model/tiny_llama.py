@@ -189,3 +189,20 @@ def tiny_llama(
     else:
         tmp.rename(folder)
     return folder
+
+
+def masked_token_batches(
+    count: int, batch: int = 2, seq: int = 32, vocab: int = 256, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Random token rows whose first half is prompt (label -100): the masked instruction format,
+    for the doctor's LoRA steps and the LoRA throughput benchmark."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(count):
+        ids = torch.randint(4, vocab, (batch, seq), generator=generator)
+        labels = ids.clone()
+        labels[:, : seq // 2] = -100
+        rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+    return rows

@@ -34,6 +34,18 @@ MEASURED_LAYERS = 2
 MEASURED_SEQ = 32  # measured at 8, 16 and 24 tokens: the quadratic fit is exact in length
 SMALL_TENSOR = 1 << 22
 LORA_TARGET = "laptrain.model.causal_lm_lora.CausalLMLoRAModule"
+# meta-llama/Llama-3.2-3B-Instruct config.json fields that size it (3,212,749,824 parameters).
+LLAMA32_3B = {
+    "vocab_size": 128256,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+}
 
 
 class PreflightInputError(ValueError):
