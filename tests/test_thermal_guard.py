@@ -199,7 +199,8 @@ def test_breaks_leave_the_weights_unchanged(tmp_path):
 
 
 class SignalDuringBreak(Callback):
-    """Stands in for GracefulStop: a signal arrives while the guard sleeps."""
+    """Stands in for GracefulStop: a signal arrives while the guard sleeps; like GracefulStop,
+    it (not the guard) stops the run at that batch boundary."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.signal_received = None
@@ -211,6 +212,10 @@ class SignalDuringBreak(Callback):
                 self.signal_received = 15
 
         clock.sleep = sleep
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if self.signal_received is not None:
+            trainer.should_stop = True
 
 
 def test_a_signal_ends_the_break_and_stops_at_that_batch(tmp_path):

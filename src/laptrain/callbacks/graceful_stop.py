@@ -76,8 +76,7 @@ class GracefulStop(Callback):
 
     def _stop(self, trainer: pl.Trainer) -> None:
         if self.signal_received is not None and not trainer.should_stop:
-            self.stop_checkpoint.save(trainer)
-            trainer.should_stop = True
+            self.stop_checkpoint.stop(trainer)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any

@@ -200,8 +200,7 @@ class MemoryMonitor(Callback):
         )
         if stop:
             self.stop_reason = "swap"
-            self.checkpoint.save(trainer)
-            trainer.should_stop = True
+            self.checkpoint.stop(trainer)
 
     def plot_point(self) -> dict[str, Any]:
         """Process RSS and device memory of the last reading, for the report's plot."""

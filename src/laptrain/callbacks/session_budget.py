@@ -78,7 +78,7 @@ class SessionBudget(Callback):
             return
         spent = trainer.strategy.broadcast(self.clock() - self._start)
         if spent >= self.max_minutes * 60 and not self._ends_anyway(trainer, batch_idx):
-            self.checkpoint.save(trainer)  # mid-epoch: see laptrain/callbacks/stop_checkpoint.py
+            self.checkpoint.stop(trainer)  # mid-epoch: see laptrain/callbacks/stop_checkpoint.py
             self._stop(trainer, f"{self.max_minutes:g} min")
 
     @override

@@ -1,4 +1,4 @@
-"""The checkpoint of a run that a callback stops in the middle of an epoch.
+"""The checkpoint of a run that a callback stops in the middle of an epoch, and the stop itself.
 
 After ``trainer.should_stop`` is set mid-epoch, Lightning ends the epoch loop and counts the epoch as
 done, and ``ModelCheckpoint(save_last=True).on_train_end`` (lightning 2.6) then rewrites
@@ -6,6 +6,15 @@ done, and ``ModelCheckpoint(save_last=True).on_train_end`` (lightning 2.6) then 
 say), with the epoch already counted. Resuming from that file skips the rest of the epoch. So the
 stopping callback saves at the batch boundary into a side file, and ``put_in_place`` moves it over
 the run's ``last.ckpt`` in ``on_fit_end``, which Lightning calls after every ``on_train_end``.
+
+``should_stop`` set mid-epoch also makes Lightning run a validation pass right away
+(``_should_check_val_fx``, lightning/pytorch/loops/training_epoch_loop.py:540 in 2.6.6), and
+ModelCheckpoint then ranks the stopped weights among the best ones: a pass the uninterrupted run
+never makes, a ``best-step<N>.ckpt`` it never writes, and minutes of waiting after a Ctrl-C on a
+large validation set. :meth:`StopCheckpoint.stop` turns validation off for the rest of this fit
+(``trainer.enable_validation`` is false when ``limit_val_batches`` is 0, trainer.py:1354), and
+laptrain's ModelCheckpoint saves nothing while a stop is under way
+(:mod:`laptrain.callbacks.model_checkpoint`).
 """
 
 from __future__ import annotations
@@ -13,6 +22,20 @@ from __future__ import annotations
 import os
 
 import lightning.pytorch as pl
+
+
+def fsync_dir(folder: str) -> None:
+    """Make a rename in ``folder`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class StopCheckpoint:
@@ -31,7 +54,19 @@ class StopCheckpoint:
             trainer.save_checkpoint(self.side_path)
             self._pending = True
 
+    def stop(self, trainer: pl.Trainer) -> None:
+        """Save, then end fit at this batch boundary with no validation pass and no ranking."""
+        self.save(trainer)
+        end_fit_now(trainer)
+
     def put_in_place(self, trainer: pl.Trainer) -> None:
-        if self._pending and trainer.is_global_zero:
-            os.replace(self.side_path, self.path)
+        if self._pending and trainer.is_global_zero and self.path:
+            os.replace(self.side_path, self.path)  # same folder: atomic on POSIX
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self._pending = False
+
+
+def end_fit_now(trainer: pl.Trainer) -> None:
+    """Stop at this batch boundary without the validation Lightning adds to a mid-epoch stop."""
+    trainer.limit_val_batches = 0
+    trainer.should_stop = True

@@ -166,8 +166,7 @@ class ThermalGuard(Callback):
         """Sleep in short slices, so that Ctrl-C or SIGTERM ends the break at this batch boundary."""
         start = self.clock()
         while (left := seconds - (self.clock() - start)) > 0:
-            if _stop_requested(trainer):
-                trainer.should_stop = True
+            if _stop_requested(trainer):  # the stopping callback saves and stops at this boundary
                 break
             self.sleep(min(1.0, left))
         taken = self.clock() - start
