@@ -51,6 +51,8 @@ def test_doctor_json_says_ready_and_lists_every_check(capsys, monkeypatch, tmp_p
         "mps watermark",
         "qlora",
         "disk",
+        "battery",
+        "memory pressure",
         "training",
     ]
 
