@@ -45,8 +45,8 @@ class MemoryMonitor(Callback):
 
     On macOS it also reads the kernel's memory-pressure level (Activity Monitor's green / yellow /
     red; docs/hardware.md §16) and logs it as ``memory/pressure_level``. At "warning" it names, once,
-    the three other processes holding the most memory (field note 004's "close other apps", made
-    specific); at "critical" it warns, or with ``on_pressure="stop"`` checkpoints and stops
+    the three other processes holding the most memory (field note 004 advises closing other apps;
+    this says which); at "critical" it warns, or with ``on_pressure="stop"`` checkpoints and stops
     (``stop_reason = "memory pressure"``).
 
     Args:
