@@ -13,6 +13,7 @@ from laptrain.hardware.power import (
     BatteryReading,
     FakePressure,
     KeepAwake,
+    ProcessMemory,
     PsutilBattery,
     SysctlPressure,
     inhibit_command,
@@ -112,10 +113,11 @@ def test_pressure_names_and_where_a_source_exists():
 
 def test_top_processes_are_the_largest_others_by_rss():
     top = top_processes(3)
-    assert 1 <= len(top) <= 3
-    assert os.getpid() not in [p.pid for p in top]
+    assert len(top) <= 3 and os.getpid() not in [p.pid for p in top]
     assert [p.rss for p in top] == sorted((p.rss for p in top), reverse=True)
-    assert top[0].text().endswith(" GB") and f"(pid {top[0].pid})" in top[0].text()
+    everyone = top_processes(10_000, exclude_pid=-1)
+    assert os.getpid() in [p.pid for p in everyone]  # only the excluded pid is left out
+    assert ProcessMemory("Safari", 501, 3 * 1024**3).text() == "Safari (pid 501) 3.0 GB"
 
 
 def test_inhibit_commands_per_platform():

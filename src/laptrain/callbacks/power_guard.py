@@ -189,8 +189,10 @@ class PowerGuard(Callback):
         if reading is None:
             return None
         self.last = reading
-        if reading.on_battery:
-            self.lowest_percent = min(reading.percent, self.lowest_percent or reading.percent)
+        if reading.on_battery and (
+            self.lowest_percent is None or reading.percent < self.lowest_percent
+        ):
+            self.lowest_percent = reading.percent
         metrics = {"power/percent": reading.percent}
         if reading.plugged is not None:
             metrics["power/plugged"] = float(reading.plugged)
