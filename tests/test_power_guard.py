@@ -275,7 +275,7 @@ def test_report_has_a_power_section_and_battery_points(tmp_path):
     written = json.loads((tmp_path / "report.json").read_text())
     assert written["power"]["start_percent"] == 50.0 and written["power"]["battery"] == "fake"
     assert written["power"]["train_s_on_battery"] == 4.0
-    assert [p["battery_percent"] for p in written["history"]] == [50.0, 50.0]
+    assert [(p["battery_percent"], p["plugged"]) for p in written["history"]] == [(50.0, False)] * 2
 
 
 def test_disabled_guard_holds_and_reads_nothing(tmp_path):
@@ -321,6 +321,7 @@ def test_train_py_stops_on_a_low_battery_and_the_rerun_resumes_from_that_step(tm
     assert first.returncode == 0, first.stderr[-3000:]
     assert "battery at 18 % (below callbacks.power_guard.min_percent=20) at step 4" in out
     assert "Plug in and rerun the same command to resume" in out
+    assert "memory: macOS memory pressure is warning (yellow in Activity Monitor)" in out
     assert "stopped (battery) at global step 4" in out
     run = tmp_path / "outputs" / "power"
     report = json.loads((run / "report.json").read_text())
@@ -331,6 +332,9 @@ def test_train_py_stops_on_a_low_battery_and_the_rerun_resumes_from_that_step(tm
 
     second = run_train([*args, "callbacks=fake_mps"], tmp_path)  # on the charger again
     assert second.returncode == 0, second.stderr[-3000:]
+    out = second.stdout + second.stderr  # the guards' lines, as `callbacks=fake_mps` shows them
+    assert "keep_awake=false turns this off" in out  # what holds sleep off here, or why nothing
+    assert "power: training on battery (64 %, about 2 h 05 min left)" in out
     assert "(global step 4, epoch 0)" in second.stdout
     report = json.loads((run / "report.json").read_text())
     assert report["run"]["status"] == "finished" and report["run"]["sessions"] == 2

@@ -224,12 +224,11 @@ def check_memory_pressure(
     top: Callable[[], list[ProcessMemory]] = top_processes,
 ) -> Check:
     """macOS memory pressure today (docs/hardware.md §16) and the processes holding the most memory."""
-    if machine.system != "Darwin":
-        return Check(
-            "memory pressure", True, "read on macOS only (kern.memorystatus_vm_pressure_level)"
-        )
-    level = (source or SysctlPressure()).read()
     consumers = "; ".join(p.text() for p in top()) or "none readable"
+    if machine.system != "Darwin":
+        detail = f"the level is read on macOS only; most memory: {consumers}"
+        return Check("memory pressure", True, detail)
+    level = (source or SysctlPressure()).read()
     if level is None:
         detail = f"sysctl kern.memorystatus_vm_pressure_level unreadable; most memory: {consumers}"
         return Check("memory pressure", True, detail, warning=True)

@@ -270,8 +270,10 @@ class PowerGuard(Callback):
         )
 
     def plot_point(self) -> dict[str, Any]:
-        """The battery percentage, for the report's plot points."""
-        return {"battery_percent": self.last.percent} if self.last is not None else {}
+        """The last battery reading, for the report's plot points."""
+        if self.last is None:
+            return {}
+        return {"battery_percent": self.last.percent, "plugged": self.last.plugged}
 
     def summary(self) -> dict[str, Any]:
         """What the run report shows."""
