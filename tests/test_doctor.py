@@ -6,8 +6,10 @@ import pytest
 
 from laptrain.cli import main
 from laptrain.doctor import (
+    check_battery,
     check_device,
     check_disk,
+    check_memory_pressure,
     check_quantization,
     check_versions,
     check_watermarks,
@@ -16,6 +18,7 @@ from laptrain.doctor import (
 )
 from laptrain.hardware.detect import RawMachine, machine_from_raw
 from laptrain.hardware.env import WatermarkError, apply_env, resolve_watermarks
+from laptrain.hardware.power import BatteryReading, FakeBattery, FakePressure, ProcessMemory
 from laptrain.hardware.profile import load_profile
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -51,6 +54,8 @@ def test_doctor_json_says_ready_and_lists_every_check(capsys, monkeypatch, tmp_p
         "mps watermark",
         "qlora",
         "disk",
+        "battery",
+        "memory pressure",
         "training",
     ]
 
@@ -185,3 +190,35 @@ def test_doctor_with_a_lora_model_runs_tiny_llama_lora_steps(capsys, monkeypatch
         in out
     )
     assert out.rstrip().endswith("\nready")
+
+
+def test_doctor_shows_the_battery_and_warns_on_battery():
+    on_battery = check_battery(FakeBattery([BatteryReading(42.0, False, 3600)]))
+    assert on_battery.line() == (
+        "[warn] battery: 42 %, on battery -> plug in for long runs: on battery below "
+        "callbacks.power_guard.min_percent (20 %) the run checkpoints and stops"
+    )
+    assert check_battery(FakeBattery([BatteryReading(97.0, True)])).line() == (
+        "[ok  ] battery: 97 %, on the charger"
+    )
+    desktop = check_battery(FakeBattery([]))
+    assert desktop.ok and not desktop.warning and desktop.detail.startswith("none found")
+
+
+def test_doctor_shows_todays_macos_memory_pressure_and_the_top_consumers():
+    mac = recorded("m2_air")
+    top = [ProcessMemory("Safari", 501, 3 * 1024**3), ProcessMemory("Xcode", 502, 2 * 1024**3)]
+    yellow = check_memory_pressure(mac, FakePressure([2]), lambda: top)
+    assert yellow.ok and yellow.warning
+    assert yellow.detail == (
+        "warning (yellow); most memory: Safari (pid 501) 3.0 GB; Xcode (pid 502) 2.0 GB"
+    )
+    assert yellow.fix == "close what you can spare of the above before training"
+    green = check_memory_pressure(mac, FakePressure([1]), lambda: top)
+    assert not green.warning and green.detail.startswith("normal (green); most memory: Safari")
+    linux = check_memory_pressure(recorded("linux_box"), FakePressure([4]), lambda: top)
+    assert not linux.warning
+    assert (
+        linux.detail
+        == "the level is read on macOS only; most memory: Safari (pid 501) 3.0 GB; Xcode (pid 502) 2.0 GB"
+    )

@@ -10,10 +10,18 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.memory_trend import GrowthTrend, SwapWatch
+from laptrain.hardware.power import FakePressure, ProcessMemory
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from tests.conftest import quiet_trainer
 
 MB = 1024 * 1024
+TOP = [ProcessMemory("Safari", 501, 3 * 1024 * MB), ProcessMemory("Slack", 502, 1024 * MB)]
+
+
+@pytest.fixture(autouse=True)
+def _no_os_pressure(monkeypatch):
+    """The same figures on a Mac as on Linux: the OS pressure level only where a test scripts it."""
+    monkeypatch.setattr("laptrain.callbacks.memory_monitor.pressure_source", lambda: None)
 
 
 def reading(rss=100, percent=50.0, swap=0, alloc=None, reserved=None, peak=None, limit=None):
@@ -200,6 +208,7 @@ def test_swap_watch_threshold():
         ({"every_n_steps": 0}, "memory_monitor.every_n_steps"),
         ({"cleanup_above_percent": 120.0}, "memory_monitor.cleanup_above_percent"),
         ({"on_swap": "panic"}, "memory_monitor.on_swap"),
+        ({"on_pressure": "panic"}, "memory_monitor.on_pressure"),
         ({"swap_growth_mb": 0}, "memory_monitor.swap_growth_mb"),
         ({"leak_window_steps": 1}, "memory_monitor.leak_window_steps"),
     ],
@@ -231,3 +240,52 @@ def test_peaks_and_cleanups_survive_a_checkpoint(tmp_path):
         }
     )
     assert monitor.state_dict()["version"] == 1
+
+
+def pressure_monitor(levels, tmp_path, **kwargs) -> MemoryMonitor:
+    return MemoryMonitor(
+        every_n_steps=1,
+        cleanup_on_epoch_end=False,
+        probe=FakeProbe(kind="mps", readings=[reading()]),
+        pressure=FakePressure(levels),
+        top_consumers=lambda: TOP,
+        ckpt_path=str(tmp_path / "last.ckpt"),
+        **kwargs,
+    )
+
+
+def test_macos_pressure_warning_names_the_top_consumers_once(tmp_path):
+    monitor = pressure_monitor([1, 2, 2, 1, 2], tmp_path)
+    with pytest.warns(UserWarning, match="memory pressure is warning") as record:
+        trainer, logger = fit(monitor, 5, tmp_path)
+    named = [str(w.message) for w in record if "memory pressure" in str(w.message)]
+    assert len(named) == 1 and "yellow in Activity Monitor" in named[0]
+    assert "Safari (pid 501) 3.0 GB; Slack (pid 502) 1.0 GB" in named[0]
+    levels = [m["memory/pressure_level"] for _, m in memory_calls(logger)]
+    assert levels == [1.0, 2.0, 2.0, 1.0, 2.0]
+    assert trainer.global_step == 5 and monitor.stop_reason is None
+    assert monitor.summary()["worst_pressure"] == "warning"
+
+
+def test_macos_pressure_critical_warns_or_stops_like_on_swap(tmp_path):
+    warn = pressure_monitor([1, 4], tmp_path / "warn")
+    with pytest.warns(UserWarning, match=r"critical \(red in Activity Monitor\), continuing"):
+        trainer, _ = fit(warn, 4, tmp_path / "warn")
+    assert trainer.global_step == 4 and warn.stop_reason is None
+
+    stop = pressure_monitor([1, 1, 4], tmp_path, on_pressure="stop")
+    with pytest.warns(
+        UserWarning, match=r"stopping with a checkpoint \(memory_monitor.on_pressure"
+    ):
+        trainer, _ = fit(stop, 20, tmp_path)
+    assert trainer.global_step == 3 and stop.stop_reason == "memory pressure"
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 3
+    assert stop.summary()["worst_pressure"] == "critical"
+
+
+def test_no_pressure_source_off_macos_and_nothing_in_the_summary(tmp_path):
+    monitor = MemoryMonitor(every_n_steps=1, cleanup_on_epoch_end=False, probe=FakeProbe())
+    _, logger = fit(monitor, 2, tmp_path)
+    assert monitor.pressure is None
+    assert all("memory/pressure_level" not in m for _, m in memory_calls(logger))
+    assert "worst_pressure" not in monitor.summary()

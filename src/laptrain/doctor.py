@@ -29,6 +29,17 @@ from laptrain.hardware.auto import (
 )
 from laptrain.hardware.detect import MachineInfo, detect_machine
 from laptrain.hardware.env import resolve_watermarks
+from laptrain.hardware.power import (
+    PRESSURE_COLOURS,
+    PRESSURE_WARNING,
+    BatterySource,
+    PressureSource,
+    ProcessMemory,
+    PsutilBattery,
+    SysctlPressure,
+    pressure_name,
+    top_processes,
+)
 from laptrain.hardware.profile import ProfileError, load_profile, validate_precision
 from laptrain.versions import package_versions
 
@@ -186,6 +197,48 @@ def check_disk(folder: Path, need_bytes: float, what: str) -> Check:
     if free < need_bytes:
         return Check("disk", False, detail, "free disk space or set paths.* to another drive")
     return Check("disk", True, detail)
+
+
+def check_battery(source: BatterySource | None = None) -> Check:
+    """Today's battery (psutil): on battery is a warning, since long runs belong on the charger."""
+    reading = (source or PsutilBattery()).read()
+    if reading is None:
+        return Check("battery", True, "none found (a desktop, or the OS does not say)")
+    plug = {True: "on the charger", False: "on battery", None: "charger state unknown"}
+    detail = f"{reading.percent:.0f} %, {plug[reading.plugged]}"
+    if reading.on_battery:
+        return Check(
+            "battery",
+            True,
+            detail,
+            "plug in for long runs: on battery below callbacks.power_guard.min_percent (20 %) "
+            "the run checkpoints and stops",
+            warning=True,
+        )
+    return Check("battery", True, detail)
+
+
+def check_memory_pressure(
+    machine: MachineInfo,
+    source: PressureSource | None = None,
+    top: Callable[[], list[ProcessMemory]] = top_processes,
+) -> Check:
+    """macOS memory pressure today (docs/hardware.md §16) and the processes holding the most memory."""
+    consumers = "; ".join(p.text() for p in top()) or "none readable"
+    if machine.system != "Darwin":
+        detail = f"the level is read on macOS only; most memory: {consumers}"
+        return Check("memory pressure", True, detail)
+    level = (source or SysctlPressure()).read()
+    if level is None:
+        detail = f"sysctl kern.memorystatus_vm_pressure_level unreadable; most memory: {consumers}"
+        return Check("memory pressure", True, detail, warning=True)
+    detail = (
+        f"{pressure_name(level)} ({PRESSURE_COLOURS.get(level, '?')}); most memory: {consumers}"
+    )
+    if level >= PRESSURE_WARNING:
+        fix = "close what you can spare of the above before training"
+        return Check("memory pressure", True, detail, fix, warning=True)
+    return Check("memory pressure", True, detail)
 
 
 def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
@@ -360,9 +413,11 @@ def run_doctor(
     output_dir: Path | None = None,
     params: int | None = None,
     lora: bool = False,
+    battery: BatterySource | None = None,
+    pressure: PressureSource | None = None,
 ) -> Report:
     """Run every check; nothing here raises. ``lora``: a causal-LM LoRA model was named, so also
-    run :func:`check_lora_training`."""
+    run :func:`check_lora_training`. ``battery``, ``pressure``: injectable readers (None = the OS)."""
     environ = dict(os.environ if environ is None else environ)
     machine = machine or detect_machine()
     try:
@@ -379,6 +434,8 @@ def run_doctor(
         _guard("mps watermark", lambda: check_watermarks(profile, environ)),
         _guard("qlora", lambda: check_quantization(machine)),
         _guard("disk", lambda: check_disk(output_dir or Path("outputs"), need, what)),
+        _guard("battery", lambda: check_battery(battery)),
+        _guard("memory pressure", lambda: check_memory_pressure(machine, pressure)),
     ]
     if all(c.ok for c in checks):
         checks.append(_guard("training", lambda: check_training(profile)))

@@ -52,7 +52,7 @@ class PlotsPoints(Protocol):
 
 @runtime_checkable
 class TakesBreaks(Protocol):
-    """Sleeps between steps (cooling breaks); ``cooling_s`` is not training time."""
+    """Sleeps between steps (cooling breaks, pauses on battery); ``cooling_s`` is not training time."""
 
     cooling_s: float
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -13,6 +14,16 @@ from typing_extensions import override
 from laptrain.callbacks.contracts import check_version
 from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
 from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+from laptrain.hardware.power import (
+    PRESSURE_COLOURS,
+    PRESSURE_CRITICAL,
+    PRESSURE_WARNING,
+    PressureSource,
+    ProcessMemory,
+    pressure_name,
+    pressure_source,
+    top_processes,
+)
 from laptrain.hardware.probe import DeviceProbe, MemoryReading, probe_for
 
 SWAP_HINT = (
@@ -32,6 +43,12 @@ class MemoryMonitor(Callback):
     not fit swaps instead of failing (docs/hardware.md §1), so swap growth gets one warning, or with
     ``on_swap="stop"`` a checkpoint and a clean stop (``stop_reason = "swap"``, run.py exits 0).
 
+    On macOS it also reads the kernel's memory-pressure level (Activity Monitor's green / yellow /
+    red; docs/hardware.md §16) and logs it as ``memory/pressure_level``. At "warning" it names, once,
+    the three other processes holding the most memory (field note 004 advises closing other apps;
+    this says which); at "critical" it warns, or with ``on_pressure="stop"`` checkpoints and stops
+    (``stop_reason = "memory pressure"``).
+
     Args:
         enabled: False makes every hook a no-op.
         every_n_steps: read and log every N optimizer steps; None = ``trainer.log_every_n_steps``.
@@ -39,9 +56,14 @@ class MemoryMonitor(Callback):
         cleanup_above_percent: also clean when system memory passes this percent (None = never).
         cleanup_cooldown_steps: at least this many steps between two pressure cleanups.
         on_swap: ``"warn"`` or ``"stop"`` when swap grows by ``swap_growth_mb`` during training.
-        ckpt_path: checkpoint written at a swap stop (the run's ``last.ckpt``); None = none.
+        on_pressure: ``"warn"`` or ``"stop"`` when the macOS pressure level reaches critical.
+        ckpt_path: checkpoint written at a swap or pressure stop (the run's ``last.ckpt``); None = none.
         leak_window_steps, leak_mb_per_100_steps: see ``GrowthTrend``.
         probe: device probe; None = the real one for ``trainer.strategy.root_device``.
+        pressure: memory-pressure source; None = macOS ``sysctl`` when ``use_os_pressure`` (none
+            off macOS).
+        use_os_pressure: False = never read the OS pressure level.
+        top_consumers: returns the other processes holding the most memory; None = psutil's top 3.
 
     Raises:
         ValueError: on out-of-range values, naming the config key.
@@ -63,6 +85,10 @@ class MemoryMonitor(Callback):
         leak_mb_per_100_steps: float = 50.0,
         ckpt_path: str | None = None,
         probe: DeviceProbe | None = None,
+        on_pressure: str = "warn",
+        pressure: PressureSource | None = None,
+        use_os_pressure: bool = True,
+        top_consumers: Callable[[], list[ProcessMemory]] | None = None,
     ) -> None:
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(
@@ -72,6 +98,10 @@ class MemoryMonitor(Callback):
             raise ValueError("memory_monitor.cleanup_above_percent must be in (0, 100], or null")
         if on_swap not in ("warn", "stop"):
             raise ValueError(f"memory_monitor.on_swap must be 'warn' or 'stop', got {on_swap!r}")
+        if on_pressure not in ("warn", "stop"):
+            raise ValueError(
+                f"memory_monitor.on_pressure must be 'warn' or 'stop', got {on_pressure!r}"
+            )
         self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
         self.cleanup_on_epoch_end, self.cleanup_above = cleanup_on_epoch_end, cleanup_above_percent
         self.cooldown, self.on_swap = cleanup_cooldown_steps, on_swap
@@ -85,11 +115,21 @@ class MemoryMonitor(Callback):
         self.leak_mb_per_100_steps: float | None = None
         self._last_step, self._last_cleanup_step = -1, -(10**9)
         self._warned_swap = False
+        self.on_pressure, self.pressure, self.use_os_pressure = (
+            on_pressure,
+            pressure,
+            use_os_pressure,
+        )
+        self.top_consumers = top_consumers or top_processes
+        self.worst_pressure: int | None = None
+        self._named_consumers, self._warned_critical = False, False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.probe is None:
             self.probe = probe_for(trainer.strategy.root_device)
+        if self.enabled and self.use_os_pressure and self.pressure is None:
+            self.pressure = pressure_source()
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -108,6 +148,7 @@ class MemoryMonitor(Callback):
                 f"system memory at {reading.system_percent:.0f}%"
             )
         self._check_swap(trainer, reading)
+        self._check_pressure(trainer, metrics)
         rate = self.trend.update(step, reading.device_allocated or reading.rss)
         if rate is not None and self.leak_mb_per_100_steps is None:
             self.leak_mb_per_100_steps = rate
@@ -202,6 +243,33 @@ class MemoryMonitor(Callback):
             self.stop_reason = "swap"
             self.checkpoint.stop(trainer)
 
+    def _check_pressure(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
+        level = self.pressure.read() if self.pressure is not None else None
+        if level is None:
+            return
+        metrics["memory/pressure_level"] = float(level)
+        self.worst_pressure = max(level, self.worst_pressure or 0)
+        name = f"{pressure_name(level)} ({PRESSURE_COLOURS.get(level, '?')} in Activity Monitor)"
+        if level >= PRESSURE_WARNING and not self._named_consumers:
+            self._named_consumers = True
+            top = "; ".join(p.text() for p in self.top_consumers()) or "none readable"
+            rank_zero_warn(
+                f"memory: macOS memory pressure is {name}. The other processes holding the most "
+                f"memory: {top}. Close what you can spare, or {SWAP_HINT}"
+            )
+        if level < PRESSURE_CRITICAL or self._warned_critical:
+            return
+        self._warned_critical = True
+        stop = trainer.strategy.broadcast(self.on_pressure == "stop")
+        action = (
+            "stopping with a checkpoint (memory_monitor.on_pressure=stop)" if stop else "continuing"
+        )
+        rank_zero_warn(f"memory: macOS memory pressure is {name}, {action}; {SWAP_HINT}")
+        if stop:
+            self.stop_reason = "memory pressure"
+            self.checkpoint.save(trainer)
+            trainer.should_stop = True
+
     def plot_point(self) -> dict[str, Any]:
         """Process RSS and device memory of the last reading, for the report's plot."""
         if not self.last:
@@ -227,6 +295,9 @@ class MemoryMonitor(Callback):
         }
         if self.leak_mb_per_100_steps is not None:
             out["leak_mb_per_100_steps"] = self.leak_mb_per_100_steps
+        if self.pressure is not None:
+            out["pressure_source"] = self.pressure.name
+            out["worst_pressure"] = pressure_name(self.worst_pressure)
         return out
 
     @override

@@ -88,6 +88,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     for title, events in (
         ("cooling breaks", report.get("thermal", {}).get("events", [])),
         ("OOM backoffs", report.get("oom", {}).get("events", [])),
+        ("battery pauses and stops", report.get("power", {}).get("events", [])),
     ):
         if events:
             lines += [f"## {title}", ""] + [f"- {json.dumps(e)}" for e in events] + [""]

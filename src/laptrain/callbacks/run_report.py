@@ -27,7 +27,7 @@ from laptrain.callbacks.report_writer import machine_facts, token_count, write_r
 from laptrain.model.chunked_backward import batch_length
 from laptrain.versions import package_versions
 
-GUARD_SECTIONS = ("memory", "thermal", "oom")
+GUARD_SECTIONS = ("memory", "thermal", "oom", "power")
 
 
 class RunReport(Callback):
@@ -226,7 +226,7 @@ class RunReport(Callback):
                 "tokens_per_s": t["tokens"] / train_s if t["tokens"] else None,
                 "samples_per_s_wall": t["samples"] / max(wall, 1e-9),
             },
-            # the guards' sections (memory, thermal, oom) are always there, empty without the guard
+            # the guards' sections (memory, thermal, oom, power) are always there, empty without the guard
             **{name: {} for name in GUARD_SECTIONS},
             **sections,
             "metrics": _scalars(trainer),

@@ -1,0 +1,333 @@
+"""Keep the laptop awake while it trains, and never lose a run to a flat battery."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from laptrain.callbacks.contracts import check_version, cooling_s, signal_stop
+from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+from laptrain.hardware.power import BatteryReading, BatterySource, KeepAwake, PsutilBattery
+
+# below this many timed steps per power state, a step-time comparison is noise
+MIN_TIMED_STEPS = 5
+
+
+class PowerGuard(Callback):
+    """Hold off idle sleep during fit; watch the battery; stop or pause before it runs flat.
+
+    No trainer in Lightning, HF, litgpt, torchtune or mlx-lm looks at power: macOS idle-sleeps a
+    laptop in the middle of a run and training pauses for hours, and a battery that dies during a
+    checkpoint save is a SIGKILL the user could have seen coming. This guard:
+
+    - starts ``caffeinate -i -w <pid>`` (macOS) or ``systemd-inhibit`` (Linux) in ``setup`` and ends
+      it in ``teardown`` or ``on_exception``; the holder also ends by itself when this process dies
+      (``laptrain.hardware.power.KeepAwake``);
+    - reads the battery (psutil) at the start and every ``check_every_n_steps`` steps, logs
+      ``power/percent`` and ``power/plugged``, and warns once when training starts on battery, with
+      the step-time cost measured in the run's earlier sessions when there is one;
+    - on battery below ``min_percent``: saves ``ckpt_path`` at that batch boundary and stops
+      (``stop_reason = "battery"``; run.py exits 0 with "resume with the same command");
+    - with ``pause_on_battery``: sleeps between steps while on battery until the charger is back
+      (logged like a cooling break; weights untouched), and still stops below ``min_percent``.
+
+    Args:
+        enabled: False makes every hook a no-op (profiles switch it with ``hardware.guards``).
+        keep_awake: hold the idle-sleep assertion during fit.
+        battery: battery source; None = psutil's when ``use_os_battery``.
+        use_os_battery: False = never read the battery (keep-awake only).
+        warn_on_battery: one warning when training starts (or resumes) on battery.
+        min_percent: on battery below this percentage, checkpoint and stop.
+        pause_on_battery: pause between steps while on battery instead of training on it.
+        check_every_n_steps: how often the battery is read (also on the first step).
+        pause_check_seconds: while paused, how often the battery is read again.
+        ckpt_path: the run's ``last.ckpt``, written at a battery stop; None = no save.
+        awake: the sleep holder; None = ``KeepAwake()`` for this machine.
+        clock, sleep: injectable ``time.monotonic`` and ``time.sleep``.
+
+    Raises:
+        ValueError: on out-of-range values, naming the config key.
+
+    Example::
+
+        python train.py callbacks.power_guard.min_percent=30 callbacks.power_guard.pause_on_battery=true
+    """
+
+    report_section = "power"
+    STATE_VERSION = 1
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        keep_awake: bool = True,
+        battery: BatterySource | None = None,
+        use_os_battery: bool = True,
+        warn_on_battery: bool = True,
+        min_percent: float = 20.0,
+        pause_on_battery: bool = False,
+        check_every_n_steps: int = 10,
+        pause_check_seconds: float = 30.0,
+        ckpt_path: str | None = None,
+        awake: KeepAwake | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not 0 <= min_percent < 100:
+            raise ValueError("power_guard.min_percent must be in [0, 100) (0 = never stop)")
+        if check_every_n_steps < 1:
+            raise ValueError("power_guard.check_every_n_steps must be >= 1")
+        if pause_check_seconds <= 0:
+            raise ValueError("power_guard.pause_check_seconds must be > 0")
+        self.enabled, self.keep_awake, self.battery = enabled, keep_awake, battery
+        self.use_os_battery, self.warn_on_battery = use_os_battery, warn_on_battery
+        self.min_percent, self.pause_on_battery = min_percent, pause_on_battery
+        self.every_n, self.pause_check_seconds = check_every_n_steps, pause_check_seconds
+        self.checkpoint = StopCheckpoint(ckpt_path)
+        self.awake, self.clock, self.sleep = awake, clock, sleep
+        self.stop_reason: str | None = None
+        self.awake_line = "off"
+        self.last: BatteryReading | None = None
+        self.start_reading: BatteryReading | None = None
+        self.lowest_percent: float | None = None
+        self.battery_s, self.pauses, self.paused_s = 0.0, 0, 0.0
+        self.events: list[dict[str, Any]] = []
+        # per power state: [timed steps, seconds], over every session of the run
+        self.step_time = {"battery": [0, 0.0], "plugged": [0, 0.0]}
+        self._batches, self._t0, self._cooling0 = 0, 0.0, 0.0
+
+    @property
+    def cooling_s(self) -> float:
+        """Seconds paused on battery: like cooling breaks, not training time (``TakesBreaks``)."""
+        return self.paused_s
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not self.enabled or stage != "fit":
+            return
+        if self.battery is None and self.use_os_battery:
+            self.battery = PsutilBattery()
+        if self.keep_awake and trainer.is_global_zero:
+            self.awake = self.awake or KeepAwake()
+            self.awake_line = self.awake.start()
+            rank_zero_info(
+                f"power: {self.awake_line} (callbacks.power_guard.keep_awake=false turns this off)"
+            )
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.stop_reason, self._batches = None, 0
+        if not self.enabled or self.battery is None:
+            return
+        reading = self._read(trainer)
+        if reading is None:
+            rank_zero_info(
+                "power: no battery found (a desktop, or the OS does not say): battery checks off"
+            )
+            self.battery = None
+            return
+        self.start_reading = reading
+        if reading.on_battery and self.warn_on_battery:
+            rank_zero_warn(
+                f"power: training on battery ({_describe(reading)}); {self.cost_text()}. Plug in for "
+                "long runs; callbacks.power_guard.warn_on_battery=false silences this"
+            )
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._t0, self._cooling0 = self.clock(), cooling_s(trainer.callbacks)
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if not self.enabled or self.battery is None:
+            return
+        spent = self.clock() - self._t0 - (cooling_s(trainer.callbacks) - self._cooling0)
+        state = "battery" if self.last is not None and self.last.on_battery else "plugged"
+        self.step_time[state][0] += 1
+        self.step_time[state][1] += spent
+        if state == "battery":
+            self.battery_s += spent
+        self._batches += 1
+        if self._batches != 1 and self._batches % self.every_n:
+            return
+        reading = self._read(trainer)
+        if reading is None:
+            return
+        low = trainer.strategy.broadcast(self._too_low(reading))
+        pause = trainer.strategy.broadcast(reading.on_battery and self.pause_on_battery)
+        if low:
+            self._stop(trainer, reading)
+        elif pause:
+            self._pause(trainer, reading)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.checkpoint.put_in_place(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._release()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self.awake is not None:
+            self.awake.stop()
+
+    def _read(self, trainer: pl.Trainer) -> BatteryReading | None:
+        reading = self.battery.read() if self.battery is not None else None
+        if reading is None:
+            return None
+        self.last = reading
+        if reading.on_battery and (
+            self.lowest_percent is None or reading.percent < self.lowest_percent
+        ):
+            self.lowest_percent = reading.percent
+        metrics = {"power/percent": reading.percent}
+        if reading.plugged is not None:
+            metrics["power/plugged"] = float(reading.plugged)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        return reading
+
+    def _too_low(self, reading: BatteryReading) -> bool:
+        return reading.on_battery and reading.percent < self.min_percent
+
+    def _stop(self, trainer: pl.Trainer, reading: BatteryReading) -> None:
+        self.stop_reason = "battery"
+        self._event(trainer, "stop", f"{reading.percent:.0f} % on battery", 0.0)  # in the save
+        # at this batch boundary, moved over last.ckpt at fit end (laptrain/callbacks/stop_checkpoint.py)
+        self.checkpoint.save(trainer)
+        trainer.should_stop = True
+        rank_zero_warn(
+            f"power: battery at {reading.percent:.0f} % (below callbacks.power_guard.min_percent="
+            f"{self.min_percent:g}) at step {trainer.global_step}: checkpoint saved, stopping "
+            "cleanly. Plug in and rerun the same command to resume"
+        )
+
+    def _pause(self, trainer: pl.Trainer, reading: BatteryReading) -> None:
+        """Sleep in short slices until the charger is back, the battery is too low, or a stop is asked."""
+        rank_zero_info(
+            f"power: paused at step {trainer.global_step} on battery ({_describe(reading)}) until the "
+            "charger is back (callbacks.power_guard.pause_on_battery=false trains on battery)"
+        )
+        start = last_read = self.clock()
+        while True:
+            if _stop_requested(trainer):
+                trainer.should_stop = True
+                break
+            if self.clock() - last_read >= self.pause_check_seconds:
+                last_read = self.clock()
+                reading = self._read(trainer)
+                if reading is None or not reading.on_battery:
+                    break
+                if self._too_low(reading):
+                    self._stop(trainer, reading)
+                    break
+            self.sleep(min(1.0, self.pause_check_seconds))
+        taken = self.clock() - start
+        self.pauses += 1
+        self.paused_s += taken
+        self._event(trainer, "pause", "on battery", taken)
+        for logger in trainer.loggers:
+            logger.log_metrics({"power/pause_s": taken}, step=trainer.global_step)
+        if not trainer.should_stop:
+            rank_zero_info(
+                f"power: charger back after a pause of {taken:.0f} s; training resumes at step "
+                f"{trainer.global_step}"
+            )
+
+    def _event(self, trainer: pl.Trainer, kind: str, reason: str, seconds: float) -> None:
+        event = {"step": trainer.global_step, "kind": kind, "reason": reason, "s": seconds}
+        self.events = [*self.events[-99:], event]
+
+    def step_s(self, state: str) -> float | None:
+        """Mean training seconds per step in ``state`` ("battery" / "plugged"), once measured."""
+        steps, seconds = self.step_time[state]
+        return seconds / steps if steps >= MIN_TIMED_STEPS else None
+
+    def cost_text(self) -> str:
+        """What training on battery cost in this run so far, or why it is not known yet."""
+        on_battery, plugged = self.step_s("battery"), self.step_s("plugged")
+        if on_battery is None or plugged is None:
+            return (
+                "its cost is not measured yet: report.json's power section compares step times "
+                "on battery and plugged in once this run has trained both ways"
+            )
+        return (
+            f"earlier in this run a step took {on_battery:.3g} s on battery vs {plugged:.3g} s "
+            f"plugged in ({100 * (on_battery / plugged - 1):+.0f} %)"
+        )
+
+    def plot_point(self) -> dict[str, Any]:
+        """The last battery reading, for the report's plot points."""
+        if self.last is None:
+            return {}
+        return {"battery_percent": self.last.percent, "plugged": self.last.plugged}
+
+    def summary(self) -> dict[str, Any]:
+        """What the run report shows."""
+        start = self.start_reading
+        return {
+            "keep_awake": self.awake_line,
+            "battery": getattr(self.battery, "name", None) or "none",
+            "start_percent": start.percent if start else None,
+            "start_plugged": start.plugged if start else None,
+            "last_percent": self.last.percent if self.last else None,
+            "lowest_percent_on_battery": self.lowest_percent,
+            "train_s_on_battery": self.battery_s,
+            "step_s_on_battery": self.step_s("battery"),
+            "step_s_plugged": self.step_s("plugged"),
+            "pauses": self.pauses,
+            "paused_s": self.paused_s,
+            "stopped_on_battery": self.stop_reason == "battery",
+            "events": self.events,
+        }
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.STATE_VERSION,
+            "battery_s": self.battery_s,
+            "pauses": self.pauses,
+            "paused_s": self.paused_s,
+            "events": self.events,
+            "lowest_percent": self.lowest_percent,
+            "step_time": {k: list(v) for k, v in self.step_time.items()},
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not check_version(
+            "power_guard", state_dict, self.STATE_VERSION, "battery time, pauses and step times"
+        ):
+            return
+        self.battery_s, self.pauses = state_dict["battery_s"], state_dict["pauses"]
+        self.paused_s, self.events = state_dict["paused_s"], list(state_dict["events"])
+        self.lowest_percent = state_dict["lowest_percent"]
+        self.step_time = {k: list(v) for k, v in state_dict["step_time"].items()}
+
+
+def _describe(reading: BatteryReading) -> str:
+    text = f"{reading.percent:.0f} %"
+    if reading.seconds_left is not None:
+        hours, minutes = divmod(reading.seconds_left // 60, 60)
+        text += (
+            f", about {hours} h {minutes:02d} min left" if hours else f", about {minutes} min left"
+        )
+    return text
+
+
+def _stop_requested(trainer: pl.Trainer) -> bool:
+    """A stop was asked for: by Lightning's flag or a signal seen by laptrain's ``GracefulStop``."""
+    return trainer.should_stop or signal_stop(trainer.callbacks) is not None
