@@ -267,8 +267,7 @@ class MemoryMonitor(Callback):
         rank_zero_warn(f"memory: macOS memory pressure is {name}, {action}; {SWAP_HINT}")
         if stop:
             self.stop_reason = "memory pressure"
-            self.checkpoint.save(trainer)
-            trainer.should_stop = True
+            self.checkpoint.stop(trainer)
 
     def plot_point(self) -> dict[str, Any]:
         """Process RSS and device memory of the last reading, for the report's plot."""

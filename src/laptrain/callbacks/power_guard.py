@@ -207,8 +207,7 @@ class PowerGuard(Callback):
         self.stop_reason = "battery"
         self._event(trainer, "stop", f"{reading.percent:.0f} % on battery", 0.0)  # in the save
         # at this batch boundary, moved over last.ckpt at fit end (laptrain/callbacks/stop_checkpoint.py)
-        self.checkpoint.save(trainer)
-        trainer.should_stop = True
+        self.checkpoint.stop(trainer)
         rank_zero_warn(
             f"power: battery at {reading.percent:.0f} % (below callbacks.power_guard.min_percent="
             f"{self.min_percent:g}) at step {trainer.global_step}: checkpoint saved, stopping "
@@ -223,8 +222,7 @@ class PowerGuard(Callback):
         )
         start = last_read = self.clock()
         while True:
-            if _stop_requested(trainer):
-                trainer.should_stop = True
+            if _stop_requested(trainer):  # the stopping callback saves and stops at this boundary
                 break
             if self.clock() - last_read >= self.pause_check_seconds:
                 last_read = self.clock()
@@ -241,7 +239,7 @@ class PowerGuard(Callback):
         self._event(trainer, "pause", "on battery", taken)
         for logger in trainer.loggers:
             logger.log_metrics({"power/pause_s": taken}, step=trainer.global_step)
-        if not trainer.should_stop:
+        if not _stop_requested(trainer):
             rank_zero_info(
                 f"power: charger back after a pause of {taken:.0f} s; training resumes at step "
                 f"{trainer.global_step}"
