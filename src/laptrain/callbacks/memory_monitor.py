@@ -133,6 +133,7 @@ class MemoryMonitor(Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.checkpoint.tick(trainer)  # a stop deferred past a validation happens here
         step = trainer.global_step
         every_n = self.every_n or trainer.log_every_n_steps
         if not self.enabled or step == self._last_step or step % every_n:

@@ -15,15 +15,12 @@ from __future__ import annotations
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
-from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.callbacks.stop_checkpoint import ended_at_batch_boundary
 
 
 def stopping_on_purpose(trainer: pl.Trainer) -> bool:
-    """A laptrain callback is ending the run early (signal, session budget, swap...)."""
-    callbacks = trainer.callbacks
-    return bool(trainer.should_stop) and (
-        signal_stop(callbacks) is not None or stop_reason(callbacks) is not None
-    )
+    """A laptrain callback is ending the run at a batch boundary (signal, session budget, swap...)."""
+    return bool(trainer.should_stop) and ended_at_batch_boundary(trainer)
 
 
 class ModelCheckpoint(LightningModelCheckpoint):

@@ -144,6 +144,7 @@ class PowerGuard(Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.checkpoint.tick(trainer)  # a stop deferred past a validation happens here
         if not self.enabled or self.battery is None:
             return
         spent = self.clock() - self._t0 - (cooling_s(trainer.callbacks) - self._cooling0)

@@ -77,8 +77,13 @@ class SessionBudget(Callback):
         if self.max_minutes is None or trainer.should_stop:
             return
         spent = trainer.strategy.broadcast(self.clock() - self._start)
-        if spent >= self.max_minutes * 60 and not self._ends_anyway(trainer, batch_idx):
-            self.checkpoint.stop(trainer)  # mid-epoch: see laptrain/callbacks/stop_checkpoint.py
+        # Mid-epoch, or at the next batch when a validation follows this one
+        # (laptrain/callbacks/stop_checkpoint.py).
+        if (
+            spent >= self.max_minutes * 60
+            and not self._ends_anyway(trainer, batch_idx)
+            and self.checkpoint.stop(trainer)
+        ):
             self._stop(trainer, f"{self.max_minutes:g} min")
 
     @override

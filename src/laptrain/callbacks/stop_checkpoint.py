@@ -13,15 +13,24 @@ ModelCheckpoint then ranks the stopped weights among the best ones: a pass the u
 never makes, a ``best-step<N>.ckpt`` it never writes, and minutes of waiting after a Ctrl-C on a
 large validation set. :meth:`StopCheckpoint.stop` turns validation off for the rest of this fit
 (``trainer.enable_validation`` is false when ``limit_val_batches`` is 0, trainer.py:1354), and
-laptrain's ModelCheckpoint saves nothing while a stop is under way
+laptrain's ModelCheckpoint saves nothing while such a stop is under way
 (:mod:`laptrain.callbacks.model_checkpoint`).
+
+A stop asked for on a batch that a validation follows (the epoch's last batch, or every
+``val_check_interval`` batches) waits: the validation and its checkpoints are part of the
+uninterrupted run, and Lightning resumes a checkpoint taken just before them as if they had run
+(``FitLoop.reset``, fit_loop.py:397-411: the epoch is counted done, its validation never runs). The
+stop then happens at the next batch boundary, one batch later.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 
 import lightning.pytorch as pl
+
+_ENDED: weakref.WeakSet[pl.Trainer] = weakref.WeakSet()
 
 
 def fsync_dir(folder: str) -> None:
@@ -44,6 +53,7 @@ class StopCheckpoint:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._pending = False
+        self.deferred = False
 
     @property
     def side_path(self) -> str:
@@ -54,10 +64,20 @@ class StopCheckpoint:
             trainer.save_checkpoint(self.side_path)
             self._pending = True
 
-    def stop(self, trainer: pl.Trainer) -> None:
-        """Save, then end fit at this batch boundary with no validation pass and no ranking."""
+    def stop(self, trainer: pl.Trainer) -> bool:
+        """Save, then end fit at this batch boundary with no validation pass and no ranking;
+        False when a validation follows this batch: then :meth:`tick` stops at the next one."""
+        if validation_follows(trainer):
+            self.deferred = True
+            return False
+        self.deferred = False
         self.save(trainer)
         end_fit_now(trainer)
+        return True
+
+    def tick(self, trainer: pl.Trainer) -> bool:
+        """Call at every ``on_train_batch_end``: carries out a deferred stop; True once stopped."""
+        return self.deferred and self.stop(trainer)
 
     def put_in_place(self, trainer: pl.Trainer) -> None:
         if self._pending and trainer.is_global_zero and self.path:
@@ -70,3 +90,22 @@ def end_fit_now(trainer: pl.Trainer) -> None:
     """Stop at this batch boundary without the validation Lightning adds to a mid-epoch stop."""
     trainer.limit_val_batches = 0
     trainer.should_stop = True
+    _ENDED.add(trainer)
+
+
+def ended_at_batch_boundary(trainer: pl.Trainer) -> bool:
+    """Whether :func:`end_fit_now` stopped this trainer's fit."""
+    return trainer in _ENDED
+
+
+def validation_follows(trainer: pl.Trainer) -> bool:
+    """Whether Lightning runs a validation right after the current training batch (asked at its
+    ``on_train_batch_end``, before anything sets ``should_stop``)."""
+    loop = trainer.fit_loop
+    fetcher = getattr(loop, "_data_fetcher", None)
+    if trainer.should_stop or fetcher is None or not trainer.enable_validation:
+        return False
+    try:  # Lightning's own rule (training_epoch_loop.py:529 in 2.6.6)
+        return bool(loop.epoch_loop._should_check_val_fx(fetcher))
+    except (AttributeError, TypeError):  # another Lightning: stop now, as before
+        return False
