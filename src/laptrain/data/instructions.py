@@ -43,10 +43,10 @@ from laptrain.data.chat_tokenizer import (
     prepare_chat_tokenizer,
 )
 from laptrain.data.collate import PadCollator
+from laptrain.data.labelled_files import SPLIT_ALIASES
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
 from laptrain.data.splits import assign_splits
 from laptrain.data.text_classification import (
-    SPLIT_ALIASES,
     TextClassificationDataModule,
     _file_digest,
     publish_entry,
