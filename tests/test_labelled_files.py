@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from laptrain.data import labelled_files
 from laptrain.data.labelled_files import (
     MAX_TEXT_CHARS,
     DataError,
@@ -137,17 +138,28 @@ def test_a_utf8_bom_and_integer_labels_read_as_before(tmp_path):
     assert data.label_names == ["0", "1", "2"] and sorted(set(data.labels["train"])) == [0, 1, 2]
 
 
-def test_train_py_data_check_reads_the_composed_config(tmp_path):
-    good = ["data=text_csv", f"data.files.train={GOOD}", "data.files.validation=null"]
-    check_data_config(compose_train(good).data)
-    cfg = compose_train(["data=text_csv", f"data.files.train={BAD / 'latin1.csv'}"])
+def test_train_py_data_check_reads_the_composed_config(tmp_path, monkeypatch):
+    cfg = compose_train(["data=text_csv", f"data.files.train={BAD / 'latin1.csv'}"], tmp_path)
     with pytest.raises(DataError, match="data.encoding=latin-1"):
         check_data_config(cfg.data)
-    check_data_config(compose_train([*good[:2], "data.encoding=latin-1"]).data)
+    assert not (tmp_path / "cache").exists()
     check_data_config(compose_train([]).data)  # the default builder: read when the run builds it
-    check_data_config(
-        compose_train(["data=text_csv", "data.val_fraction=abc"]).data
-    )  # config check's
+    check_data_config(compose_train(["data=text_csv", "data.val_fraction=abc"]).data)
+
+    train = tmp_path / "train.csv"
+    train.write_bytes(GOOD.read_bytes())
+    good = ["data=text_csv", f"data.files.train={train}", "data.files.validation=null"]
+    check_data_config(compose_train(good, tmp_path).data)
+    assert len(list((tmp_path / "cache" / "checked").iterdir())) == 1
+
+    def boom(*args, **kwargs):
+        raise AssertionError("read again")
+
+    monkeypatch.setattr(labelled_files, "read_labelled", boom)
+    check_data_config(compose_train(good, tmp_path).data)  # stamped: not read again
+    train.write_text(train.read_text() + "one more row,sports\n")
+    with pytest.raises(AssertionError, match="read again"):  # changed: read again
+        check_data_config(compose_train(good, tmp_path).data)
 
 
 @pytest.mark.parametrize("name", ["latin1.csv", "broken_line.jsonl", "empty_labels.csv"])

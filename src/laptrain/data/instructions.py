@@ -43,12 +43,11 @@ from laptrain.data.chat_tokenizer import (
     prepare_chat_tokenizer,
 )
 from laptrain.data.collate import PadCollator
-from laptrain.data.labelled_files import SPLIT_ALIASES
+from laptrain.data.labelled_files import SPLIT_ALIASES, file_digest
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
 from laptrain.data.splits import assign_splits
 from laptrain.data.text_classification import (
     TextClassificationDataModule,
-    _file_digest,
     publish_entry,
 )
 from laptrain.data.tokenizer import load_tokenizer
@@ -437,13 +436,13 @@ class InstructionDataModule(TextClassificationDataModule):
             return offline_tokenizer_path(self.cache_dir, self.vocab_size).name
         folder = Path(self.tokenizer_name).expanduser()
         if folder.is_dir():  # a local folder can change under the same name
-            return {p.name: _file_digest(p) for p in sorted(folder.iterdir()) if p.is_file()}
+            return {p.name: file_digest(p) for p in sorted(folder.iterdir()) if p.is_file()}
         return self.tokenizer_name
 
     def _cache_key(self, files: dict[str, Path] | None) -> str:
         spec = {
             "version": CACHE_VERSION,
-            "files": {k: _file_digest(v) for k, v in (files or {}).items()},
+            "files": {k: file_digest(v) for k, v in (files or {}).items()},
             "group": self.group_column,
             "split": [self.val_fraction, self.test_fraction, self.split_seed],
             "tokenizer": self._tokenizer_spec(),

@@ -27,6 +27,7 @@ from laptrain.data.labelled_files import (
     LabelledSplits,
     Table,
     check_fractions,
+    file_digest,
     read_labelled,
     resolve_files,
 )
@@ -50,14 +51,6 @@ def _check_batch_size(batch_size: int | None) -> None:
             f"batch size must be >= 1 (got {batch_size}): set hardware.batch_size=<n> "
             "or pick another hardware profile"
         )
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class TextClassificationDataModule(pl.LightningDataModule):
@@ -168,7 +161,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
     def _cache_key(self, files: dict[str, Path] | None) -> str:
         spec = {
             "version": CACHE_VERSION,
-            "files": {k: _file_digest(v) for k, v in (files or {}).items()},
+            "files": {k: file_digest(v) for k, v in (files or {}).items()},
             "hub": [self.hub_name, self.hub_config],
             "columns": [self.text_column, self.label_column, self.group_column],
             "labels": self.fixed_label_names,
