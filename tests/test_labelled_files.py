@@ -70,6 +70,25 @@ CASES: dict[str, tuple[dict, list[str]]] = {
         ["column 'stars' not in", "train_ok.csv", "columns: text, label", "data.label_column="],
     ),
     "no_file.csv": ({}, ["data file not found", "no_file.csv", "data.files.train="]),
+    "notes.txt": ({}, ["notes.txt: unsupported file type '.txt'", ".csv"]),
+    "label_is_list.jsonl": ({}, ["label_is_list.jsonl:3: the label is a list", "one label"]),
+    "line_not_object.jsonl": ({}, ["line_not_object.jsonl:5 is a string, not an object"]),
+    "no_validation_rows": (
+        {"files": {"train": str(GOOD)}, "val_fraction": 0.0},
+        ["no rows for validation", "train_ok.csv has 12 usable rows", "data.val_fraction="],
+    ),
+    "label_not_in_label_names": (
+        {"files": {"train": str(GOOD)}, "label_names": ["sports", "weather"]},
+        ["label 'cooking' (", "train_ok.csv:3", "not in data.label_names (sports, weather)"],
+    ),
+    "unknown_incomplete_rows": (
+        {"files": {"train": str(GOOD)}, "incomplete_rows": "drop"},
+        ["data.incomplete_rows=drop: use error or skip"],
+    ),
+    "unknown_encoding": (
+        {"files": {"train": str(GOOD)}, "encoding": "latin-9x"},
+        ["data.encoding=latin-9x is not an encoding Python knows"],
+    ),
 }
 TEXT_CSV = OmegaConf.load(CONF / "data" / "text_csv.yaml")
 
