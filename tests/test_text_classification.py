@@ -97,3 +97,19 @@ def test_integer_labels_index_label_names_and_unknown_labels_are_refused(tmp_pat
     assert dm.label_names == ["neg", "pos"] and set(dm.splits["train"]["labels"]) == {0, 1}
     with pytest.raises(ValueError, match="not in data.label_names"):
         module(tmp_path, label_names=["sports", "cooking"]).setup()
+
+
+def test_a_hub_dataset_is_checked_by_the_same_rules(tmp_path, monkeypatch):
+    import datasets
+
+    rows = {"text": [f"text number {i}" for i in range(40)], "label": [i % 2 for i in range(40)]}
+    hub = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)})
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: hub)
+    dm = module(tmp_path, files=None, hub_name="someone/reviews")
+    dm.setup()
+    assert dm.label_names == ["0", "1"] and sum(len(s) for s in dm.splits.values()) == 40
+
+    rows["label"][5] = None
+    hub = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)})
+    with pytest.raises(ValueError, match=r"someone/reviews train row 6.*incomplete_rows=skip"):
+        module(tmp_path / "other", files=None, hub_name="someone/reviews").setup()
