@@ -53,11 +53,13 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Table:
-    """The records of one file (or hub split): ``(where, record)``, ``where`` as ``file:line``."""
+    """The records of one file (or hub split): ``(where, record)``, ``where`` as ``file:line``;
+    ``untyped``: every cell is a string (CSV), so numbers are recognised by their spelling."""
 
     source: str
     columns: list[str]
     rows: list[tuple[str, Mapping[str, Any]]]
+    untyped: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,7 @@ def _read_csv(path: Path, text: str, delimiter: str) -> Table:
         raise DataError(
             f"{path} has a header ({', '.join(header)}) but no rows: add one row per text"
         )
-    return Table(str(path), header, rows)
+    return Table(str(path), header, rows, untyped=True)
 
 
 def _json_kind(value: Any) -> str:
@@ -345,7 +347,6 @@ def check_rows(
             f"group column {group_column!r} not in {table.source} (columns: "
             f"{', '.join(table.columns)}): set data.group_column=<one of them> or null"
         )
-    is_csv = table.source.lower().endswith((".csv", ".tsv"))
     rows: list[Row] = []
     no_label: list[str] = []
     no_text: list[str] = []
@@ -363,7 +364,7 @@ def check_rows(
             continue
         if len(text) > MAX_TEXT_CHARS:
             raise _too_long(where, len(text))
-        if is_csv:
+        if table.untyped:
             label = label.strip()
         rows.append(Row(where, text, label, record.get(group_column) if group_column else None))
     columns = ", ".join(table.columns)
@@ -374,7 +375,7 @@ def check_rows(
             f"{str(value)[:40]!r}, not text ({_rows(len(not_text))}): set data.text_column=<the "
             f"column with the texts> (columns: {columns})"
         )
-    if is_csv and rows and all(_NUMBER.fullmatch(r.text.strip()) for r in rows):
+    if table.untyped and rows and all(_NUMBER.fullmatch(r.text.strip()) for r in rows):
         raise DataError(
             f"{table.source}: data.text_column={text_column!r} holds only numbers, not text "
             f"(e.g. {rows[0].where}): set data.text_column=<the column with the texts> "
@@ -395,7 +396,7 @@ def check_rows(
         if not rows:
             raise DataError(f"{what}: no row is left (check data.label_column, data.text_column)")
         notes.append(f"skipped {what} (data.incomplete_rows=skip)")
-    if is_csv and rows and all(_INTEGER.fullmatch(r.label) for r in rows):
+    if table.untyped and rows and all(_INTEGER.fullmatch(r.label) for r in rows):
         rows = [Row(r.where, r.text, int(r.label), r.group) for r in rows]
     return rows, notes
 
