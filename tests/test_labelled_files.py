@@ -104,7 +104,8 @@ def refusal(name: str) -> str:
 
 
 def test_the_corpus_has_a_case_for_every_bad_file():
-    assert {p.name for p in BAD.iterdir()} - set(CASES) == {"train_ok.csv"}
+    files = {p.name for p in BAD.iterdir() if p.is_file()}  # instructions/: its own test
+    assert files - set(CASES) == {"train_ok.csv"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

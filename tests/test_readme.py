@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import os
 import re
 import shlex
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from laptrain.config_check import check_composed, compose_argv
-from laptrain.data.labelled_files import DATA_TARGET, check_data_config
+from laptrain.data.labelled_files import DATA_TARGET, INSTRUCTIONS_TARGET, check_data_config
 from tests.conftest import CONF, ROOT, write_texts
 
 README = (ROOT / "README.md").read_text()
@@ -76,9 +77,20 @@ def _jobs(argv: list[str]) -> list[list[str]]:
 
 
 # README data files that are not in this repository: a stand-in with the columns the command names
-# is written and checked. Files read only when the run builds its datamodule (instruction rows, the
-# Sudoku-Extreme folder) are composed, not read: train.py's data check covers text classification.
+# is written and checked by train.py's data check. The Sudoku-Extreme folder is only composed: it is
+# read when the run builds its datamodule.
 STAND_INS = {"reviews.csv": ("review", "stars"), "papers.jsonl": ("text", "label")}
+
+
+def write_stand_in(path: Path, target: str) -> None:
+    if target == INSTRUCTIONS_TARGET:
+        rows = [{"prompt": f"What is {i} + 1?", "response": f"{i + 1}."} for i in range(30)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return
+    text, label = STAND_INS.get(path.name, ("text", "label"))
+    write_texts(path, rows=60, fmt=path.suffix[1:])
+    if (text, label) != ("text", "label"):
+        path.write_text(path.read_text().replace("text,label", f"{text},{label}", 1))
 
 
 def test_the_readme_has_the_recipes_this_test_reads():
@@ -96,17 +108,12 @@ def test_every_readme_recipe_composes_as_written(line, tmp_path, monkeypatch, ca
         cfg = compose_argv(job, str(CONF))
         check_composed(cfg)
         files = cfg.data.get("files") or {}
-        for name in [f for f in files.values() if f]:
-            if name in STAND_INS:
-                text, label = STAND_INS[name]
-                path = write_texts(tmp_path / name, rows=60, fmt=Path(name).suffix[1:])
-                if (text, label) != ("text", "label"):
-                    body = path.read_text().replace("text,label", f"{text},{label}", 1)
-                    path.write_text(body)
-            elif name.endswith(".csv"):  # e.g. the validation/test recipe's own files
-                write_texts(tmp_path / name, rows=60)
+        target = cfg.data.get("_target_")
+        checked = target in (DATA_TARGET, INSTRUCTIONS_TARGET) and any(files.values())
+        for name in [f for f in files.values() if f] if checked else []:
+            write_stand_in(tmp_path / name, target)
         check_data_config(cfg.data)
-        if cfg.data.get("_target_") == DATA_TARGET and any(files.values()):  # read, not skipped
+        if checked:  # read, not skipped
             assert list((tmp_path / "cache" / "checked").iterdir()), line
 
 

@@ -274,15 +274,20 @@ def _read_parquet(path: Path) -> Table:
     return Table(str(path), list(table.column_names), rows)
 
 
+def read_text(path: Path, encoding: str = "utf-8") -> str:
+    """A text data file's contents; an empty file or another encoding is a :class:`DataError`."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise DataError(f"{path} is empty: give it a header line and one row per text")
+    return _decode(path, data, encoding)
+
+
 def read_table(path: Path, encoding: str = "utf-8") -> Table:
     """The records of one data file, or a :class:`DataError` naming the line at fault."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _read_parquet(path)
-    data = path.read_bytes()
-    if not data.strip():
-        raise DataError(f"{path} is empty: give it a header line and one row per text")
-    text = _decode(path, data, encoding)
+    text = read_text(path, encoding)
     if suffix in (".csv", ".tsv"):
         return _read_csv(path, text, "\t" if suffix == ".tsv" else ",")
     return _read_json(path, text)
@@ -566,47 +571,62 @@ def read_labelled(
     return LabelledSplits(out.texts, out.labels, out.label_names, notes)
 
 
-# ---- train.py's check --------------------------------------------------------------------------
+# ---- train.py's check ---------------------------------------------------------------------------
 
-_ARGS: dict[str, type | tuple[type, ...]] = {
-    "text_column": str,
-    "label_column": str,
-    "group_column": (str, type(None)),
-    "label_names": (list, type(None)),
+_NONE = type(None)
+_SPLIT_ARGS: dict[str, type | tuple[type, ...]] = {
     "encoding": str,
-    "incomplete_rows": str,
     "val_fraction": (int, float),
     "test_fraction": (int, float),
     "split_seed": int,
 }
+_LABELLED_ARGS = {
+    **_SPLIT_ARGS,
+    "text_column": str,
+    "label_column": str,
+    "group_column": (str, _NONE),
+    "label_names": (list, _NONE),
+    "incomplete_rows": str,
+}
+_INSTRUCTION_ARGS = {**_SPLIT_ARGS, "group_column": (str, _NONE), "system_prompt": (str, _NONE)}
+INSTRUCTIONS_TARGET = "laptrain.data.instructions.InstructionDataModule"
 
 
 def check_data_config(data: Any) -> None:
     """``train.py``'s data check on the composed ``data`` config, before the run folder exists:
-    :func:`read_labelled` on the local files of a text-classification config; anything else
-    (a hub dataset, a builder, another datamodule) is checked when the datamodule reads it. A
-    value of the wrong type is left to the config check, which names the argument."""
+    the local files of a text-classification or instruction config are read and checked by the
+    rules their datamodule applies; anything else (a hub dataset, a builder, another datamodule) is
+    checked when the datamodule reads it. A value of the wrong type is left to the config check,
+    which names the argument. Files that passed are stamped under ``<cache_dir>/checked/``."""
     from omegaconf import OmegaConf
 
     try:
         plain = OmegaConf.to_container(data, resolve=True) if data is not None else None
     except Exception:  # an interpolation that cannot resolve: the config check reports it
         return
-    if not isinstance(plain, dict) or plain.get("_target_") != DATA_TARGET:
+    if not isinstance(plain, dict):
+        return
+    if plain.get("_target_") == DATA_TARGET:
+        spec, check = _LABELLED_ARGS, read_labelled
+    elif plain.get("_target_") == INSTRUCTIONS_TARGET:
+        from laptrain.data.instruction_rows import check_instructions
+
+        spec, check = _INSTRUCTION_ARGS, check_instructions
+    else:
         return
     files = plain.get("files")
     if not isinstance(files, dict) or not any(v is not None for v in files.values()):
         return
-    kwargs = {k: plain[k] for k in _ARGS if k in plain}
-    if any(not isinstance(v, _ARGS[k]) or isinstance(v, bool) for k, v in kwargs.items()):
+    kwargs = {k: plain[k] for k in spec if k in plain}
+    if any(not isinstance(v, spec[k]) or isinstance(v, bool) for k, v in kwargs.items()):
         return
     paths = resolve_files(files)
-    spec = {"version": CHECK_VERSION, "options": kwargs}
-    spec["files"] = {k: file_digest(v) for k, v in paths.items()}
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
-    stamp = Path(str(plain.get("cache_dir") or ".cache/laptrain")).expanduser() / "checked" / key
-    if stamp.exists():
+    stamp = {"version": CHECK_VERSION, "target": plain["_target_"], "options": kwargs}
+    stamp["files"] = {k: file_digest(v) for k, v in paths.items()}
+    key = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:20]
+    done = Path(str(plain.get("cache_dir") or ".cache/laptrain")).expanduser() / "checked" / key
+    if done.exists():
         return
-    read_labelled(files, **kwargs)
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.touch()
+    check(files, **kwargs)
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.touch()
