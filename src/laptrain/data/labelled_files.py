@@ -1,11 +1,13 @@
 """Labelled texts read from CSV / TSV / JSONL / JSON / Parquet and checked row by row.
 
-Gap it fills: ``datasets``' CSV and JSON builders (pandas, pyarrow) report bad input in their own
-terms ("Error tokenizing data", "straddling object straddles two block boundaries"), name neither
-the file nor the fix, and some problems (rows whose labels are empty) only surface later as a
-misleading "split is empty". Here the rows are read with the standard library (pyarrow for
-Parquet) so every problem is one :class:`DataError` line: the file, the line or row at fault, what
-is wrong, and the option or edit that fixes it (docs/data.md lists them).
+Gap it fills: ``datasets``' CSV and JSON builders (pandas, pyarrow) answer a broken JSONL line, a
+Latin-1 file or a quote left open with "An error occurred while generating the dataset"
+(``DatasetGenerationError``, datasets 5.2, measured on tests/data/bad/), naming neither the line nor
+the fix; they read empty CSV labels as the label ``nan`` and a JSON array in a ``.jsonl`` file as
+rows without a word, and mixed label types surface later as a misleading label error. Here the rows
+are read with the standard library (pyarrow for Parquet) so every problem is one :class:`DataError`
+line: the file, the line or row at fault, what is wrong, and the option or edit that fixes it
+(docs/data.md lists them).
 
 The rules live only here. ``TextClassificationDataModule`` reads its files through
 :func:`read_labelled`, and ``train.py`` calls :func:`check_data_config` on the composed config
