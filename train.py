@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from laptrain.argv import run_argv_hook
 from laptrain.config_check import check_composed, compose_argv
+from laptrain.data.labelled_files import check_data_config
 from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import EnvReport, apply_env
 from laptrain.run_dir import register_resolvers
@@ -77,14 +78,18 @@ def resolve_argv(argv: list[str]) -> list[str]:
 
 
 def precheck(argv: list[str]) -> EnvReport | None:
-    """Compose the config, apply the profile's env, then check every ``_target_`` against its
-    constructor, all before Hydra makes a run folder; None for help-only commands."""
+    """Compose the config, check the data files, apply the profile's env, then check every
+    ``_target_`` against its constructor, all before Hydra makes a run folder; None for help-only
+    commands."""
     if HELP_FLAGS.intersection(argv[1:]):
         return None
     cfg = compose_argv(argv, str(CONF))
+    printing = PRINT_FLAGS.intersection(a.split("=", 1)[0] for a in argv[1:])
+    if not printing:  # no torch yet: a bad data file is refused in about a second
+        check_data_config(cfg.get("data"))
     env = apply_profile_env(cfg)
     check_composed(cfg)
-    if PRINT_FLAGS.intersection(a.split("=", 1)[0] for a in argv[1:]):
+    if printing:
         return env  # `--cfg job` on any machine shows what a profile sets; nothing runs
     from laptrain.run import check_device  # imports torch: after the env is set
 

@@ -13,12 +13,12 @@ import torch
 
 from laptrain.data import instructions
 from laptrain.data.chat_tokenizer import build_offline_tokenizer
+from laptrain.data.instruction_rows import row_messages
 from laptrain.data.instructions import (
     CausalLMCollator,
     InstructionDataModule,
     encode_chat,
     render_prompt,
-    row_messages,
 )
 
 WORDS = [

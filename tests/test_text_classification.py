@@ -50,7 +50,7 @@ def test_batches_are_padded_to_their_own_longest_not_max_length(tmp_path):
         assert batch["attention_mask"][:, -1].any()  # no all-pad column
 
 
-def test_given_splits_are_kept_and_groups_never_straddle_splits(tmp_path):
+def test_given_splits_are_kept(tmp_path):
     files = {
         "train": str(write_texts(tmp_path / "a.csv", seed=1)),
         "validation": str(write_texts(tmp_path / "b.csv", rows=30, seed=2)),
@@ -60,35 +60,12 @@ def test_given_splits_are_kept_and_groups_never_straddle_splits(tmp_path):
     dm.setup()
     assert (len(dm.splits["val"]), len(dm.splits["test"])) == (30, 21)
 
-    import datasets
 
-    dm2 = TextClassificationDataModule(vocab_size=200, cache_dir=str(tmp_path / "c2"))
-    ds = datasets.Dataset.from_dict(
-        {
-            "text": [f"w{i}" for i in range(100)],
-            "label": ["a", "b"] * 50,
-            "g": [i // 10 for i in range(100)],
-        }
-    )
-    dm2.group_column = "g"
-    splits = dm2._split({"train": ds})
-    groups = {s: set(v["g"]) for s, v in splits.items()}
-    assert not (groups["train"] & groups["val"]) and not (groups["train"] & groups["test"])
-
-
-def test_split_is_stratified_so_one_big_group_cannot_fill_a_split(tmp_path):
-    import datasets
-
-    # label "a": one 60-row group and many small ones; "b": small groups only
-    groups = [0] * 60 + [1 + i // 4 for i in range(140)]
-    labels = ["a"] * 60 + ["a" if i < 60 else "b" for i in range(140)]
-    ds = datasets.Dataset.from_dict({"text": ["x"] * 200, "label": labels, "g": groups})
-    dm = TextClassificationDataModule(vocab_size=200, group_column="g", cache_dir=str(tmp_path))
-    splits = dm._split({"train": ds})
-    assert 0 not in set(splits["val"]["g"]) | set(splits["test"]["g"])
-    for split in ("val", "test"):
-        shares = [splits[split]["label"].count(x) for x in ("a", "b")]
-        assert 8 <= shares[0] <= 16 and 6 <= shares[1] <= 12, (split, shares)
+def test_a_split_set_to_null_is_split_off_train(tmp_path):
+    files = {"train": str(write_texts(tmp_path / "a.csv")), "validation": None, "test": None}
+    dm = module(tmp_path, files=files)
+    dm.setup()
+    assert {k: len(v) for k, v in dm.splits.items()} == {"train": 192, "val": 24, "test": 24}
 
 
 def test_label_names_fix_the_order(tmp_path):
@@ -120,3 +97,19 @@ def test_integer_labels_index_label_names_and_unknown_labels_are_refused(tmp_pat
     assert dm.label_names == ["neg", "pos"] and set(dm.splits["train"]["labels"]) == {0, 1}
     with pytest.raises(ValueError, match="not in data.label_names"):
         module(tmp_path, label_names=["sports", "cooking"]).setup()
+
+
+def test_a_hub_dataset_is_checked_by_the_same_rules(tmp_path, monkeypatch):
+    import datasets
+
+    rows = {"text": [f"text number {i}" for i in range(40)], "label": [i % 2 for i in range(40)]}
+    hub = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)})
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: hub)
+    dm = module(tmp_path, files=None, hub_name="someone/reviews")
+    dm.setup()
+    assert dm.label_names == ["0", "1"] and sum(len(s) for s in dm.splits.values()) == 40
+
+    rows["label"][5] = None
+    hub = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)})
+    with pytest.raises(ValueError, match=r"someone/reviews train row 6.*incomplete_rows=skip"):
+        module(tmp_path / "other", files=None, hub_name="someone/reviews").setup()

@@ -206,7 +206,8 @@ def read_examples(
     tokenizer: Any, data: str | Path, max_length: int | None = None
 ) -> list[tuple[list[int], list[int]]]:
     """``(input_ids, labels)`` per row of a JSONL/CSV/Parquet file, encoded as in training."""
-    from laptrain.data.instructions import bad_rows_error, encode_chat, read_rows, row_messages
+    from laptrain.data.instruction_rows import bad_rows_error, read_rows, row_messages
+    from laptrain.data.instructions import encode_chat
 
     rows = read_rows(Path(data))
     examples, bad = [], []

@@ -22,13 +22,12 @@ attend across examples; measured logit difference 0.51, 1.8e-7 with the mask).
 from __future__ import annotations
 
 import bisect
-import csv
 import hashlib
 import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,12 +42,17 @@ from laptrain.data.chat_tokenizer import (
     prepare_chat_tokenizer,
 )
 from laptrain.data.collate import PadCollator
+from laptrain.data.instruction_rows import (
+    Messages,
+    bad_rows_error,
+    read_instructions,
+    split_instruction_rows,
+    to_messages,
+)
+from laptrain.data.labelled_files import file_digest
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
-from laptrain.data.splits import assign_splits
 from laptrain.data.text_classification import (
-    SPLIT_ALIASES,
     TextClassificationDataModule,
-    _file_digest,
     publish_entry,
 )
 from laptrain.data.tokenizer import load_tokenizer
@@ -56,12 +60,8 @@ from laptrain.data.tokenizer import load_tokenizer
 log = logging.getLogger(__name__)
 
 IGNORE = -100  # the label cross-entropy skips (torch's default ignore_index)
-ROLES = ("system", "user", "assistant")
 CACHE_VERSION = 1
 _SENTINEL = "laptrain-response-sentinel"
-
-Messages = list[dict[str, str]]
-
 
 # ---- rendering ---------------------------------------------------------------------------------
 
@@ -86,19 +86,6 @@ def end_of_turn(tokenizer: Any) -> str:
     text = _render(tokenizer, probe, add_generation_prompt=False)
     tail = text.split(_SENTINEL, 1)[1].rstrip() if _SENTINEL in text else ""
     return tail or tokenizer.eos_token
-
-
-def to_messages(row_or_prompt: str | Messages, system_prompt: str | None = None) -> Messages:
-    """A prompt string or a messages list as messages, contents stripped (templates trim them),
-    with ``system_prompt`` first unless the messages already start with a system turn."""
-    if isinstance(row_or_prompt, str):
-        messages = [{"role": "user", "content": row_or_prompt}]
-    else:
-        messages = [{"role": m["role"], "content": m["content"]} for m in row_or_prompt]
-    messages = [{"role": m["role"], "content": str(m["content"]).strip()} for m in messages]
-    if system_prompt and (not messages or messages[0]["role"] != "system"):
-        messages.insert(0, {"role": "system", "content": system_prompt.strip()})
-    return messages
 
 
 def _after(text: str, done: str) -> str:
@@ -181,91 +168,6 @@ def _join(
     if labels:
         labels[0] = IGNORE  # nothing predicts the first token (counts stay exact after a cut)
     return ids, labels, truncated
-
-
-# ---- reading rows ------------------------------------------------------------------------------
-
-
-def read_rows(path: Path) -> list[tuple[str, Any]]:
-    """``(file:line, row)`` for each row; a row that cannot be parsed is the reason, as a string.
-
-    JSONL and CSV are read here rather than through ``datasets`` so that bad rows are named by
-    their line in the file (a CSV row's first line); JSON arrays and Parquet rows by position.
-    """
-    suffix = path.suffix.lower()
-    out: list[tuple[str, Any]] = []
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return [(f"{path}:{i + 1}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
-    text = path.read_text(encoding="utf-8")
-    if suffix in (".csv", ".tsv"):
-        lines = text.splitlines(keepends=True)
-        reader = csv.DictReader(lines, delimiter="\t" if suffix == ".tsv" else ",")
-        start = 2
-        for row in reader:
-            out.append((f"{path}:{start}", row))
-            start = reader.line_num + 1
-        return out
-    if suffix == ".json" and text.lstrip().startswith("["):
-        rows = json.loads(text)
-        return [(f"{path}:{i + 1}", r) for i, r in enumerate(rows)]
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                out.append((f"{path}:{number}", json.loads(line)))
-            except json.JSONDecodeError:
-                out.append((f"{path}:{number}", "not JSON"))
-    return out
-
-
-def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
-    """The row as messages, or why it is a bad row (a short string)."""
-    if not isinstance(row, Mapping):
-        return row if isinstance(row, str) else "not an object"
-    system = row.get("system") or system_prompt
-    messages = row.get("messages")
-    if messages is not None and messages != "":
-        if isinstance(messages, str):
-            try:
-                messages = json.loads(messages)
-            except json.JSONDecodeError:
-                return "messages not JSON"
-        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
-            return "messages not a list of {role, content}"
-        for m in messages:
-            if m.get("role") not in ROLES:
-                return f"unknown role {m.get('role')!r}"
-            if m.get("content") is None:
-                return "message without content"
-        messages = to_messages(messages, system)
-        assistant = [m for m in messages if m["role"] == "assistant"]
-        if not assistant:
-            return "no assistant turn"
-        if not assistant[-1]["content"]:
-            return "empty response"
-        return messages
-    prompt = row.get("prompt")
-    response = row.get("response", row.get("completion"))
-    if prompt is None:
-        return "no prompt"
-    if response is None:
-        return "no response"
-    if not str(response).strip():
-        return "empty response"
-    messages = to_messages(str(prompt), system)
-    return [*messages, {"role": "assistant", "content": str(response).strip()}]
-
-
-def bad_rows_error(bad: list[tuple[str, str]], total: int) -> ValueError:
-    """One line: the first three bad rows as ``file:line (why)``, the count, and the fix."""
-    named = ", ".join(f"{where} ({why})" for where, why in bad[:3])
-    more = ", ..." if len(bad) > 3 else ""
-    return ValueError(
-        "data rows need prompt+response (or completion) or messages with system/user/assistant "
-        f"roles and a response that fits data.max_length: {named}{more} "
-        f"({len(bad)} bad rows of {total}): fix or drop them"
-    )
 
 
 # ---- batches -----------------------------------------------------------------------------------
@@ -392,6 +294,7 @@ class InstructionDataModule(TextClassificationDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         split_seed: int = 42,
+        encoding: str = "utf-8",
         batch_size: int | None = 8,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -414,6 +317,7 @@ class InstructionDataModule(TextClassificationDataModule):
             val_fraction=val_fraction,
             test_fraction=test_fraction,
             split_seed=split_seed,
+            encoding=encoding,
             batch_size=batch_size,
             eval_batch_size=eval_batch_size,
             num_workers=num_workers,
@@ -437,18 +341,19 @@ class InstructionDataModule(TextClassificationDataModule):
             return offline_tokenizer_path(self.cache_dir, self.vocab_size).name
         folder = Path(self.tokenizer_name).expanduser()
         if folder.is_dir():  # a local folder can change under the same name
-            return {p.name: _file_digest(p) for p in sorted(folder.iterdir()) if p.is_file()}
+            return {p.name: file_digest(p) for p in sorted(folder.iterdir()) if p.is_file()}
         return self.tokenizer_name
 
     def _cache_key(self, files: dict[str, Path] | None) -> str:
         spec = {
             "version": CACHE_VERSION,
-            "files": {k: _file_digest(v) for k, v in (files or {}).items()},
+            "files": {k: file_digest(v) for k, v in (files or {}).items()},
             "group": self.group_column,
             "split": [self.val_fraction, self.test_fraction, self.split_seed],
             "tokenizer": self._tokenizer_spec(),
             "max_length": self.max_length,
             "system_prompt": self.system_prompt,
+            "encoding": self.encoding,
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -458,24 +363,7 @@ class InstructionDataModule(TextClassificationDataModule):
         return prepare_chat_tokenizer(load_tokenizer(self.tokenizer_name))
 
     def _split_rows(self, named: dict[str, list[tuple[str, Messages, Any]]]) -> dict[str, list]:
-        base = named.get("train", named.get("all"))
-        if base is None:
-            raise ValueError("data.files needs a 'train' (or 'all') file")
-        splits = {s: named[s] for s in ("val", "test") if s in named}
-        missing = {s: f for s, f in (("val", self.val_fraction), ("test", self.test_fraction))}
-        missing = {s: f for s, f in missing.items() if s not in splits}
-        if missing:
-            groups = [g if g is not None else ("row", i) for i, (_, _, g) in enumerate(base)]
-            where = assign_splits([""] * len(base), groups, missing, self.split_seed)
-            for split in [*missing, "train"]:
-                splits[split] = [r for r, w in zip(base, where, strict=True) if w == split]
-        else:
-            splits["train"] = base
-        if not splits["train"] or not splits["val"]:
-            raise ValueError(
-                "the train or validation split is empty: give more rows or raise data.val_fraction"
-            )
-        return splits
+        return split_instruction_rows(named, self.val_fraction, self.test_fraction, self.split_seed)
 
     def _encode(
         self, tokenizer: Any, rows: list[tuple[str, Messages, Any]], bad: list[tuple[str, str]]
@@ -509,22 +397,9 @@ class InstructionDataModule(TextClassificationDataModule):
         self.entry = entry
         if (entry / "meta.json").exists():
             return
+        named = read_instructions(files, self.system_prompt, self.group_column, self.encoding)
         bad: list[tuple[str, str]] = []
-        total = 0
-        named: dict[str, list[tuple[str, Messages, Any]]] = {}
-        for split, path in files.items():
-            rows = []
-            for where, raw in read_rows(path):
-                total += 1
-                messages = row_messages(raw, self.system_prompt)
-                if isinstance(messages, str):
-                    bad.append((where, messages))
-                    continue
-                group = raw.get(self.group_column) if self.group_column else None
-                rows.append((where, messages, group))
-            named[SPLIT_ALIASES.get(split, split)] = rows
-        if bad:
-            raise bad_rows_error(bad, total)
+        total = sum(len(rows) for rows in named.values())
         splits = self._split_rows(named)
         tokenizer = self._load_tokenizer()
         encoded, truncated = {}, {}

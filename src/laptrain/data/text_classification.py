@@ -15,20 +15,26 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from laptrain.data.collate import PadCollator
+from laptrain.data.labelled_files import (
+    LabelledSplits,
+    Table,
+    check_fractions,
+    file_digest,
+    read_labelled,
+    resolve_files,
+)
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
-from laptrain.data.splits import assign_splits
 from laptrain.data.tokenizer import load_tokenizer, train_wordpiece
 
-FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-SPLIT_ALIASES = {"train": "train", "validation": "val", "val": "val", "dev": "val", "test": "test"}
-CACHE_VERSION = 2  # 2: stratified split
+CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.data.labelled_files
 
 
 def publish_entry(tmp: Path, entry: Path) -> None:
@@ -47,19 +53,15 @@ def _check_batch_size(batch_size: int | None) -> None:
         )
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class TextClassificationDataModule(pl.LightningDataModule):
     """Texts with one label each, split into train / val / test.
 
+    Rows are read and checked by ``laptrain.data.labelled_files`` (the same rules train.py applies
+    before the run folder exists), so bad data is one line naming the file, the row and the fix.
+
     Args:
-        files: split name -> file (``train``, ``validation``/``val``, ``test``, or ``all`` to split).
+        files: split name -> file (``train``, ``validation``/``val``, ``test``, or ``all`` to
+            split); a split set to null is split off train.
         hub_name, hub_config: a Hugging Face dataset name, used instead of ``files`` when online.
         builder: a callable returning ``files`` (e.g. the offline stdlib-docstrings corpus).
         text_column, label_column: column names in the files.
@@ -68,6 +70,9 @@ class TextClassificationDataModule(pl.LightningDataModule):
         tokenizer: pretrained name or folder; ``None`` trains a WordPiece of ``vocab_size``.
         max_length: longest sequence kept (truncation); batches are padded only to their longest.
         val_fraction, test_fraction, split_seed: used when the files do not give those splits.
+        encoding: the text files' encoding (Parquet carries its own).
+        incomplete_rows: ``error`` refuses rows whose text or label is empty or null, naming
+            them; ``skip`` leaves them out and logs how many.
         group_by_length: batch similar lengths together (seeded, resumable); false = random batches.
     """
 
@@ -87,6 +92,8 @@ class TextClassificationDataModule(pl.LightningDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         split_seed: int = 42,
+        encoding: str = "utf-8",
+        incomplete_rows: Literal["error", "skip"] = "error",
         batch_size: int | None = 16,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -102,10 +109,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         _check_batch_size(batch_size)
         if max_length < 8:
             raise ValueError(f"data.max_length must be >= 8 (got {max_length})")
-        if not (
-            0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1
-        ):
-            raise ValueError("data.val_fraction + data.test_fraction must be below 1")
+        check_fractions(val_fraction, test_fraction)
         self.files = dict(files) if files else None
         self.hub_name, self.hub_config, self.builder = hub_name, hub_config, builder
         self.text_column, self.label_column, self.group_column = (
@@ -120,6 +124,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
             test_fraction,
             split_seed,
         )
+        self.encoding, self.incomplete_rows = encoding, incomplete_rows
         # None: decided by the run plan, which passes it through with_batch_sizes
         self.batch_size = int(batch_size) if batch_size is not None else None
         self.eval_batch_size = (
@@ -151,118 +156,58 @@ class TextClassificationDataModule(pl.LightningDataModule):
     # ---- building the cache ------------------------------------------------------------------
 
     def _resolve_files(self) -> dict[str, Path]:
-        files = self.files or (self.builder() if self.builder else None)
-        if not files:
-            raise ValueError(
-                "no data given: set data.files.train=<file> (csv/jsonl/parquet) or data.hub_name"
-            )
-        out: dict[str, Path] = {}
-        for split, name in files.items():
-            if split not in SPLIT_ALIASES and split != "all":
-                raise ValueError(
-                    f"unknown split {split!r} in data.files: use train, validation, test or all"
-                )
-            path = Path(str(name)).expanduser()
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"data file not found: {path} (set data.files.{split}=<path to a .csv, .jsonl or .parquet file>)"
-                )
-            if path.suffix.lower() not in FORMATS:
-                raise ValueError(
-                    f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(FORMATS)}"
-                )
-            out[split] = path
-        return out
+        return resolve_files(self.files or (self.builder() if self.builder else None))
 
     def _cache_key(self, files: dict[str, Path] | None) -> str:
         spec = {
             "version": CACHE_VERSION,
-            "files": {k: _file_digest(v) for k, v in (files or {}).items()},
+            "files": {k: file_digest(v) for k, v in (files or {}).items()},
             "hub": [self.hub_name, self.hub_config],
             "columns": [self.text_column, self.label_column, self.group_column],
             "labels": self.fixed_label_names,
             "split": [self.val_fraction, self.test_fraction, self.split_seed],
+            "reading": [self.encoding, self.incomplete_rows],
             "tokenizer": self.tokenizer_name or f"wordpiece-{self.vocab_size}",
             "max_length": self.max_length,
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
-    def _load_raw(self, files: dict[str, Path] | None) -> dict[str, Any]:
+    def _hub_tables(self) -> dict[str, Table]:
+        """The hub dataset's splits as tables, so they are checked by the same rules as files."""
         import datasets
 
         datasets.disable_progress_bars()
-        if files is None:
-            try:
-                raw = datasets.load_dataset(self.hub_name, self.hub_config)
-            except Exception as err:
-                raise ConnectionError(
-                    f"cannot load hub dataset {self.hub_name!r} ({err.__class__.__name__}): "
-                    "check data.hub_name and the network, or use data.files.train=<local file>"
-                ) from None
-            named = {SPLIT_ALIASES.get(k, k): v for k, v in raw.items()}
-        else:
-            named = {}
-            for split, path in files.items():
-                kind = FORMATS[path.suffix.lower()]
-                kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
-                ds = datasets.load_dataset(
-                    kind,
-                    data_files=str(path),
-                    split="train",
-                    cache_dir=str(self.cache_dir / "hf"),
-                    **kwargs,
-                )
-                named[SPLIT_ALIASES.get(split, split)] = (ds, path)
-        checked = {}
-        for split, item in named.items():
-            ds, source = item if isinstance(item, tuple) else (item, self.hub_name)
-            for key, col in (
-                ("text_column", self.text_column),
-                ("label_column", self.label_column),
-            ):
-                if col not in ds.column_names:
-                    raise ValueError(
-                        f"column {col!r} not in {source} (columns: {', '.join(ds.column_names)}): "
-                        f"set data.{key}=<one of them>"
-                    )
-            if self.group_column and self.group_column not in ds.column_names:
-                raise ValueError(
-                    f"group column {self.group_column!r} not in {source}: set data.group_column=null"
-                )
-            checked[split] = ds
-        return checked
-
-    def _split(self, named: dict[str, Any]) -> dict[str, Any]:
-        base = named.get("train", named.get("all"))
-        if base is None:
-            raise ValueError("data.files needs a 'train' (or 'all') file")
-        splits = {"train": base}
-        missing = [s for s in ("val", "test") if s not in named]
-        fractions = {"val": self.val_fraction, "test": self.test_fraction}
-        if missing:
-            groups = base[self.group_column] if self.group_column else range(len(base))
-            labels = [str(v) for v in base[self.label_column]]
-            where = assign_splits(
-                labels, groups, {s: fractions[s] for s in missing}, self.split_seed
+        try:
+            raw = datasets.load_dataset(self.hub_name, self.hub_config)
+        except Exception as err:
+            raise ConnectionError(
+                f"cannot load hub dataset {self.hub_name!r} ({err.__class__.__name__}): "
+                "check data.hub_name and the network, or use data.files.train=<local file>"
+            ) from None
+        return {
+            split: Table(
+                f"{self.hub_name} ({split})",
+                list(ds.column_names),
+                [(f"{self.hub_name} {split} row {i + 1}", r) for i, r in enumerate(ds)],
             )
-            for split in [*missing, "train"]:
-                splits[split] = base.select([i for i, w in enumerate(where) if w == split])
-        for split in ("val", "test"):
-            if split not in splits:
-                splits[split] = named[split]
-        if len(splits["train"]) == 0 or len(splits["val"]) == 0:
-            raise ValueError(
-                "the train or validation split is empty: give more rows or raise data.val_fraction"
-            )
-        return splits
+            for split, ds in raw.items()
+        }
 
-    def _label_names(self, train: Any) -> list[str]:
-        if self.fixed_label_names:
-            return self.fixed_label_names
-        values = train[self.label_column]
-        if all(isinstance(v, int) for v in values):
-            return [str(i) for i in range(max(values) + 1)]
-        return sorted({str(v) for v in values})
+    def read_splits(self, files: dict[str, Path] | None) -> LabelledSplits:
+        """Texts and label ids per split, checked (``laptrain.data.labelled_files``)."""
+        return read_labelled(
+            files,
+            text_column=self.text_column,
+            label_column=self.label_column,
+            group_column=self.group_column,
+            label_names=self.fixed_label_names,
+            encoding=self.encoding,
+            incomplete_rows=self.incomplete_rows,
+            val_fraction=self.val_fraction,
+            test_fraction=self.test_fraction,
+            split_seed=self.split_seed,
+            tables=self._hub_tables() if files is None else None,
+        )
 
     def prepare_data(self) -> None:
         """Build the tokenized cache entry if it is not there yet (atomically: tmp folder, then rename)."""
@@ -273,42 +218,32 @@ class TextClassificationDataModule(pl.LightningDataModule):
         self.entry = entry
         if (entry / "meta.json").exists():
             return
-        splits = self._split(self._load_raw(files))
-        label_names = self._label_names(splits["train"])
-        index = {name: i for i, name in enumerate(label_names)}
-        texts = [str(t) for t in splits["train"][self.text_column]]
+        import datasets
+
+        datasets.disable_progress_bars()
+        data = self.read_splits(files)
         tokenizer = (
             load_tokenizer(self.tokenizer_name)
             if self.tokenizer_name
-            else train_wordpiece(texts, self.vocab_size)
+            else train_wordpiece(data.texts["train"], self.vocab_size)
         )
         tmp = entry.with_name(f"{entry.name}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
 
-        def label_id(value: Any) -> int:
-            """A label by name, or an integer label by position in ``label_names``."""
-            if str(value) in index:
-                return index[str(value)]
-            if isinstance(value, int) and 0 <= value < len(label_names):
-                return value
-            raise ValueError(
-                f"label {value!r} is not in data.label_names ({', '.join(label_names)})"
-            )
-
         def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-            ids = tokenizer(
-                [str(t) for t in batch[self.text_column]],
-                truncation=True,
-                max_length=self.max_length,
-            )["input_ids"]
-            labels = [label_id(v) for v in batch[self.label_column]]
-            return {"input_ids": ids, "labels": labels, "length": [len(x) for x in ids]}
+            ids = tokenizer(batch["text"], truncation=True, max_length=self.max_length)["input_ids"]
+            return {"input_ids": ids, "length": [len(x) for x in ids]}
 
-        for split, ds in splits.items():
-            encoded = ds.map(encode, batched=True, remove_columns=ds.column_names)
+        for split, texts in data.texts.items():
+            ds = datasets.Dataset.from_dict({"text": texts, "labels": data.labels[split]})
+            encoded = ds.map(encode, batched=True, remove_columns=["text"])
             encoded.save_to_disk(str(tmp / split))
         tokenizer.save_pretrained(str(tmp / "tokenizer"))
-        meta = {"label_names": label_names, "sizes": {k: len(v) for k, v in splits.items()}}
+        meta = {
+            "label_names": data.label_names,
+            "sizes": {k: len(v) for k, v in data.texts.items()},
+            "notes": data.notes,
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         publish_entry(tmp, entry)
 
@@ -329,6 +264,8 @@ class TextClassificationDataModule(pl.LightningDataModule):
 
         meta = self.read_meta()
         self.label_names = meta["label_names"]
+        for note in meta.get("notes", []):  # e.g. rows skipped under data.incomplete_rows=skip
+            rank_zero_info(note)
         self.splits = {
             s: datasets.load_from_disk(str(self.entry / s)) for s in ("train", "val", "test")
         }

@@ -1,0 +1,202 @@
+"""Instruction rows: read, checked and split without torch, so ``train.py`` refuses bad rows
+before the run folder exists (``laptrain.data.labelled_files.check_data_config``) by the same rules
+``InstructionDataModule`` applies when it builds its cache.
+
+Rows are ``{prompt, response}``, ``{prompt, completion}`` or ``{messages: [{role, content}, ...]}``;
+a bad row is named by ``file:line`` with the reason. Checks that need the tokenizer (a response
+that does not fit ``data.max_length``) stay in the datamodule.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from laptrain.data.labelled_files import (
+    SPLIT_ALIASES,
+    DataError,
+    check_fractions,
+    read_text,
+    resolve_files,
+)
+from laptrain.data.splits import assign_splits
+
+ROLES = ("system", "user", "assistant")
+Messages = list[dict[str, str]]
+Rows = dict[str, list[tuple[str, Messages, Any]]]  # split -> (file:line, messages, group)
+
+
+def to_messages(row_or_prompt: str | Messages, system_prompt: str | None = None) -> Messages:
+    """A prompt string or a messages list as messages, contents stripped (templates trim them),
+    with ``system_prompt`` first unless the messages already start with a system turn."""
+    if isinstance(row_or_prompt, str):
+        messages = [{"role": "user", "content": row_or_prompt}]
+    else:
+        messages = [{"role": m["role"], "content": m["content"]} for m in row_or_prompt]
+    messages = [{"role": m["role"], "content": str(m["content"]).strip()} for m in messages]
+    if system_prompt and (not messages or messages[0]["role"] != "system"):
+        messages.insert(0, {"role": "system", "content": system_prompt.strip()})
+    return messages
+
+
+# ---- reading rows ------------------------------------------------------------------------------
+
+
+def read_rows(path: Path, encoding: str = "utf-8") -> list[tuple[str, Any]]:
+    """``(file:line, row)`` for each row; a row that cannot be parsed is the reason, as a string.
+
+    JSONL and CSV are read here rather than through ``datasets`` so that bad rows are named by
+    their line in the file (a CSV row's first line); JSON arrays and Parquet rows by position. An
+    empty file, a header without rows and another encoding are refused as in
+    ``laptrain.data.labelled_files``.
+    """
+    suffix = path.suffix.lower()
+    out: list[tuple[str, Any]] = []
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return [(f"{path}:{i + 1}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+    text = read_text(path, encoding)
+    if suffix in (".csv", ".tsv"):
+        lines = text.splitlines(keepends=True)
+        reader = csv.DictReader(lines, delimiter="\t" if suffix == ".tsv" else ",")
+        start = 2
+        for row in reader:
+            out.append((f"{path}:{start}", row))
+            start = reader.line_num + 1
+        if not out:
+            header = ", ".join(reader.fieldnames or [])
+            raise DataError(f"{path} has a header ({header}) but no rows: add one row per example")
+        return out
+    if suffix == ".json" and text.lstrip().startswith("["):
+        rows = json.loads(text)
+        return [(f"{path}:{i + 1}", r) for i, r in enumerate(rows)]
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                out.append((f"{path}:{number}", json.loads(line)))
+            except json.JSONDecodeError:
+                out.append((f"{path}:{number}", "not JSON"))
+    return out
+
+
+def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
+    """The row as messages, or why it is a bad row (a short string)."""
+    if not isinstance(row, Mapping):
+        return row if isinstance(row, str) else "not an object"
+    system = row.get("system") or system_prompt
+    messages = row.get("messages")
+    if messages is not None and messages != "":
+        if isinstance(messages, str):
+            try:
+                messages = json.loads(messages)
+            except json.JSONDecodeError:
+                return "messages not JSON"
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            return "messages not a list of {role, content}"
+        for m in messages:
+            if m.get("role") not in ROLES:
+                return f"unknown role {m.get('role')!r}"
+            if m.get("content") is None:
+                return "message without content"
+        messages = to_messages(messages, system)
+        assistant = [m for m in messages if m["role"] == "assistant"]
+        if not assistant:
+            return "no assistant turn"
+        if not assistant[-1]["content"]:
+            return "empty response"
+        return messages
+    prompt = row.get("prompt")
+    response = row.get("response", row.get("completion"))
+    if prompt is None:
+        return "no prompt"
+    if response is None:
+        return "no response"
+    if not str(response).strip():
+        return "empty response"
+    messages = to_messages(str(prompt), system)
+    return [*messages, {"role": "assistant", "content": str(response).strip()}]
+
+
+def bad_rows_error(bad: list[tuple[str, str]], total: int) -> DataError:
+    """One line: the first three bad rows as ``file:line (why)``, the count, and the fix."""
+    named = ", ".join(f"{where} ({why})" for where, why in bad[:3])
+    more = ", ..." if len(bad) > 3 else ""
+    return DataError(
+        "data rows need prompt+response (or completion) or messages with system/user/assistant "
+        f"roles and a response that fits data.max_length: {named}{more} "
+        f"({len(bad)} bad rows of {total}): fix or drop them"
+    )
+
+
+def read_instructions(
+    files: Mapping[str, Any] | None,
+    system_prompt: str | None = None,
+    group_column: str | None = None,
+    encoding: str = "utf-8",
+) -> Rows:
+    """Every file's rows as messages, or one error naming the bad rows (``file:line (why)``)."""
+    bad: list[tuple[str, str]] = []
+    total = 0
+    named: Rows = {}
+    for split, path in resolve_files(files).items():
+        rows = []
+        for where, raw in read_rows(path, encoding):
+            total += 1
+            messages = row_messages(raw, system_prompt)
+            if isinstance(messages, str):
+                bad.append((where, messages))
+                continue
+            group = raw.get(group_column) if group_column else None
+            rows.append((where, messages, group))
+        named[SPLIT_ALIASES.get(split, split)] = rows
+    if bad:
+        raise bad_rows_error(bad, total)
+    return named
+
+
+def split_instruction_rows(
+    named: Rows, val_fraction: float, test_fraction: float, seed: int
+) -> Rows:
+    """Validation and test split off train where no file gives them (seeded; whole groups)."""
+    check_fractions(val_fraction, test_fraction)
+    base = named.get("train", named.get("all"))
+    if base is None:
+        raise DataError("data.files needs a train file: set data.files.train=<file>")
+    splits = {s: named[s] for s in ("val", "test") if s in named}
+    missing = {s: f for s, f in (("val", val_fraction), ("test", test_fraction))}
+    missing = {s: f for s, f in missing.items() if s not in splits}
+    if missing:
+        groups = [g if g is not None else ("row", i) for i, (_, _, g) in enumerate(base)]
+        where = assign_splits([""] * len(base), groups, missing, seed)
+        for split in [*missing, "train"]:
+            splits[split] = [r for r, w in zip(base, where, strict=True) if w == split]
+    else:
+        splits["train"] = base
+    source = base[0][0].rsplit(":", 1)[0] if base else "the train file"
+    if not splits["train"]:
+        raise DataError(f"{source} has no row left for training: add rows")
+    if not splits["val"]:
+        raise DataError(
+            f"no rows for validation: {source} has {len(base)} rows and "
+            f"data.val_fraction={val_fraction}: add rows, raise data.val_fraction, or give "
+            "data.files.validation=<file>"
+        )
+    return splits
+
+
+def check_instructions(
+    files: Mapping[str, Any] | None,
+    system_prompt: str | None = None,
+    group_column: str | None = None,
+    encoding: str = "utf-8",
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    split_seed: int = 42,
+) -> Rows:
+    """The rows read and split as ``InstructionDataModule`` will (``train.py``'s data check)."""
+    named = read_instructions(files, system_prompt, group_column, encoding)
+    return split_instruction_rows(named, val_fraction, test_fraction, split_seed)

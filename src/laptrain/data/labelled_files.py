@@ -1,0 +1,634 @@
+"""Labelled texts read from CSV / TSV / JSONL / JSON / Parquet and checked row by row.
+
+Gap it fills: ``datasets``' CSV and JSON builders (pandas, pyarrow) answer a broken JSONL line, a
+Latin-1 file or a quote left open with "An error occurred while generating the dataset"
+(``DatasetGenerationError``, datasets 5.2, measured on tests/data/bad/), naming neither the line nor
+the fix; they read empty CSV labels as the label ``nan`` and a JSON array in a ``.jsonl`` file as
+rows without a word, and mixed label types surface later as a misleading label error. Here the rows
+are read with the standard library (pyarrow for Parquet) so every problem is one :class:`DataError`
+line: the file, the line or row at fault, what is wrong, and the option or edit that fixes it
+(docs/data.md lists them).
+
+The rules live only here. ``TextClassificationDataModule`` reads its files through
+:func:`read_labelled`, and ``train.py`` calls :func:`check_data_config` on the composed config
+before Hydra makes the run folder. Why check before the run rather than clean up after a failure:
+Hydra creates ``outputs/<run>/`` (with ``.hydra/`` and ``train.log``) before the run starts, and
+the same folder holds an earlier run's checkpoints when resuming, so deleting it after an error
+would have to prove that this run made it and that nothing else is inside; refusing before it
+exists cannot lose anything. This module imports neither torch nor ``datasets``, so a bad file is
+refused in about a second, before torch loads. Files that passed are stamped in the cache (by
+content digest and reading options), so a rerun does not read them again; the first run reads them
+twice (47 MB, 400k rows: 7.6 s each on a 2-core machine, 4 s of it the stratified split).
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import hashlib
+import io
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laptrain.data.splits import assign_splits
+
+FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+SPLIT_ALIASES = {"train": "train", "validation": "val", "val": "val", "dev": "val", "test": "test"}
+INCOMPLETE_ROWS = ("error", "skip")
+# Longer texts are refused: the model reads only data.max_length tokens, and in a CSV such a field
+# is nearly always a quote left open that swallowed the lines after it.
+MAX_TEXT_CHARS = 1_000_000
+DATA_TARGET = "laptrain.data.text_classification.TextClassificationDataModule"
+CHECK_VERSION = 1  # raise when the rules change: files stamped as checked are read again
+_INTEGER = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+class DataError(ValueError):
+    """Bad data: one line naming the file, the row or line, what is wrong and the fix."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """The records of one file (or hub split): ``(where, record)``, ``where`` as ``file:line``;
+    ``untyped``: every cell is a string (CSV), so numbers are recognised by their spelling."""
+
+    source: str
+    columns: list[str]
+    rows: list[tuple[str, Mapping[str, Any]]]
+    untyped: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    where: str
+    text: str
+    label: Any
+    group: Any = None
+
+
+@dataclass(frozen=True)
+class LabelledSplits:
+    """Texts and label ids of the train / val / test splits, the label names, and notes to log."""
+
+    texts: dict[str, list[str]]
+    labels: dict[str, list[int]]
+    label_names: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---- which files -------------------------------------------------------------------------------
+
+
+def resolve_files(files: Mapping[str, Any] | None) -> dict[str, Path]:
+    """``data.files`` as paths; a split set to null is left out (split off train instead)."""
+    given = {k: v for k, v in (files or {}).items() if v is not None and str(v) != ""}
+    if not given:
+        raise DataError(
+            "no data given: set data.files.train=<file> (csv/jsonl/parquet) or data.hub_name"
+        )
+    out: dict[str, Path] = {}
+    for split, name in given.items():
+        if split not in SPLIT_ALIASES and split != "all":
+            raise DataError(
+                f"unknown split {split!r} in data.files: use train, validation, test or all"
+            )
+        path = Path(str(name)).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"data file not found: {path} (set data.files.{split}=<path to a .csv, .jsonl or .parquet file>)"
+            )
+        if path.suffix.lower() not in FORMATS:
+            raise DataError(
+                f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(FORMATS)}"
+            )
+        out[split] = path
+    if not {"train", "all"} & set(out):
+        raise DataError("data.files needs a train file: set data.files.train=<file>")
+    return out
+
+
+def check_fractions(val_fraction: float, test_fraction: float) -> None:
+    if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise DataError("data.val_fraction + data.test_fraction must be below 1")
+
+
+# ---- reading -----------------------------------------------------------------------------------
+
+
+def _decode(path: Path, data: bytes, encoding: str) -> str:
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise DataError(
+            f"data.encoding={encoding} is not an encoding Python knows: use utf-8, latin-1, "
+            "cp1252 or utf-16"
+        ) from None
+    utf8 = codecs.lookup(encoding).name == "utf-8"
+    try:
+        return data.decode("utf-8-sig" if utf8 else encoding)  # -sig: drop Excel's UTF-8 BOM
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        where = f"byte 0x{data[err.start]:02x} at offset {err.start}, line {line}"
+        if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+            fix = "it starts with a UTF-16 byte-order mark: set data.encoding=utf-16"
+        elif utf8:
+            fix = "set data.encoding=latin-1 (or the file's encoding, e.g. cp1252)"
+        else:
+            fix = "set data.encoding=<the file's encoding>"
+        raise DataError(f"{path} is not {encoding} ({where}): {fix}") from None
+
+
+def _too_long(where: str, chars: int | None = None) -> DataError:
+    size = f"{chars:,} characters" if chars else f"over {MAX_TEXT_CHARS:,} characters"
+    return DataError(
+        f"{where}: a text of {size}, longer than the {MAX_TEXT_CHARS:,} laptrain reads: if a "
+        "quote was left open there, close it; otherwise cut the text (only data.max_length "
+        "tokens are used)"
+    )
+
+
+def _read_csv(path: Path, text: str, delimiter: str) -> Table:
+    limit = csv.field_size_limit()
+    csv.field_size_limit(MAX_TEXT_CHARS)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    header: list[str] | None = None
+    rows: list[tuple[str, Mapping[str, Any]]] = []
+    start = 1
+    try:
+        for fields in reader:
+            where = f"{path}:{start}"
+            start = reader.line_num + 1
+            if not fields or (len(fields) == 1 and not fields[0].strip()):
+                continue
+            if header is None:
+                header = [f.strip() for f in fields]
+                continue
+            if len(fields) > len(header):
+                sep = "tab" if delimiter == "\t" else f"'{delimiter}'"
+                raise DataError(
+                    f"{where} has {len(fields)} fields but the header has {len(header)} "
+                    f"(a {sep} inside an unquoted text?): put that text in double quotes"
+                )
+            rows.append((where, dict(zip(header, fields, strict=False))))
+    except csv.Error as err:
+        if "field larger than field limit" in str(err):
+            raise _too_long(f"{path}:{start}") from None
+        if "unexpected end of data" in str(err):
+            raise DataError(
+                f"{path}:{start}: a quote opened in this row is never closed: close it "
+                '(a quote inside a quoted text is written "")'
+            ) from None
+        raise DataError(
+            f"{path}:{reader.line_num}: broken CSV ({err}): quote the whole field, and write a "
+            'quote inside it as ""'
+        ) from None
+    finally:
+        csv.field_size_limit(limit)
+    if header is None:
+        raise DataError(f"{path} is empty: give it a header line and one row per text")
+    if not rows:
+        raise DataError(
+            f"{path} has a header ({', '.join(header)}) but no rows: add one row per text"
+        )
+    return Table(str(path), header, rows, untyped=True)
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "an array", dict: "an object", str: "a string"}.get(type(value), "a value")
+
+
+def _read_json(path: Path, text: str) -> Table:
+    records: list[tuple[str, Any]] = []
+    whole: Any = None
+    if path.suffix.lower() == ".json":
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # not one document: read it as JSON Lines
+        if isinstance(whole, dict):
+            raise DataError(
+                f"{path} holds one JSON object, not rows: write an array of objects "
+                '([{"text": ..., "label": ...}, ...]) or one object per line'
+            )
+        if isinstance(whole, list):
+            records = [(f"{path} item {i + 1}", r) for i, r in enumerate(whole)]
+    if whole is None:
+        broken: list[str] = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as err:
+                broken.append(f"{path}:{number}: not valid JSON ({err.msg}, column {err.colno})")
+                continue
+            if isinstance(value, list) and not records and len(value) > 1:
+                raise DataError(
+                    f"{path}:{number} is a JSON array of {len(value)} items on one line, not one "
+                    "object per line: name the file .json, or write one object per line (JSONL)"
+                )
+            records.append((f"{path}:{number}", value))
+        if broken:
+            more = f" ({len(broken)} broken lines in all)" if len(broken) > 1 else ""
+            raise DataError(
+                f"{broken[0]}{more}: fix or delete the line (JSONL is one complete object per line)"
+            )
+    if not records:
+        raise DataError(f"{path} is empty: write one JSON object per line")
+    columns: dict[str, None] = {}
+    for where, value in records:
+        if not isinstance(value, dict):
+            raise DataError(
+                f"{where} is {_json_kind(value)}, not an object: write each row as "
+                '{"text": ..., "label": ...}'
+            )
+        columns.update(dict.fromkeys(value))
+    return Table(str(path), list(columns), records)
+
+
+def _read_parquet(path: Path) -> Table:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises ArrowInvalid / OSError with multi-line text
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(f"{path} is not a readable Parquet file ({first})") from None
+    if table.num_rows == 0:
+        raise DataError(
+            f"{path} has columns ({', '.join(table.column_names)}) but no rows: add rows"
+        )
+    rows = [(f"{path} row {i + 1}", r) for i, r in enumerate(table.to_pylist())]
+    return Table(str(path), list(table.column_names), rows)
+
+
+def read_text(path: Path, encoding: str = "utf-8") -> str:
+    """A text data file's contents; an empty file or another encoding is a :class:`DataError`."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise DataError(f"{path} is empty: give it a header line and one row per text")
+    return _decode(path, data, encoding)
+
+
+def read_table(path: Path, encoding: str = "utf-8") -> Table:
+    """The records of one data file, or a :class:`DataError` naming the line at fault."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    text = read_text(path, encoding)
+    if suffix in (".csv", ".tsv"):
+        return _read_csv(path, text, "\t" if suffix == ".tsv" else ",")
+    return _read_json(path, text)
+
+
+# ---- checking rows -----------------------------------------------------------------------------
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
+def _first(wheres: Sequence[str], n: int = 3) -> str:
+    """``a.csv:4, 9, 12, ...``: the first places, the file named once."""
+    head, sep, _ = wheres[0].rpartition(":") if ":" in wheres[0] else ("", "", "")
+    shown = [wheres[0]]
+    for where in wheres[1:n]:
+        same = sep and where.startswith(head + sep)
+        shown.append(where[len(head) + 1 :] if same else where)
+    return ", ".join(shown) + (", ..." if len(wheres) > n else "")
+
+
+def _missing(value: Any) -> bool:
+    if value.__class__ is str:
+        return not value.strip()
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _label_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int):
+        return "integers"
+    if isinstance(value, float):
+        return "decimals"
+    return "text" if isinstance(value, str) else "lists or objects"
+
+
+def _columns_error(table: Table, column: str, key: str) -> DataError:
+    hint = ""
+    if len(table.columns) == 1 and re.search(r"[;\t|]", table.columns[0]):
+        hint = " (the header looks separated by another character: save the file comma-separated, or tab-separated as .tsv)"
+    return DataError(
+        f"column {column!r} not in {table.source} (columns: {', '.join(table.columns)}): "
+        f"set data.{key}=<one of them>{hint}"
+    )
+
+
+def check_rows(
+    table: Table,
+    text_column: str,
+    label_column: str,
+    group_column: str | None = None,
+    incomplete_rows: str = "error",
+) -> tuple[list[Row], list[str]]:
+    """The usable rows of ``table`` and the notes to log (rows skipped), or a :class:`DataError`."""
+    for key, col in (("text_column", text_column), ("label_column", label_column)):
+        if col not in table.columns:
+            raise _columns_error(table, col, key)
+    if group_column and group_column not in table.columns:
+        raise DataError(
+            f"group column {group_column!r} not in {table.source} (columns: "
+            f"{', '.join(table.columns)}): set data.group_column=<one of them> or null"
+        )
+    rows: list[Row] = []
+    no_label: list[str] = []
+    no_text: list[str] = []
+    not_text: list[tuple[str, Any]] = []
+    for where, record in table.rows:
+        text, label = record.get(text_column), record.get(label_column)
+        if _missing(label):
+            no_label.append(where)
+            continue
+        if _missing(text):
+            no_text.append(where)
+            continue
+        if not isinstance(text, str):
+            not_text.append((where, text))
+            continue
+        if len(text) > MAX_TEXT_CHARS:
+            raise _too_long(where, len(text))
+        if table.untyped:
+            label = label.strip()
+        rows.append(Row(where, text, label, record.get(group_column) if group_column else None))
+    columns = ", ".join(table.columns)
+    if not_text:
+        where, value = not_text[0]
+        raise DataError(
+            f"{where}: data.text_column={text_column!r} holds {type(value).__name__} "
+            f"{str(value)[:40]!r}, not text ({_rows(len(not_text))}): set data.text_column=<the "
+            f"column with the texts> (columns: {columns})"
+        )
+    if table.untyped and rows and all(_NUMBER.fullmatch(r.text.strip()) for r in rows):
+        raise DataError(
+            f"{table.source}: data.text_column={text_column!r} holds only numbers, not text "
+            f"(e.g. {rows[0].where}): set data.text_column=<the column with the texts> "
+            f"(columns: {columns})"
+        )
+    notes: list[str] = []
+    if no_label or no_text:
+        parts = [
+            f"{_rows(len(wheres))} with an empty or null {col!r} ({_first(wheres)})"
+            for col, wheres in ((label_column, no_label), (text_column, no_text))
+            if wheres
+        ]
+        what = f"{table.source}: {' and '.join(parts)}, of {_rows(len(table.rows))}"
+        if incomplete_rows != "skip":
+            raise DataError(
+                f"{what}: fill them in, or set data.incomplete_rows=skip to leave them out"
+            )
+        if not rows:
+            raise DataError(f"{what}: no row is left (check data.label_column, data.text_column)")
+        notes.append(f"skipped {what} (data.incomplete_rows=skip)")
+    if table.untyped and rows and all(_INTEGER.fullmatch(r.label) for r in rows):
+        rows = [Row(r.where, r.text, int(r.label), r.group) for r in rows]
+    return rows, notes
+
+
+def _mixed_kinds_error(rows: Sequence[Row], label_column: str) -> DataError | None:
+    kinds: dict[str, list[str]] = {}
+    kind_of: dict[tuple[type, Any], str] = {}  # per distinct label: a few, not one per row
+    for r in rows:
+        value = r.label
+        if isinstance(value, list | dict):
+            kind = "lists or objects"
+        else:
+            kind = kind_of.get((value.__class__, value), "")
+            if not kind:
+                integer = isinstance(value, str) and _INTEGER.fullmatch(value)
+                kind = _label_kind(0 if integer else value)  # a CSV integer among text labels
+                kind_of[(value.__class__, value)] = kind
+        kinds.setdefault(kind, []).append(r.where)
+    if "lists or objects" in kinds:
+        where = kinds["lists or objects"]
+        return DataError(
+            f"{where[0]}: the label is a list or object ({_rows(len(where))}): each row needs one "
+            f"label in data.label_column={label_column!r}"
+        )
+    if len(kinds) < 2:
+        return None
+    parts = " and ".join(f"{k} ({_rows(len(w))}, e.g. {w[0]})" for k, w in kinds.items())
+    return DataError(
+        f"labels in data.label_column={label_column!r} mix {parts}: write every label the same "
+        "way (all names or all integers)"
+    )
+
+
+# ---- splits and label ids ----------------------------------------------------------------------
+
+
+def _label_names(train: Sequence[Row]) -> list[str]:
+    values = [r.label for r in train]
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return [str(i) for i in range(max(values) + 1)]
+    return sorted({str(v) for v in values})
+
+
+def split_rows(
+    named: Mapping[str, tuple[str, list[Row]]],
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    label_names: Sequence[str] | None = None,
+    label_column: str = "label",
+) -> LabelledSplits:
+    """Split off val / test where no file gives them (stratified, seeded), then give every row
+    its label id; refuses labels the model could not learn or that ``label_names`` lacks."""
+    base_name = "train" if "train" in named else "all"
+    source, base = named[base_name]
+    sources = {"train": source}
+    splits: dict[str, list[Row]] = {"train": base}
+    missing = [s for s in ("val", "test") if s not in named]
+    fractions = {"val": val_fraction, "test": test_fraction}
+    if missing:
+        groups = [r.group for r in base] if any(r.group is not None for r in base) else None
+        where = assign_splits(
+            [str(r.label) for r in base],
+            groups if groups is not None else range(len(base)),
+            {s: fractions[s] for s in missing},
+            seed,
+        )
+        for split in [*missing, "train"]:
+            splits[split] = [r for r, w in zip(base, where, strict=True) if w == split]
+            sources[split] = source
+    for split in ("val", "test"):
+        if split not in splits:
+            sources[split], splits[split] = named[split]
+    every = [r for rows in splits.values() for r in rows]
+    mixed = _mixed_kinds_error(every, label_column)
+    if mixed:
+        raise mixed
+    if not splits["train"]:
+        raise DataError(f"{source} has no row left for training: add rows")
+    if not splits["val"]:
+        raise DataError(
+            f"no rows for validation: {source} has {len(base)} usable rows and "
+            f"data.val_fraction={val_fraction}: add rows, raise data.val_fraction, or give "
+            "data.files.validation=<file>"
+        )
+    fixed = list(label_names) if label_names else None
+    names = fixed or _label_names(splits["train"])
+    if len({str(r.label) for r in splits["train"]}) < 2:
+        raise DataError(
+            f"{source}: every training row has the label {splits['train'][0].label!r}; a "
+            f"classifier needs two or more (check data.label_column={label_column!r})"
+        )
+    index = {name: i for i, name in enumerate(names)}
+    in_train = {str(r.label) for r in splits["train"]}
+
+    def label_id(value: Any) -> int | None:
+        if str(value) in index:
+            return index[str(value)]
+        if fixed and isinstance(value, int) and not isinstance(value, bool):
+            return value if 0 <= value < len(names) else None
+        return None
+
+    labels: dict[str, list[int]] = {}
+    for split, rows in splits.items():
+        ids, unknown = [], {}
+        for r in rows:
+            i = label_id(r.label)
+            unseen = not fixed and str(r.label) not in in_train
+            if i is None or unseen:
+                unknown.setdefault(str(r.label), []).append(r.where)
+            ids.append(-1 if i is None else i)
+        if unknown:
+            value, wheres = next(iter(unknown.items()))
+            count = f"{_rows(len(wheres))}: {_first(wheres)}"
+            if fixed:
+                raise DataError(
+                    f"label {value!r} ({count}) is not in data.label_names "
+                    f"({', '.join(names)}): add it there or correct those rows"
+                )
+            if sources[split] == source:  # split off train by us: too few rows of that label
+                total = sum(1 for r in base if str(r.label) == value)
+                raise DataError(
+                    f"label {value!r} has only {_rows(total)} in {source} ({_first(wheres)}), too "
+                    "few to split validation and test off train and keep one to train on: add "
+                    "rows with that label, remove them, or give data.files.validation=<file> and "
+                    "data.files.test=<file>"
+                )
+            raise DataError(
+                f"label {value!r} in {sources[split]} ({count}) never occurs in {source}: add "
+                "training rows with it, correct the label, or list every label in "
+                "data.label_names=[...] to evaluate it anyway"
+            )
+        labels[split] = ids
+    texts = {s: [r.text for r in rows] for s, rows in splits.items()}
+    return LabelledSplits(texts, labels, names)
+
+
+def read_labelled(
+    files: Mapping[str, Any] | None,
+    text_column: str = "text",
+    label_column: str = "label",
+    group_column: str | None = None,
+    label_names: Sequence[str] | None = None,
+    encoding: str = "utf-8",
+    incomplete_rows: str = "error",
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    split_seed: int = 42,
+    tables: Mapping[str, Table] | None = None,
+) -> LabelledSplits:
+    """Read, check and split labelled texts: ``data.files`` (or ``tables`` already read, e.g. a
+    hub dataset's splits) -> texts and label ids per split. Raises :class:`DataError` (one line)."""
+    if incomplete_rows not in INCOMPLETE_ROWS:
+        raise DataError(f"data.incomplete_rows={incomplete_rows}: use error or skip")
+    check_fractions(val_fraction, test_fraction)
+    if tables is None:
+        tables = {s: read_table(p, encoding) for s, p in resolve_files(files).items()}
+    named: dict[str, tuple[str, list[Row]]] = {}
+    notes: list[str] = []
+    for split, table in tables.items():
+        rows, more = check_rows(table, text_column, label_column, group_column, incomplete_rows)
+        named[SPLIT_ALIASES.get(split, split)] = (table.source, rows)
+        notes += more
+    if not {"train", "all"} & set(named):
+        raise DataError("data.files needs a train file: set data.files.train=<file>")
+    out = split_rows(named, val_fraction, test_fraction, split_seed, label_names, label_column)
+    return LabelledSplits(out.texts, out.labels, out.label_names, notes)
+
+
+# ---- train.py's check ---------------------------------------------------------------------------
+
+_NONE = type(None)
+_SPLIT_ARGS: dict[str, type | tuple[type, ...]] = {
+    "encoding": str,
+    "val_fraction": (int, float),
+    "test_fraction": (int, float),
+    "split_seed": int,
+}
+_LABELLED_ARGS = {
+    **_SPLIT_ARGS,
+    "text_column": str,
+    "label_column": str,
+    "group_column": (str, _NONE),
+    "label_names": (list, _NONE),
+    "incomplete_rows": str,
+}
+_INSTRUCTION_ARGS = {**_SPLIT_ARGS, "group_column": (str, _NONE), "system_prompt": (str, _NONE)}
+INSTRUCTIONS_TARGET = "laptrain.data.instructions.InstructionDataModule"
+
+
+def check_data_config(data: Any) -> None:
+    """``train.py``'s data check on the composed ``data`` config, before the run folder exists:
+    the local files of a text-classification or instruction config are read and checked by the
+    rules their datamodule applies; anything else (a hub dataset, a builder, another datamodule) is
+    checked when the datamodule reads it. A value of the wrong type is left to the config check,
+    which names the argument. Files that passed are stamped under ``<cache_dir>/checked/``."""
+    from omegaconf import OmegaConf
+
+    try:
+        plain = OmegaConf.to_container(data, resolve=True) if data is not None else None
+    except Exception:  # an interpolation that cannot resolve: the config check reports it
+        return
+    if not isinstance(plain, dict):
+        return
+    if plain.get("_target_") == DATA_TARGET:
+        spec, check = _LABELLED_ARGS, read_labelled
+    elif plain.get("_target_") == INSTRUCTIONS_TARGET:
+        from laptrain.data.instruction_rows import check_instructions
+
+        spec, check = _INSTRUCTION_ARGS, check_instructions
+    else:
+        return
+    files = plain.get("files")
+    if not isinstance(files, dict) or not any(v is not None for v in files.values()):
+        return
+    kwargs = {k: plain[k] for k in spec if k in plain}
+    if any(not isinstance(v, spec[k]) or isinstance(v, bool) for k, v in kwargs.items()):
+        return
+    paths = resolve_files(files)
+    stamp = {"version": CHECK_VERSION, "target": plain["_target_"], "options": kwargs}
+    stamp["files"] = {k: file_digest(v) for k, v in paths.items()}
+    key = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:20]
+    done = Path(str(plain.get("cache_dir") or ".cache/laptrain")).expanduser() / "checked" / key
+    if done.exists():
+        return
+    check(files, **kwargs)
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.touch()

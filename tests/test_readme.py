@@ -1,0 +1,135 @@
+"""Every `python train.py ...` line in README.md works as written: recipes compose (hardware=auto
+and model.size=auto resolved as train.py resolves them, every job of a sweep) and bind to their
+constructors; the data files they name are checked where a stand-in can be made; the `error:` lines
+the README shows are the ones the checks print."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from laptrain.config_check import check_composed, compose_argv
+from laptrain.data.labelled_files import DATA_TARGET, INSTRUCTIONS_TARGET, check_data_config
+from tests.conftest import CONF, ROOT, write_texts
+
+README = (ROOT / "README.md").read_text()
+
+
+def _expand(line: str) -> list[str]:
+    """The argv a shell gives for ``line``, from the repository root (``$PWD``) and ``$HOME``."""
+    words = shlex.split(line, comments=True)
+    return [os.path.expandvars(w.replace("$PWD", str(ROOT))) for w in words]
+
+
+def readme_commands() -> tuple[list[str], list[tuple[str, str]]]:
+    """(recipe lines, (failing line, its documented error)) of README.md: lines of code blocks
+    starting with ``python train.py`` (or ``$ python train.py`` followed by an ``error:`` line)
+    and inline code spans holding one."""
+    recipes, failing = [], []
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", README, re.DOTALL | re.MULTILINE)
+    for block in blocks:
+        lines = block.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("python train.py"):
+                recipes.append(line)
+            elif line.startswith("$ python train.py"):
+                failing.append((line[2:], lines[i + 1]))
+    prose = re.sub(r"^```.*?^```", "", README, flags=re.DOTALL | re.MULTILINE)
+    recipes += re.findall(r"`(python train\.py[^`]*)`", prose)
+    unique = {shlex.join(shlex.split(r, comments=True)): None for r in recipes}
+    return list(unique), failing
+
+
+RECIPES, FAILING = readme_commands()
+
+
+def _load_train_py():
+    spec = importlib.util.spec_from_file_location("laptrain_train_entry", ROOT / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _jobs(argv: list[str]) -> list[list[str]]:
+    """One argv per job: a ``-m`` sweep's overrides expanded as Hydra's basic sweeper does."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if "-m" not in argv and "--multirun" not in argv:
+        return [argv]
+    parser = OverridesParser.create()
+    rest = [a for a in argv if a not in ("-m", "--multirun")]
+    choices = []
+    for arg in rest[1:]:
+        parsed = parser.parse_override(arg) if "=" in arg else None
+        if parsed is not None and parsed.is_sweep_override():
+            key = parsed.get_key_element()
+            choices.append([f"{key}={v}" for v in parsed.sweep_string_iterator()])
+        else:
+            choices.append([arg])
+    return [[rest[0], *job] for job in itertools.product(*choices)]
+
+
+# README data files that are not in this repository: a stand-in with the columns the command names
+# is written and checked by train.py's data check. The Sudoku-Extreme folder is only composed: it is
+# read when the run builds its datamodule.
+STAND_INS = {"reviews.csv": ("review", "stars"), "papers.jsonl": ("text", "label")}
+
+
+def write_stand_in(path: Path, target: str) -> None:
+    if target == INSTRUCTIONS_TARGET:
+        rows = [{"prompt": f"What is {i} + 1?", "response": f"{i + 1}."} for i in range(30)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return
+    text, label = STAND_INS.get(path.name, ("text", "label"))
+    write_texts(path, rows=60, fmt=path.suffix[1:])
+    if (text, label) != ("text", "label"):
+        path.write_text(path.read_text().replace("text,label", f"{text},{label}", 1))
+
+
+def test_the_readme_has_the_recipes_this_test_reads():
+    assert len(RECIPES) >= 15 and len(FAILING) >= 4
+    assert any("data.files.validation=" in r for r in RECIPES)
+    assert any(" -m " in r for r in RECIPES)
+
+
+@pytest.mark.parametrize("line", RECIPES)
+def test_every_readme_recipe_composes_as_written(line, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # relative data files resolve here, where stand-ins are written
+    monkeypatch.setenv("LAPTRAIN_CACHE", str(tmp_path / "cache"))
+    argv = _load_train_py().resolve_argv(_expand(line)[1:])
+    for job in _jobs(argv):
+        cfg = compose_argv(job, str(CONF))
+        check_composed(cfg)
+        files = cfg.data.get("files") or {}
+        target = cfg.data.get("_target_")
+        checked = target in (DATA_TARGET, INSTRUCTIONS_TARGET) and any(files.values())
+        for name in [f for f in files.values() if f] if checked else []:
+            write_stand_in(tmp_path / name, target)
+        check_data_config(cfg.data)
+        if checked:  # read, not skipped
+            assert list((tmp_path / "cache" / "checked").iterdir()), line
+
+
+@pytest.mark.parametrize(("line", "error"), FAILING)
+def test_every_readme_error_line_is_what_the_checks_print(line, error):
+    from laptrain.run import check_device
+
+    argv = _expand(line)[1:]
+    with pytest.raises(ValueError) as raised:  # ConfigError and ProfileError are ValueErrors
+        cfg = compose_argv(argv, str(CONF))
+        check_composed(cfg)
+        check_device(cfg)
+    printed = f"error: {raised.value}"
+    parts = [p.strip() for p in error.split("...")]  # the README shortens long lists with ...
+    at = 0
+    for part in parts:
+        found = printed.find(part, at)
+        assert found >= 0, (part, printed)
+        at = found + len(part)
