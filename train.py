@@ -19,6 +19,7 @@ from laptrain.data.labelled_files import check_data_config
 from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import EnvReport, apply_env
 from laptrain.run_dir import register_resolvers
+from laptrain.run_lock import hold_run_folder
 
 register_resolvers()
 CONF = Path(__file__).resolve().parent / "conf"
@@ -95,7 +96,13 @@ def precheck(argv: list[str]) -> EnvReport | None:
 
     check_device(cfg)
     env.device_checked = True
+    if not multirun(argv, cfg):  # a sweep's jobs each lock their own folder (laptrain.run)
+        hold_run_folder(str(cfg.hydra.run.dir), argv)
     return env
+
+
+def multirun(argv: list[str], cfg: DictConfig) -> bool:
+    return bool({"-m", "--multirun"}.intersection(argv[1:])) or str(cfg.hydra.mode) == "MULTIRUN"
 
 
 if __name__ == "__main__":

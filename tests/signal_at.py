@@ -1,4 +1,4 @@
-"""Test-only callback: send this process a signal at a chosen step, as a user's Ctrl-C would."""
+"""Test-only callbacks for runs through train.py: a signal or a NaN at a chosen step."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import signal
 
 import lightning.pytorch as pl
+import torch
 
 
 class SignalAt(pl.Callback):
@@ -22,3 +23,21 @@ class SignalAt(pl.Callback):
         if due and not self.sent:
             self.sent = True
             os.kill(os.getpid(), self.signum)
+
+
+class NaNAt(pl.Callback):
+    """Make the loss of the batch that makes optimizer step ``step`` NaN (a diverged run)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        original = pl_module.training_step
+
+        def training_step(*args, **kwargs):
+            loss = original(*args, **kwargs)
+            if trainer.global_step + 1 == self.step:
+                loss = loss * torch.tensor(float("nan"))
+            return loss
+
+        pl_module.training_step = training_step

@@ -17,10 +17,16 @@ import lightning.pytorch as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.checkpoint_files import (
+    AtomicCheckpointIO,
+    check_resume_checkpoint,
+    clean_leftovers,
+)
 from laptrain.config_check import LAPTRAIN_KEYS
 from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
@@ -29,6 +35,7 @@ from laptrain.hardware.profile import ProfileError, precision_warning, validate_
 from laptrain.model.base_dtype import resolve_auto_base_dtype
 from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan, plan_device
 from laptrain.preflight.budget import device_budget
+from laptrain.run_lock import hold_run_folder, release_run_folder
 from laptrain.versions import package_versions
 
 
@@ -41,6 +48,14 @@ def _instantiate_all(section: DictConfig | None) -> list[Any]:
         for c in section.values()
         if isinstance(c, DictConfig) and "_target_" in c
     ]
+
+
+def _instantiate_list(section: Any) -> list[Any]:
+    """A list (or one) of ``_target_`` entries, e.g. ``trainer.plugins``; strings pass through."""
+    if not section:
+        return []
+    items = section if OmegaConf.is_list(section) or isinstance(section, list) else [section]
+    return [instantiate(i, _convert_="all") if OmegaConf.is_dict(i) else i for i in items]
 
 
 def resume_checkpoint(cfg: DictConfig) -> str | None:
@@ -56,6 +71,25 @@ def resume_checkpoint(cfg: DictConfig) -> str | None:
         return None
     last = Path(cfg.paths.ckpt_dir) / "last.ckpt"
     return str(last) if last.is_file() else None
+
+
+def checked_resume_checkpoint(cfg: DictConfig, model: Any) -> str | None:
+    """:func:`resume_checkpoint`, refused in one line before any training when it is unreadable
+    or holds another model's weights; temporary files of saves a kill interrupted are removed."""
+    clean_leftovers(cfg.paths.ckpt_dir)
+    path = resume_checkpoint(cfg)
+    if path:
+        option = "ckpt_path" if cfg.get("ckpt_path") else "this run's last checkpoint"
+        check_resume_checkpoint(path, model, option)
+    return path
+
+
+def checkpoint_plugins(configured: Any) -> list[Any]:
+    """The trainer's plugins with laptrain's crash-safe checkpoint writer, unless one is given."""
+    plugins = list(configured or [])
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
 
 
 def checkpoint_step(path: str) -> tuple[int, int]:
@@ -163,10 +197,20 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
 
 
 def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
-    """Train (resuming when the run folder has a checkpoint), test on the best checkpoint, export."""
+    """Train (resuming when the run folder has a checkpoint), test on the best checkpoint, export;
+    the run folder is locked against a second process for the time of the run."""
+    output_dir = Path(cfg.paths.output_dir)
+    taken = hold_run_folder(output_dir)
+    try:
+        return _train(cfg, env, output_dir)
+    finally:
+        if taken:
+            release_run_folder(output_dir)
+
+
+def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     if HydraConfig.initialized():
         _single_log_stream()
-    output_dir = Path(cfg.paths.output_dir)
     print_config(cfg)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
@@ -175,11 +219,12 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
 
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))
-    trainer: pl.Trainer = instantiate(
+    trainer: pl.Trainer = instantiate(  # keyword arguments win over the config's keys
         cfg.trainer,
         **plan.trainer_kwargs(),
         callbacks=callbacks,
         logger=loggers or False,
+        plugins=checkpoint_plugins(_instantiate_list(cfg.trainer.get("plugins"))),
         _convert_="all",
     )
 
@@ -197,7 +242,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
             {**OmegaConf.to_container(cfg, resolve=True), "plan": plan.trainer_kwargs()}
         )
 
-    ckpt_path = resume_checkpoint(cfg)
+    ckpt_path = checked_resume_checkpoint(cfg, model)
     if ckpt_path:
         step, epoch = checkpoint_step(ckpt_path)
         rank_zero_info(
@@ -228,7 +273,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         best = trainer.checkpoint_callback.best_model_path or None
         results = trainer.test(
-            model, datamodule=datamodule, ckpt_path=best or None, weights_only=False
+            model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
         )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})

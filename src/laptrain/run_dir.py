@@ -11,14 +11,20 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from laptrain.run_lock import is_locked
+
 _chosen: dict[str, str] = {}
 
 
 def holds_run(folder: Path) -> bool:
-    """Whether ``folder`` already holds a run's checkpoints or curves."""
+    """Whether ``folder`` already holds a run's checkpoints or curves, or a live run."""
     if not folder.is_dir():
         return False
-    return any(folder.rglob("*.ckpt")) or any(folder.rglob("events.out.tfevents.*"))
+    return (
+        any(folder.rglob("*.ckpt"))
+        or any(folder.rglob("events.out.tfevents.*"))
+        or is_locked(folder)
+    )
 
 
 def choose_run_dir(base: str, resume: object) -> str:

@@ -66,7 +66,7 @@ class GracefulStop(Callback):
     def _save(self, trainer: pl.Trainer) -> None:
         if self._saved_step == trainer.global_step and self.path.exists():
             return
-        trainer.save_checkpoint(str(self.path))
+        trainer.save_checkpoint(str(self.path), weights_only=False)
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict

@@ -12,10 +12,12 @@ Every other behaviour, option and state key is Lightning's.
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
-from laptrain.callbacks.stop_checkpoint import ended_at_batch_boundary
+from laptrain.callbacks.stop_checkpoint import ended_at_batch_boundary, save_queued_stops
 
 
 def stopping_on_purpose(trainer: pl.Trainer) -> bool:
@@ -24,7 +26,22 @@ def stopping_on_purpose(trainer: pl.Trainer) -> bool:
 
 
 class ModelCheckpoint(LightningModelCheckpoint):
-    """``lightning.pytorch.callbacks.ModelCheckpoint`` that skips saving during a laptrain stop."""
+    """``lightning.pytorch.callbacks.ModelCheckpoint`` that skips saving during a laptrain stop,
+    and writes the stop checkpoints asked for in the batch (it runs after every other callback)."""
+
+    def save_queued_stops(self, trainer: pl.Trainer) -> None:
+        save_queued_stops(trainer)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        save_queued_stops(trainer)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def _should_skip_saving_checkpoint(self, trainer: pl.Trainer) -> bool:
         return stopping_on_purpose(trainer) or super()._should_skip_saving_checkpoint(trainer)

@@ -20,17 +20,44 @@ A stop asked for on a batch that a validation follows (the epoch's last batch, o
 ``val_check_interval`` batches) waits: the validation and its checkpoints are part of the
 uninterrupted run, and Lightning resumes a checkpoint taken just before them as if they had run
 (``FitLoop.reset``, fit_loop.py:397-411: the epoch is counted done, its validation never runs). The
-stop then happens at the next batch boundary, one batch later.
+stop then happens at the next batch boundary, one batch later. Likewise in the middle of a gradient
+accumulation: the gradients summed so far are not in any checkpoint, so the stop waits for the
+optimizer step (at most ``accumulate_grad_batches - 1`` batches).
+
+The stop checkpoint is written after every callback's ``on_train_batch_end`` for that batch (by
+laptrain's ModelCheckpoint, which Lightning runs last), not inside the stopping callback's hook:
+a callback later in the list (the EMA that TRM adds) would otherwise be saved one update behind,
+and measured through ``train.py`` 13 of TRM's 15 tensors then differed after the resume.
 """
 
 from __future__ import annotations
 
 import os
 import weakref
+from typing import Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 
 _ENDED: weakref.WeakSet[pl.Trainer] = weakref.WeakSet()
+_QUEUED: weakref.WeakKeyDictionary[pl.Trainer, list[StopCheckpoint]] = weakref.WeakKeyDictionary()
+
+
+@runtime_checkable
+class SavesQueuedStops(Protocol):
+    """Runs :func:`save_queued_stops` in its ``on_train_batch_end``, after every other callback's
+    (laptrain's ModelCheckpoint: Lightning moves checkpoint callbacks to the end of the list)."""
+
+    def save_queued_stops(self, trainer: pl.Trainer) -> None: ...
+
+
+def save_queued_stops(trainer: pl.Trainer) -> None:
+    """Write the stop checkpoints asked for in this batch, once per file: after every callback
+    (an EMA, a report) has counted the batch, so that the resumed run starts from the same state."""
+    done: set[str | None] = set()
+    for stop in _QUEUED.pop(trainer, []):
+        if stop.path not in done:
+            stop.save(trainer)
+            done.add(stop.path)
 
 
 def fsync_dir(folder: str) -> None:
@@ -61,18 +88,21 @@ class StopCheckpoint:
 
     def save(self, trainer: pl.Trainer) -> None:
         if self.path:
-            trainer.save_checkpoint(self.side_path)
+            trainer.save_checkpoint(self.side_path, weights_only=False)
             self._pending = True
 
     def stop(self, trainer: pl.Trainer) -> bool:
         """Save, then end fit at this batch boundary with no validation pass and no ranking;
         False when a validation follows this batch: then :meth:`tick` stops at the next one."""
-        if validation_follows(trainer):
+        if not at_clean_boundary(trainer):
             self.deferred = True
             return False
         self.deferred = False
-        self.save(trainer)
         end_fit_now(trainer)
+        if any(isinstance(cb, SavesQueuedStops) for cb in trainer.callbacks):
+            _QUEUED.setdefault(trainer, []).append(self)  # saved after every callback's hook
+        else:
+            self.save(trainer)
         return True
 
     def tick(self, trainer: pl.Trainer) -> bool:
@@ -98,14 +128,18 @@ def ended_at_batch_boundary(trainer: pl.Trainer) -> bool:
     return trainer in _ENDED
 
 
-def validation_follows(trainer: pl.Trainer) -> bool:
-    """Whether Lightning runs a validation right after the current training batch (asked at its
-    ``on_train_batch_end``, before anything sets ``should_stop``)."""
+def at_clean_boundary(trainer: pl.Trainer) -> bool:
+    """Whether a checkpoint taken now (at ``on_train_batch_end``, before anything sets
+    ``should_stop``) resumes exactly: no gradient accumulation under way and no validation due
+    after this batch. Lightning's own rules (training_epoch_loop.py:529 and :``_should_accumulate``
+    in 2.6.6); with another Lightning that lacks them, True (stop now)."""
     loop = trainer.fit_loop
     fetcher = getattr(loop, "_data_fetcher", None)
-    if trainer.should_stop or fetcher is None or not trainer.enable_validation:
-        return False
-    try:  # Lightning's own rule (training_epoch_loop.py:529 in 2.6.6)
-        return bool(loop.epoch_loop._should_check_val_fx(fetcher))
-    except (AttributeError, TypeError):  # another Lightning: stop now, as before
-        return False
+    if trainer.should_stop or fetcher is None:
+        return True
+    try:
+        if loop.epoch_loop._should_accumulate():
+            return False
+        return not (trainer.enable_validation and loop.epoch_loop._should_check_val_fx(fetcher))
+    except (AttributeError, TypeError):
+        return True

@@ -1,0 +1,234 @@
+"""Kill test: interrupt the tiny default job at random moments, rerun it, count what was lost.
+
+Each round starts `python train.py` on a small generated data set (tiny classifier, checkpoint every
+``--interval`` steps so that kills land during saves), sends SIGKILL, SIGINT or SIGTERM at a seeded
+random moment (a third of the SIGKILLs wait for a checkpoint's temporary file to appear and kill
+during that write), then checks every checkpoint file in the run folder, reruns the same command to
+the end and compares the final ``last.ckpt`` with an uninterrupted run's, tensor by tensor.
+One run at a time (2 cores). Prints a markdown table.
+
+    python benchmarks/kill_test.py --runs 50 [--seed 0] [--interval 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM")
+TINY = [
+    "model.backbone.hidden_size=32",
+    "model.backbone.intermediate_size=64",
+    "model.backbone.num_hidden_layers=1",
+    "data.vocab_size=300",
+]
+
+
+class StepMarker(pl.Callback):
+    """Writes the optimizer step reached after every batch (what a SIGKILL interrupted)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        Path(self.path).write_text(str(trainer.global_step))
+
+
+def write_data(path: Path, rows: int = 400, seed: int = 0) -> Path:
+    """Three labels whose words give them away, lengths 3-60 words (long-tailed)."""
+    words = {
+        "sports": "match goal team score player coach league season win ball",
+        "cooking": "oven recipe salt butter flour bake simmer garlic pan dough",
+        "weather": "rain cloud storm wind forecast sunny snow cold humid front",
+    }
+    filler = "the a of and to in is it"
+    rng = random.Random(seed)
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["text", "label"])
+        for i in range(rows):
+            label = list(words)[i % 3]
+            n = min(60, 3 + int(rng.expovariate(1 / 12)))
+            out.writerow(
+                [" ".join(rng.choice(f"{words[label]} {filler}".split()) for _ in range(n)), label]
+            )
+    return path
+
+
+@dataclass
+class Round:
+    signal: str
+    during_save: bool
+    exit_code: int = 0
+    reached: int | None = None
+    saved: int | None = None
+    corrupt: int = 0
+    identical: bool | None = None
+    rerun_ok: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def load_state(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    import torch
+
+    sa, sb = load_state(a)["state_dict"], load_state(b)["state_dict"]
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def corrupt_files(folder: Path) -> list[str]:
+    from laptrain.checkpoint_files import read_checkpoint
+
+    bad = []
+    for path in sorted(folder.glob("*.ckpt")):
+        try:
+            read_checkpoint(path)
+        except ValueError:
+            bad.append(path.name)
+    return bad
+
+
+def command(work: Path, data: Path, run: str, interval: int) -> list[str]:
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "hardware=cpu",
+        "model=tiny_classifier",
+        "data=text_csv",
+        *TINY,
+        f"data.files.train={data}",
+        "trainer.max_epochs=2",
+        "trainer.deterministic=true",
+        f"callbacks.periodic_checkpoint.every_n_train_steps={interval}",
+        "test=false",
+        f"run_name={run}",
+        "+callbacks.step_marker._target_=kill_test.StepMarker",
+        f"+callbacks.step_marker.path={work / (run + '.step')}",
+    ]
+
+
+def environment(work: Path) -> dict[str, str]:
+    path = os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "LAPTRAIN_CACHE": str(work / "cache")}
+
+
+def run_to_end(cmd: list[str], work: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=work, env=environment(work), capture_output=True, text=True)
+
+
+def interrupt(cmd: list[str], work: Path, rnd: Round, rng: random.Random, span: float) -> None:
+    run_dir = work / "outputs" / cmd[-3].split("=", 1)[1]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=work,
+        env=environment(work),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    marker = work / (cmd[-3].split("=", 1)[1] + ".step")
+    deadline = time.monotonic() + 180
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # training has started
+    if rnd.during_save:
+        ckpts = run_dir / "checkpoints"
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(ckpts.glob(".*.tmp")):
+                break
+            time.sleep(0.001)
+    else:
+        time.sleep(rng.uniform(0, span))
+    if proc.poll() is None:
+        proc.send_signal(getattr(signal, rnd.signal))
+    else:
+        rnd.notes.append("ended before the signal")
+    rnd.exit_code = proc.wait(timeout=300)
+    rnd.reached = int(marker.read_text()) if marker.exists() else 0
+    last = run_dir / "checkpoints" / "last.ckpt"
+    rnd.corrupt = len(corrupt_files(run_dir / "checkpoints"))
+    rnd.saved = load_state(last)["global_step"] if last.exists() and not rnd.corrupt else 0
+
+
+def main(argv: list[str] | None = None) -> list[Round]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--interval", type=int, default=5, help="periodic checkpoint, in steps")
+    parser.add_argument("--work", type=Path, default=None, help="folder to work in (temporary)")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    work = args.work or Path(tempfile.mkdtemp(prefix="laptrain-kill-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data = write_data(work / "texts.csv")
+
+    start = time.monotonic()
+    reference = run_to_end(command(work, data, "reference", args.interval), work)
+    if reference.returncode != 0:
+        raise SystemExit(f"the uninterrupted run failed:\n{reference.stderr[-3000:]}")
+    span = max(1.0, (time.monotonic() - start) * 0.5)  # about the training part of a run
+    ref_last = work / "outputs" / "reference" / "checkpoints" / "last.ckpt"
+
+    rounds = []
+    for i in range(args.runs):
+        sig = SIGNALS[i % 3] if args.runs >= 3 else rng.choice(SIGNALS)
+        rnd = Round(sig, during_save=sig == "SIGKILL" and rng.random() < 1 / 3)
+        cmd = command(work, data, f"r{i}", args.interval)
+        interrupt(cmd, work, rnd, rng, span)
+        done = run_to_end(cmd, work)
+        if done.returncode != 0:
+            rnd.notes.append(f"rerun exit {done.returncode}: {done.stderr.strip()[-200:]}")
+        last = work / "outputs" / f"r{i}" / "checkpoints" / "last.ckpt"
+        rnd.rerun_ok = done.returncode == 0
+        rnd.identical = rnd.rerun_ok and same_weights(ref_last, last)
+        rounds.append(rnd)
+        print(
+            f"round {i + 1}/{args.runs}: {sig}{' during a save' if rnd.during_save else ''}, "
+            f"exit {rnd.exit_code}, reached step {rnd.reached}, checkpoint at {rnd.saved}, "
+            f"corrupt {rnd.corrupt}, identical {rnd.identical} {' '.join(rnd.notes)}",
+            flush=True,
+        )
+    print(table(rounds, args.interval))
+    return rounds
+
+
+def table(rounds: list[Round], interval: int) -> str:
+    lines = [
+        f"interval between periodic checkpoints: {interval} steps",
+        "",
+        "| signal | runs | reruns completed | corrupt checkpoints | steps lost (max) "
+        "| steps lost (mean) | final weights == uninterrupted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for sig in SIGNALS:
+        rs = [r for r in rounds if r.signal == sig]
+        if not rs:
+            continue
+        lost = [max(0, (r.reached or 0) - (r.saved or 0)) for r in rs]
+        during = sum(r.during_save for r in rs)
+        name = f"{sig} ({during} during a save)" if during else sig
+        lines.append(
+            f"| {name} | {len(rs)} | {sum(r.rerun_ok for r in rs)} "
+            f"| {sum(r.corrupt for r in rs)} | {max(lost)} | {sum(lost) / len(lost):.1f} "
+            f"| {sum(bool(r.identical) for r in rs)}/{len(rs)} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Checkpoint files: written so that a kill at any instant leaves a loadable one, read with care.
+
+Gap filled (writing): Lightning 2.6.6 saves through ``_atomic_save``
+(lightning/fabric/utilities/cloud_io.py:85): it serialises the whole checkpoint into memory, then
+writes it inside an fsspec transaction. For a local path fsspec 2026.9 writes the bytes to a file made
+by ``tempfile.mkstemp()`` in the system temp folder and commits with ``shutil.move``
+(fsspec/implementations/local.py, ``LocalFileOpener._open`` and ``commit``). Where that folder is
+on another filesystem (a tmpfs ``/tmp`` on Linux, a cluster's local disk) the move is a copy, and a
+kill during the copy leaves a truncated ``last.ckpt``; nothing is fsynced, so a power cut can leave
+an empty file after the rename; and the checkpoint is held in memory twice. :class:`AtomicCheckpointIO`
+writes straight to a temporary file in the checkpoint's own folder, fsyncs it, renames it over the
+target (atomic on one filesystem) and fsyncs the folder. A full disk gives one error naming the
+folder and its free space, and the previous file is untouched.
+
+Reading: :func:`check_resume_checkpoint` opens a checkpoint with ``weights_only=True`` (tensors and
+plain values only; every checkpoint laptrain writes loads this way, and Lightning is then asked to
+load it the same way) and compares its weights with the model's before any training, so a
+truncated file or one from another model is a one-line error instead of a traceback mid-fit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from laptrain.callbacks.stop_checkpoint import fsync_dir
+
+MB = 1024 * 1024
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the previous file at that path is intact."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local saves are write-temp-in-place, fsync, rename (see module)."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        target = str(path)
+        if "://" in target and not target.startswith("file://"):  # remote: Lightning's own way
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = target.removeprefix("file://")
+        folder = os.path.dirname(os.path.abspath(target))
+        os.makedirs(folder, exist_ok=True)
+        temp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.tmp")
+        try:
+            with open(temp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, target)
+        except BaseException as err:
+            _remove_quietly(temp)
+            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = shutil.disk_usage(folder).free / MB
+                raise CheckpointWriteError(
+                    err.errno,
+                    f"no space left to write checkpoint {target} ({free:.0f} MB free in {folder}); "
+                    "the previous checkpoint there is intact. Free some space, or set "
+                    "paths.ckpt_dir=<folder on another disk>, and rerun the same command",
+                ) from err
+            raise
+        fsync_dir(folder)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None) -> Any:
+        # Lightning passes weights_only=None unless told; laptrain's checkpoints hold only
+        # tensors and plain values, so load them the safe way (and without torch's warning).
+        return super().load_checkpoint(
+            path,
+            map_location=map_location or (lambda storage, loc: storage),
+            weights_only=True if weights_only is None else weights_only,
+        )
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
+def leftover_temp_files(folder: str | Path) -> list[Path]:
+    """Temporary files a killed save left behind (harmless; removed by :func:`clean_leftovers`)."""
+    folder = Path(folder)
+    return sorted(folder.glob(".*.ckpt.*.tmp")) if folder.is_dir() else []
+
+
+def clean_leftovers(folder: str | Path) -> int:
+    """Remove the temporary files of saves that a kill interrupted; returns how many."""
+    leftovers = leftover_temp_files(folder)
+    for path in leftovers:
+        _remove_quietly(str(path))
+    return len(leftovers)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's contents, memory-mapped, tensors and plain values only; one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"checkpoint not found: {path} (point ckpt_path= at a .ckpt file, "
+            "e.g. outputs/<run>/checkpoints/last.ckpt)"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # truncated zip, a pickle with objects, not a torch file at all
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"{path} is not a readable checkpoint ({path.stat().st_size} bytes; torch says: "
+            f"{first[:160]}). Point ckpt_path= at another .ckpt (best-step*.ckpt beside it), "
+            "or resume=false to start a new run"
+        ) from err
+    if not isinstance(state, dict) or "state_dict" not in state:
+        raise ValueError(
+            f"{path} is not a Lightning checkpoint (no state_dict); point ckpt_path= at a .ckpt "
+            "file that laptrain wrote"
+        )
+    return state
+
+
+def check_resume_checkpoint(path: str | Path, model: torch.nn.Module, option: str) -> None:
+    """Refuse, in one line, a checkpoint whose weights do not fit ``model``: the keys and shapes
+    of its ``state_dict`` must be the model's. ``option`` names how the file was chosen."""
+    saved = read_checkpoint(path)["state_dict"]
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # A module with strict_loading=False (LoRA: adapters only) saves a subset of its weights.
+    strict = bool(getattr(model, "strict_loading", True))
+    missing = [k for k in expected if k not in saved] if strict else []
+    unexpected = [k for k in saved if k not in expected]
+    reshaped = [k for k in expected if k in saved and tuple(saved[k].shape) != expected[k]]
+    if not (missing or unexpected or reshaped):
+        return
+    parts = []
+    if reshaped:
+        k = reshaped[0]
+        parts.append(
+            f"{len(reshaped)} weights have other shapes (e.g. {k}: {tuple(saved[k].shape)} "
+            f"in the file, {expected[k]} in this model)"
+        )
+    if missing:
+        parts.append(f"{len(missing)} of this model's weights are missing (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} are not this model's (e.g. {unexpected[0]})")
+    raise ValueError(
+        f"{path} ({option}) was written by another model: {'; '.join(parts)}. "
+        "Use resume=false (or another run_name) to start this model in a new folder, or point "
+        "ckpt_path= at a checkpoint of this model"
+    )

@@ -1,0 +1,134 @@
+"""Stopped and rerun through `python train.py` == never stopped, bit for bit, with every default
+callback and validation on (the unit test in test_resume.py runs a bare Trainer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY, run_train, write_texts
+
+HOOKS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # tests.signal_at in the child
+
+
+def signal_at(signum: str, **at: int) -> list[str]:
+    return [
+        "+callbacks.sig._target_=tests.signal_at.SignalAt",
+        f"+callbacks.sig.signum={signum}",
+        *(f"+callbacks.sig.{k}={v}" for k, v in at.items()),
+    ]
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def run_ok(args: list[str], tmp_path: Path, code: int = 0) -> str:
+    done = run_train(args, tmp_path, env=HOOKS)
+    assert done.returncode == code, (done.returncode, done.stderr[-3000:])
+    return done.stdout
+
+
+def assert_same_run(tmp_path: Path, straight: str, resumed: str) -> None:
+    a, b = tmp_path / "outputs" / straight, tmp_path / "outputs" / resumed
+    last_a, last_b = load(a / "checkpoints" / "last.ckpt"), load(b / "checkpoints" / "last.ckpt")
+    assert last_a["global_step"] == last_b["global_step"]
+    differ = [
+        k for k, v in last_a["state_dict"].items() if not torch.equal(v, last_b["state_dict"][k])
+    ]
+    assert differ == [], f"{len(differ)} of {len(last_a['state_dict'])} tensors differ"
+    for key in ("optimizer_states", "lr_schedulers"):
+        assert repr(last_a[key]) == repr(last_b[key]), key
+    # the same checkpoints kept (no best-step<N>.ckpt from the stop) and the same final metrics
+    names = lambda run: sorted(p.name for p in (run / "checkpoints").iterdir())  # noqa: E731
+    assert names(a) == names(b)
+    if (a / "metrics.json").exists():
+        assert json.loads((a / "metrics.json").read_text()) == json.loads(
+            (b / "metrics.json").read_text()
+        )
+
+
+def classifier_args(tmp_path: Path, *extra: str) -> list[str]:
+    data = write_texts(tmp_path / "texts.csv")  # 192 train rows / 16 = 12 batches per epoch
+    return [
+        "hardware=cpu",
+        "model=tiny_classifier",
+        "data=text_csv",
+        *TINY,
+        f"data.files.train={data}",
+        "trainer.deterministic=true",
+        "+trainer.limit_test_batches=2",
+        *extra,
+    ]
+
+
+def test_sigterm_mid_accumulation_before_a_validation_resumes_bit_identical(tmp_path):
+    """SIGTERM arrives in batch 11 of 12, in the middle of an accumulation of 2, and the epoch's
+    validation follows batch 12: the stop waits for the optimizer step, the validation and its
+    checkpoints, and happens after the next step (global step 7). The rerun ends where a run
+    never stopped ends: same weights, optimizer and scheduler state, checkpoints and metrics."""
+    args = classifier_args(tmp_path, "trainer.max_epochs=2", "trainer.accumulate_grad_batches=2")
+    run_ok([*args, "run_name=straight"], tmp_path)
+    out = run_ok([*args, "run_name=stopped", *signal_at("SIGTERM", batch=11)], tmp_path, 143)
+    assert "stopped at global step 7" in out
+    stopped = tmp_path / "outputs" / "stopped" / "checkpoints"
+    assert load(stopped / "last.ckpt")["global_step"] == 7
+    assert sorted(p.name for p in stopped.iterdir()) == ["best-step6.ckpt", "last.ckpt"]
+    out = run_ok([*args, "run_name=stopped"], tmp_path)
+    assert "global step 7" in out
+    assert_same_run(tmp_path, "straight", "stopped")
+
+
+SLOW_CASES = {
+    # mid-epoch, nothing special about the batch
+    "sigint-mid-epoch": (["trainer.max_epochs=2"], signal_at("SIGINT", step=5), 130),
+    # the epoch's last batch: the stop waits past the validation
+    "sigterm-last-batch": (["trainer.max_epochs=2"], signal_at("SIGTERM", step=12), 143),
+    # right after a validation (the first batch of epoch 1)
+    "sigint-after-validation": (["trainer.max_epochs=2"], signal_at("SIGINT", step=13), 130),
+    # a session budget that is spent at once: stops at the first batch boundary, exit 0
+    "session-budget": (
+        ["trainer.max_epochs=2"],
+        ["callbacks.session_budget.max_minutes=0.00001"],
+        0,
+    ),
+    # validation every 5 batches inside the epoch, signal on such a batch
+    "sigterm-mid-epoch-validation": (
+        ["trainer.max_epochs=2", "trainer.val_check_interval=5"],
+        signal_at("SIGTERM", step=5),
+        143,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_CASES)
+def test_every_kind_of_stop_resumes_bit_identical(tmp_path, case):
+    extra, stopper, code = SLOW_CASES[case]
+    args = classifier_args(tmp_path, *extra)
+    run_ok([*args, "run_name=straight"], tmp_path)
+    run_ok([*args, "run_name=stopped", *stopper], tmp_path, code)
+    run_ok([*args, "run_name=stopped"], tmp_path)
+    assert_same_run(tmp_path, "straight", "stopped")
+
+
+@pytest.mark.slow
+def test_trm_stopped_and_rerun_is_bit_identical(tmp_path):
+    args = [
+        "hardware=cpu",
+        "experiment=trm_sudoku",
+        "trainer.deterministic=true",
+        "trainer.max_steps=24",
+        "trainer.val_check_interval=10",
+        "data.batch_size=16",
+        "data.train_size=200",
+        "data.val_size=32",
+        "data.test_size=32",
+    ]
+    run_ok([*args, "run_name=straight"], tmp_path)
+    run_ok([*args, "run_name=stopped", *signal_at("SIGTERM", step=13)], tmp_path, 143)
+    run_ok([*args, "run_name=stopped"], tmp_path)
+    assert_same_run(tmp_path, "straight", "stopped")

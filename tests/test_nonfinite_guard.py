@@ -1,0 +1,147 @@
+"""A NaN loss stops the run before it reaches the weights (or the step is skipped), and a NaN model
+is never saved as best or last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from laptrain.callbacks.graceful_stop import GracefulStop
+from laptrain.callbacks.model_checkpoint import ModelCheckpoint
+from laptrain.callbacks.nonfinite_guard import NonFiniteGuard, NonFiniteLoss
+from tests.conftest import TINY, quiet_trainer, run_train, write_texts
+
+HOOKS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+class Regressor(pl.LightningModule):
+    """y = 2x; the loss of step ``nan_at`` (1-based) is NaN, as a diverged run's would be."""
+
+    def __init__(self, nan_at: int | None = None, lr: float = 0.05) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.nan_at, self.lr = nan_at, lr
+
+    def train_dataloader(self):
+        x = torch.linspace(-1, 1, 64).unsqueeze(1)
+        return torch.utils.data.DataLoader(list(zip(x, 2 * x)), batch_size=8)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        if self.nan_at is not None and self.global_step + 1 == self.nan_at:
+            loss = loss * float("nan")
+        self.log("loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+def weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_nan_loss_stops_before_the_update_and_names_step_checkpoint_and_causes(tmp_path):
+    pl.seed_everything(0)
+    model = Regressor(nan_at=6)
+    straight = Regressor()
+    straight.load_state_dict(model.state_dict())
+    quiet_trainer(max_steps=5).fit(straight)  # where a run without the NaN stands after 5 steps
+
+    ckpt = tmp_path / "ckpt"
+    trainer = quiet_trainer(
+        max_steps=20,
+        enable_checkpointing=True,
+        callbacks=[
+            NonFiniteGuard(ckpt_dir=str(ckpt)),
+            ModelCheckpoint(dirpath=ckpt, every_n_train_steps=2, save_top_k=0, save_last=True),
+            GracefulStop(dirpath=str(ckpt)),
+        ],
+    )
+    with pytest.raises(NonFiniteLoss) as err:
+        trainer.fit(model)
+    message = str(err.value)
+    assert "loss is nan at global step 5" in message
+    assert f"{ckpt / 'last.ckpt'} (step 4;" in message
+    assert "learning rate 0.05" in message and "action=skip" in message and "\n" not in message
+    # the NaN step was not applied: the weights are those of 5 clean steps, all finite
+    for a, b in zip(weights(model), weights(straight)):
+        assert torch.equal(a, b)
+    # nothing was saved after the NaN: last.ckpt is step 4's, finite
+    saved = torch.load(ckpt / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 4
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
+    assert sorted(p.name for p in ckpt.iterdir()) == ["last.ckpt"]
+
+
+def test_skip_drops_the_nan_step_counts_it_and_trains_on(tmp_path):
+    pl.seed_everything(0)
+    model = Regressor(nan_at=3)
+    guard = NonFiniteGuard(action="skip")
+    before = None
+
+    class Snapshot(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            nonlocal before
+            if trainer.global_step == 2:
+                before = weights(pl_module)
+
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            if trainer.global_step == 3:  # the NaN step: counted, weights untouched
+                for a, b in zip(before, weights(pl_module)):
+                    assert torch.equal(a, b)
+
+    with pytest.warns(UserWarning, match="loss is nan at step 2: step skipped"):
+        quiet_trainer(max_steps=8, callbacks=[guard, Snapshot()]).fit(model)
+    assert guard.summary() == {
+        "action": "skip",
+        "skipped_steps": 1,
+        "skipped": [{"step": 2, "why": "loss is nan"}],
+    }
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_non_finite_gradients_with_a_finite_loss_are_caught_too():
+    class Exploding(Regressor):
+        def on_after_backward(self):
+            if self.global_step == 1:
+                self.layer.weight.grad.fill_(float("inf"))
+
+    with pytest.raises(NonFiniteLoss, match="gradients are not finite at global step 1"):
+        quiet_trainer(max_steps=4, callbacks=[NonFiniteGuard()]).fit(Exploding())
+
+
+def test_an_unknown_action_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="action='pause': choose one of stop, skip"):
+        NonFiniteGuard(action="pause")
+
+
+def test_train_py_with_a_nan_exits_2_in_one_line_and_never_saves_it(tmp_path):
+    data = write_texts(tmp_path / "texts.csv")
+    done = run_train(
+        [
+            "hardware=cpu",
+            "data=text_csv",
+            f"data.files.train={data}",
+            "run_name=t",
+            *TINY,
+            "callbacks.periodic_checkpoint.every_n_train_steps=3",
+            "+callbacks.nan._target_=tests.signal_at.NaNAt",
+            "+callbacks.nan.step=8",
+        ],
+        tmp_path,
+        env=HOOKS,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert "loss is nan at global step 7" in errors[0] and "(step 6;" in errors[0]
+    ckpts = tmp_path / "outputs" / "t" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt"]
+    saved = torch.load(ckpts / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 6
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
