@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from tests.conftest import TINY, TRAIN, run_train, write_texts
+from tests.test_hparams import hparams_row
 
 BASE = ["hardware=cpu", "model=tiny_classifier", "data=text_csv", "run_name=t", *TINY]
 
@@ -142,6 +143,7 @@ def test_multirun_lays_out_one_readable_folder_per_job(tmp_path):
         *BASE,
         *data_args(tmp_path),
         "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
         "test=false",
         "model.optimizer.lr=1e-4,3e-4",
     ]
@@ -150,9 +152,12 @@ def test_multirun_lays_out_one_readable_folder_per_job(tmp_path):
     jobs = sorted(p.name for p in (tmp_path / "outputs" / "multirun" / "t").iterdir() if p.is_dir())
     assert [j for j in jobs if "lr=0.0001" in j] and [j for j in jobs if "lr=0.0003" in j]
     for job in jobs:
-        assert list(
-            (tmp_path / "outputs" / "multirun" / "t" / job / "tensorboard").glob("events.*")
-        )
+        board = tmp_path / "outputs" / "multirun" / "t" / job / "tensorboard"
+        assert list(board.glob("events.*"))
+        # TensorBoard's HPARAMS tab: one row per job, its lr and best validation accuracy
+        tags, params, scalars = hparams_row(board)
+        assert tags == {"hp/best_val_acc"} and 0 <= scalars["hp/best_val_acc"] <= 1
+        assert params["lr"] == (1e-4 if "lr=0.0001" in job else 3e-4)
 
 
 def one_line_error(done: subprocess.CompletedProcess, *needles: str) -> None:

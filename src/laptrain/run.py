@@ -26,6 +26,7 @@ from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
+from laptrain.hparams import final_metrics, hp_keys, log_hparams
 from laptrain.model.base_dtype import resolve_auto_base_dtype
 from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan, plan_device
 from laptrain.preflight.budget import device_budget
@@ -232,8 +233,11 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
         )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
+    # laptrain.hparams: best validation (what sweepers get), HPARAMS row; issue 14
+    metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
+    log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
     if trainer.is_global_zero and hasattr(model, "export"):
         model.export(output_dir / getattr(model, "export_folder", "model"))
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     rank_zero_info(f"run folder: {output_dir}")
-    return Outcome("done", 0, metrics.get(str(cfg.get("optimized_metric"))))
+    return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))
