@@ -19,6 +19,7 @@ from laptrain.data.labelled_files import check_data_config
 from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import EnvReport, apply_env
 from laptrain.run_dir import register_resolvers
+from laptrain.scale_out import asks_multirun, check_scale_out
 
 register_resolvers()
 CONF = Path(__file__).resolve().parent / "conf"
@@ -89,6 +90,7 @@ def precheck(argv: list[str]) -> EnvReport | None:
         check_data_config(cfg.get("data"))
     env = apply_profile_env(cfg)
     check_composed(cfg)
+    check_scale_out(cfg, asks_multirun(argv))  # -m with ddp/fsdp re-running the command: refused
     if printing:
         return env  # `--cfg job` on any machine shows what a profile sets; nothing runs
     from laptrain.run import check_device  # imports torch: after the env is set
