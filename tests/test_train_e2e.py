@@ -209,11 +209,20 @@ def test_trm_trains_through_train_py_on_a_profile_with_batch_size_auto(tmp_path)
     assert "memory: not estimated" in done.stdout
 
 
-def test_lightning_ddp_on_two_cpu_processes_trains_and_checkpoints(tmp_path):
-    done = run_train(
-        [*BASE, *data_args(tmp_path), "trainer=ddp_cpu", "trainer.max_steps=3", "test=false"],
-        tmp_path,
-    )
+def test_lightning_ddp_on_two_cpu_processes_trains_checkpoints_resumes_and_tests_once(tmp_path):
+    args = [*BASE, *data_args(tmp_path), "trainer=ddp_cpu"]
+    done = run_train([*args, "trainer.max_steps=2", "test=false"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "effective batch size: 32" in done.stdout  # 16 per process x 2 processes
-    assert ckpt_step(tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt") == 3
+    last = tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt"
+    assert ckpt_step(last) == 2  # mid-epoch: 192 rows / 32 = 6 steps per epoch
+
+    # the same command, a larger budget: both processes resume from the mid-epoch last.ckpt
+    resumed = run_train([*args, "trainer.max_steps=4", "+trainer.limit_test_batches=2"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "global step 2," in resumed.stdout
+    assert ckpt_step(last) == 4
+    # the test split ran on one process: no DistributedSampler padding it with repeats
+    metrics = json.loads((tmp_path / "outputs" / "t" / "metrics.json").read_text())
+    assert "test/acc" in metrics and "hp/test_acc" in metrics
+    assert "Using `DistributedSampler`" not in resumed.stdout + resumed.stderr

@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
@@ -30,6 +30,7 @@ from laptrain.hparams import final_metrics, hp_keys, log_hparams
 from laptrain.model.base_dtype import resolve_auto_base_dtype
 from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan, plan_device
 from laptrain.preflight.budget import device_budget
+from laptrain.scale_out import one_process_tester
 from laptrain.versions import package_versions
 
 
@@ -168,7 +169,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
     if HydraConfig.initialized():
         _single_log_stream()
     output_dir = Path(cfg.paths.output_dir)
-    print_config(cfg)
+    rank_zero_only(print_config)(cfg)  # ranks started by re-running train.py print nothing
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))
@@ -228,8 +229,11 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         best = trainer.checkpoint_callback.best_model_path or None
-        results = trainer.test(
-            model, datamodule=datamodule, ckpt_path=best or None, weights_only=False
+        tester = one_process_tester(trainer, cfg, plan, loggers)  # laptrain.scale_out
+        results = (
+            tester.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=False)
+            if tester
+            else []
         )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
