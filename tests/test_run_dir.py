@@ -31,6 +31,7 @@ def test_a_long_job_name_is_shortened_readably_and_stays_unique():
         [
             "experiment=tiny_sweep,hardware.batch_size=8,hardware=cpu,hparams_search=optuna",
             "model.backbone.hidden_size=32",
+            "data.train_fraction=0.2500000000000001",
             "model.optimizer.lr=0.0003574712922600243",
             "model.optimizer.weight_decay=1.5702970884055395e-05",
             "model.warmup_ratio=0.19014286128198324",

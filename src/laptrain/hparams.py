@@ -84,6 +84,10 @@ def final_metrics(
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
+# Overrides that name machinery, not a choice to compare: the profile has its own column.
+NOT_COMPARED = {"hardware", "hparams_search", "launcher"}
+
+
 def hparams_row(
     cfg: DictConfig, overrides: list[str], exclude: list[str], model: Any, plan: Any
 ) -> dict[str, Any]:
@@ -92,7 +96,7 @@ def hparams_row(
     row: dict[str, Any] = {}
     for override in overrides:
         key, _, text = override.lstrip("+~").partition("=")
-        if key in exclude or key.startswith("hydra"):
+        if key in exclude or key in NOT_COMPARED or key.startswith("hydra"):
             continue
         value = OmegaConf.select(cfg, key, default=None)
         row[key] = value if isinstance(value, bool | int | float | str) else text

@@ -41,7 +41,7 @@ def choose_run_dir(base: str, resume: object) -> str:
 
 
 # Most file systems refuse names over 255 bytes; an Optuna trial's overrides easily pass that.
-JOB_DIR_MAX = 200
+JOB_DIR_MAX = 240
 
 
 def job_dir(override_dirname: str) -> str:

@@ -202,6 +202,12 @@ class LaptrainOptunaSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
+        if self.n_jobs > 1 and type(self.launcher).__name__ == "BasicLauncher":
+            log.warning(
+                f"hydra.sweeper.n_jobs={self.n_jobs} with Hydra's basic launcher runs the trials "
+                "one after another, each batch chosen before the previous one's results: keep "
+                "n_jobs=1 on one machine, or use a parallel launcher (launcher=slurm)"
+            )
         study = self.open_study()
         finished = reopen(study)
         study.sampler = self._sampler(len(study.get_trials(deepcopy=False))) or study.sampler
@@ -225,11 +231,13 @@ class LaptrainOptunaSweeper(Sweeper):
             failures = []
             for trial, ret in zip(trials, results):
                 try:
-                    study.tell(trial, trial_value(ret))
+                    value = trial_value(ret)
                 except Exception as err:
                     study.tell(trial, state=_fail_state())
                     failures.append(f"trial {trial.number}: {err}")
                     log.warning(f"trial {trial.number} failed: {err}")
+                    continue
+                study.tell(trial, value)
             returns.append(results)
             to_go -= len(trials)
             if failures and len(failures) / len(trials) > self.max_failure_rate:
