@@ -20,6 +20,7 @@ from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import EnvReport, apply_env
 from laptrain.run_dir import register_resolvers
 from laptrain.run_lock import hold_run_folder
+from laptrain.scale_out import asks_multirun, check_scale_out
 
 register_resolvers()
 CONF = Path(__file__).resolve().parent / "conf"
@@ -90,6 +91,7 @@ def precheck(argv: list[str]) -> EnvReport | None:
         check_data_config(cfg.get("data"))
     env = apply_profile_env(cfg)
     check_composed(cfg)
+    check_scale_out(cfg, asks_multirun(argv))  # -m with ddp/fsdp re-running the command: refused
     if printing:
         return env  # `--cfg job` on any machine shows what a profile sets; nothing runs
     from laptrain.run import check_device  # imports torch: after the env is set
@@ -102,7 +104,7 @@ def precheck(argv: list[str]) -> EnvReport | None:
 
 
 def multirun(argv: list[str], cfg: DictConfig) -> bool:
-    return bool({"-m", "--multirun"}.intersection(argv[1:])) or str(cfg.hydra.mode) == "MULTIRUN"
+    return asks_multirun(argv) or str(cfg.hydra.mode) == "MULTIRUN"
 
 
 if __name__ == "__main__":

@@ -63,6 +63,10 @@ def test_all_problems_are_gathered_into_one_message():
 
 def test_a_sweep_is_checked_on_its_first_job_and_flags_anywhere_are_fine():
     precheck(["train.py", "-m", "model.optimizer.lr=1e-4,3e-4"], str(CONF))
+    # an Optuna search range on the command line (hparams_search=optuna)
+    search = "model.optimizer.lr=tag(log, interval(1e-5, 1e-4))"
+    cfg = precheck(["train.py", "-m", "hparams_search=optuna", search], str(CONF))
+    assert cfg.model.optimizer.lr == 1e-5
     precheck(["train.py", "model=trm_sudoku", "data=sudoku", "--cfg", "job"], str(CONF))
 
 

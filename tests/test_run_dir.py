@@ -23,3 +23,25 @@ def test_job_dir_is_one_readable_level():
         == "data.files.train=_a_b.csv,model.lr=0.1"
     )
     assert run_dir.job_dir("") == "default"
+
+
+def test_a_long_job_name_is_shortened_readably_and_stays_unique():
+    # an Optuna trial's overrides: full-precision floats pass the 255-byte file name limit
+    name = ",".join(
+        [
+            "experiment=tiny_sweep,hardware.batch_size=8,hardware=cpu,hparams_search=optuna",
+            "model.backbone.hidden_size=32",
+            "data.train_fraction=0.2500000000000001",
+            "model.optimizer.lr=0.0003574712922600243",
+            "model.optimizer.weight_decay=1.5702970884055395e-05",
+            "model.warmup_ratio=0.19014286128198324",
+        ]
+    )
+    short = run_dir.job_dir(name)
+    assert len(short.encode()) <= run_dir.JOB_DIR_MAX
+    assert "model.optimizer.lr=0.0003575," in short and "weight_decay=1.57e-05," in short
+    assert run_dir.job_dir(name) == short  # a rerun finds the same folder
+    assert run_dir.job_dir(name.replace("0.19014286128198324", "0.19014286128198325")) != short
+    # still too long after rounding: cut, with the hash of the full name kept at the end
+    longer = run_dir.job_dir(name + ",data.files.validation=" + "v" * 200)
+    assert len(longer.encode()) <= run_dir.JOB_DIR_MAX and longer != short

@@ -113,3 +113,18 @@ def test_a_hub_dataset_is_checked_by_the_same_rules(tmp_path, monkeypatch):
     hub = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)})
     with pytest.raises(ValueError, match=r"someone/reviews train row 6.*incomplete_rows=skip"):
         module(tmp_path / "other", files=None, hub_name="someone/reviews").setup()
+
+
+def test_train_fraction_subsets_train_only_and_is_its_own_cache_entry(tmp_path):
+    full = module(tmp_path)
+    full.setup()
+    part = module(tmp_path, train_fraction=0.5)
+    part.setup()
+    assert len(part.splits["train"]) == len(full.splits["train"]) // 2
+    for split in ("val", "test"):  # judged on the same rows as a full run
+        assert part.splits[split]["labels"] == full.splits[split]["labels"]
+        texts = [part.tokenizer.decode(ids) for ids in part.splits[split]["input_ids"]]
+        assert texts == [full.tokenizer.decode(ids) for ids in full.splits[split]["input_ids"]]
+    assert part.entry != full.entry
+    with pytest.raises(ValueError, match="data.train_fraction"):
+        module(tmp_path, train_fraction=0)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from tests.conftest import TINY, TRAIN, run_train, write_texts
+from tests.test_hparams import hparams_row
 
 BASE = ["hardware=cpu", "model=tiny_classifier", "data=text_csv", "run_name=t", *TINY]
 
@@ -142,6 +143,7 @@ def test_multirun_lays_out_one_readable_folder_per_job(tmp_path):
         *BASE,
         *data_args(tmp_path),
         "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
         "test=false",
         "model.optimizer.lr=1e-4,3e-4",
     ]
@@ -150,9 +152,12 @@ def test_multirun_lays_out_one_readable_folder_per_job(tmp_path):
     jobs = sorted(p.name for p in (tmp_path / "outputs" / "multirun" / "t").iterdir() if p.is_dir())
     assert [j for j in jobs if "lr=0.0001" in j] and [j for j in jobs if "lr=0.0003" in j]
     for job in jobs:
-        assert list(
-            (tmp_path / "outputs" / "multirun" / "t" / job / "tensorboard").glob("events.*")
-        )
+        board = tmp_path / "outputs" / "multirun" / "t" / job / "tensorboard"
+        assert list(board.glob("events.*"))
+        # TensorBoard's HPARAMS tab: one row per job, its lr and best validation accuracy
+        tags, params, scalars = hparams_row(board)
+        assert tags == {"hp/best_val_acc"} and 0 <= scalars["hp/best_val_acc"] <= 1
+        assert params["lr"] == (1e-4 if "lr=0.0001" in job else 3e-4)
 
 
 def one_line_error(done: subprocess.CompletedProcess, *needles: str) -> None:
@@ -204,11 +209,20 @@ def test_trm_trains_through_train_py_on_a_profile_with_batch_size_auto(tmp_path)
     assert "memory: not estimated" in done.stdout
 
 
-def test_lightning_ddp_on_two_cpu_processes_trains_and_checkpoints(tmp_path):
-    done = run_train(
-        [*BASE, *data_args(tmp_path), "trainer=ddp_cpu", "trainer.max_steps=3", "test=false"],
-        tmp_path,
-    )
+def test_lightning_ddp_on_two_cpu_processes_trains_checkpoints_resumes_and_tests_once(tmp_path):
+    args = [*BASE, *data_args(tmp_path), "trainer=ddp_cpu"]
+    done = run_train([*args, "trainer.max_steps=2", "test=false"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "effective batch size: 32" in done.stdout  # 16 per process x 2 processes
-    assert ckpt_step(tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt") == 3
+    last = tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt"
+    assert ckpt_step(last) == 2  # mid-epoch: 192 rows / 32 = 6 steps per epoch
+
+    # the same command, a larger budget: both processes resume from the mid-epoch last.ckpt
+    resumed = run_train([*args, "trainer.max_steps=4", "+trainer.limit_test_batches=2"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "global step 2," in resumed.stdout
+    assert ckpt_step(last) == 4
+    # the test split ran on one process: no DistributedSampler padding it with repeats
+    metrics = json.loads((tmp_path / "outputs" / "t" / "metrics.json").read_text())
+    assert "test/acc" in metrics and "hp/test_acc" in metrics
+    assert "Using `DistributedSampler`" not in resumed.stdout + resumed.stderr

@@ -264,12 +264,15 @@ def _closest_key(err: BaseException, conf_dir: str, config_name: str, overrides:
 
 
 def _first_choice(override: str) -> str:
-    """``key=a,b`` -> ``key=a`` (a sweep's first job stands for the rest in the pre-check)."""
+    """``key=a,b`` -> ``key=a`` (a sweep's first job stands for the rest in the pre-check);
+    an Optuna search range ``key=interval(lo, hi)`` -> ``key=lo``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_override(override)
     if not parsed.is_sweep_override():
         return override
+    if parsed.is_interval_sweep():  # not enumerable: its low end stands for it
+        return f"{parsed.get_key_element()}={parsed.value().start}"
     first = next(iter(parsed.sweep_string_iterator()))
     return f"{parsed.get_key_element()}={first}"
 

@@ -60,10 +60,12 @@ class RunPlan:
     batch_from_profile: bool
     memory: Mapping[str, Any] | None = None
     reasons: Mapping[str, str] = field(default_factory=dict)
+    nodes: int = 1  # trainer.num_nodes: devices is per node
 
     @property
     def effective_batch(self) -> int:
-        return self.loader_batch * self.accumulation * self.devices
+        """Samples per optimizer step over all ranks (devices x nodes)."""
+        return self.loader_batch * self.accumulation * self.devices * self.nodes
 
     def trainer_kwargs(self) -> dict[str, Any]:
         return {
@@ -84,7 +86,8 @@ class RunPlan:
         )
         lines = [
             f"hardware profile: {self.profile}",
-            f"device: {self.device} ({self.devices} device(s))",
+            f"device: {self.device} ({self.devices} device(s)"
+            + (f" x {self.nodes} nodes)" if self.nodes > 1 else ")"),
             f"precision: {self.precision}{why('precision')}",
             f"micro batch size: {self.micro_batch}{chunk}{why('batch')}",
             f"gradient accumulation: {self.accumulation}{why('accumulation')}",
@@ -236,4 +239,5 @@ def build_run_plan(
         batch_from_profile=follows,
         memory=memory,
         reasons=reasons,
+        nodes=int(trainer.get("num_nodes") or 1),
     )

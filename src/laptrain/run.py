@@ -18,7 +18,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
@@ -32,10 +32,12 @@ from laptrain.config_tree import print_config
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
+from laptrain.hparams import final_metrics, hp_keys, log_hparams
 from laptrain.model.base_dtype import resolve_auto_base_dtype
 from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan, plan_device
 from laptrain.preflight.budget import device_budget
 from laptrain.run_lock import hold_run_folder, release_run_folder
+from laptrain.scale_out import one_process_tester
 from laptrain.versions import package_versions
 
 
@@ -211,7 +213,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
 def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     if HydraConfig.initialized():
         _single_log_stream()
-    print_config(cfg)
+    rank_zero_only(print_config)(cfg)  # ranks started by re-running train.py print nothing
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))
@@ -272,13 +274,19 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         best = trainer.checkpoint_callback.best_model_path or None
-        results = trainer.test(
-            model, datamodule=datamodule, ckpt_path=best or None, weights_only=True
+        tester = one_process_tester(trainer, cfg, plan, loggers)  # laptrain.scale_out
+        results = (
+            tester.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+            if tester
+            else []
         )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
+    # laptrain.hparams: best validation (what sweepers get), HPARAMS row; issue 14
+    metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
+    log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
     if trainer.is_global_zero and hasattr(model, "export"):
         model.export(output_dir / getattr(model, "export_folder", "model"))
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     rank_zero_info(f"run folder: {output_dir}")
-    return Outcome("done", 0, metrics.get(str(cfg.get("optimized_metric"))))
+    return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))

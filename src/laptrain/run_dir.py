@@ -7,6 +7,8 @@ the launcher before torch.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -44,10 +46,22 @@ def choose_run_dir(base: str, resume: object) -> str:
     return _chosen[base]
 
 
+# Most file systems refuse names over 255 bytes; an Optuna trial's overrides easily pass that.
+JOB_DIR_MAX = 240
+
+
 def job_dir(override_dirname: str) -> str:
-    """A sweep job's folder name from its overrides: one level, no path separators, never empty."""
-    name = override_dirname.replace("/", "_").replace("\\", "_")
-    return name or "default"
+    """A sweep job's folder name from its overrides: one level, no path separators, never empty.
+
+    A name over ``JOB_DIR_MAX`` bytes shows its numbers to 4 significant digits and ends in a hash
+    of the full name, so it stays readable, unique and the same for the same overrides (a rerun
+    finds the folder again)."""
+    name = override_dirname.replace("/", "_").replace("\\", "_") or "default"
+    if len(name.encode()) <= JOB_DIR_MAX:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    short = re.sub(r"(?<==)-?\d+\.\d+(?:e-?\d+)?(?=,|$)", lambda m: f"{float(m[0]):.4g}", name)
+    return f"{short.encode()[: JOB_DIR_MAX - 9].decode(errors='ignore')}-{digest}"
 
 
 def register_resolvers() -> None:

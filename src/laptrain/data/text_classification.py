@@ -32,6 +32,7 @@ from laptrain.data.labelled_files import (
     resolve_files,
 )
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
+from laptrain.data.splits import check_train_fraction, train_subset
 from laptrain.data.tokenizer import load_tokenizer, train_wordpiece
 
 CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.data.labelled_files
@@ -73,6 +74,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         encoding: the text files' encoding (Parquet carries its own).
         incomplete_rows: ``error`` refuses rows whose text or label is empty or null, naming
             them; ``skip`` leaves them out and logs how many.
+        train_fraction: train on this seeded, stratified share of the train split (tuning).
         group_by_length: batch similar lengths together (seeded, resumable); false = random batches.
     """
 
@@ -94,6 +96,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         split_seed: int = 42,
         encoding: str = "utf-8",
         incomplete_rows: Literal["error", "skip"] = "error",
+        train_fraction: float = 1.0,
         batch_size: int | None = 16,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -125,6 +128,8 @@ class TextClassificationDataModule(pl.LightningDataModule):
             split_seed,
         )
         self.encoding, self.incomplete_rows = encoding, incomplete_rows
+        check_train_fraction(train_fraction)
+        self.train_fraction = float(train_fraction)
         # None: decided by the run plan, which passes it through with_batch_sizes
         self.batch_size = int(batch_size) if batch_size is not None else None
         self.eval_batch_size = (
@@ -167,6 +172,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
             "labels": self.fixed_label_names,
             "split": [self.val_fraction, self.test_fraction, self.split_seed],
             "reading": [self.encoding, self.incomplete_rows],
+            **({"train_fraction": self.train_fraction} if self.train_fraction < 1 else {}),
             "tokenizer": self.tokenizer_name or f"wordpiece-{self.vocab_size}",
             "max_length": self.max_length,
         }
@@ -222,6 +228,10 @@ class TextClassificationDataModule(pl.LightningDataModule):
 
         datasets.disable_progress_bars()
         data = self.read_splits(files)
+        if self.train_fraction < 1:  # validation and test stay whole
+            keep = train_subset(data.labels["train"], self.train_fraction, self.split_seed)
+            data.texts["train"] = [data.texts["train"][i] for i in keep]
+            data.labels["train"] = [data.labels["train"][i] for i in keep]
         tokenizer = (
             load_tokenizer(self.tokenizer_name)
             if self.tokenizer_name
