@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -129,6 +130,7 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
     assert len(errors) == 1 and "base" in errors[0], refused.stderr[-3000:]
 
 
+@pytest.mark.slow  # ~27 s; ddp_cpu itself stays in the suite (test_train_e2e)
 def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path):
     """`trainer=ddp_cpu` (Lightning's ddp_spawn, 2 CPU processes): 4 steps, one checkpoint, the
     adapter exported once (rank 0)."""

@@ -77,6 +77,7 @@ def held_out_accuracy(module: TRMSudokuModule, data: SudokuDataModule) -> tuple[
     return solved / len(data.splits["test"]["inputs"]), correct_blanks / blanks
 
 
+@pytest.mark.slow  # ~90 s on 2 cores; the suite keeps TRM's train.py and resume checks
 def test_tiny_learns_easy_sudoku_in_150_steps(tmp_path: Path) -> None:
     module, data, recorder, seconds = train_tiny((55, 60), 1000, 150, ema=False, tmp_path=tmp_path)
     exact, blank = held_out_accuracy(module, data)

@@ -92,7 +92,10 @@ def assert_same(a, b, where: str = "") -> None:
 
 # 64-true converts the module after the checkpoint is restored (Lightning's Trainer._run), as a
 # device move would: EMA, raw weights and carry must be placed after it, without a float32 trip.
-@pytest.mark.parametrize("precision", ["32-true", "64-true"])
+@pytest.mark.parametrize(
+    "precision",
+    ["32-true", pytest.param("64-true", marks=pytest.mark.slow)],  # ~25 s each
+)
 def test_resume_mid_run_is_bit_identical(tmp_path: Path, precision: str) -> None:
     straight, data = build(0)
     fit(straight, data, TOTAL, tmp_path / "straight", precision=precision)
