@@ -71,6 +71,42 @@ def test_auto_picks_the_largest_batch_within_a_tiny_budget():
     assert memory.estimate(11, SEQ, "cpu", 0).total > plan.budget.bytes
 
 
+def test_fsdp_divides_weights_grads_and_optimizer_state_by_the_ranks():
+    memory = model_memory(tiny_bert(), SEQ, "32-true")
+    whole = memory.estimate(4, SEQ, "cuda", 0)
+    quarter = memory.estimate(4, SEQ, "cuda", 0, shards=4)
+    for part in ("weights", "grads", "optimizer"):
+        assert getattr(quarter, part) == pytest.approx(getattr(whole, part) / 4)
+    assert quarter.activations == whole.activations  # each rank still runs its own micro batch
+
+
+def test_the_plan_asks_the_preflight_for_fsdp_shards_only_under_fsdp(tmp_path):
+    from tests.conftest import compose_train
+
+    seen = []
+
+    def preflight(model, datamodule, profile, **kwargs):
+        seen.append(profile.get("shards", 1))
+
+    from laptrain.plan import build_run_plan
+
+    for strategy, shards in (("fsdp", 4), ("ddp", 1)):
+        cfg = compose_train(
+            [
+                "hardware=cpu",
+                "hardware.batch_size=4",
+                f"trainer.strategy={strategy}",
+                "trainer.devices=2",
+                "+trainer.num_nodes=2",
+            ],
+            tmp_path,
+        )
+        build_run_plan(
+            cfg, tiny_bert(), _Data(), "32-true", tmp_path, tmp_path, preflight=preflight
+        )
+        assert seen[-1] == shards
+
+
 def test_auto_keeps_the_effective_batch_through_accumulation():
     model = tiny_bert()
     memory = model_memory(model, SEQ, "32-true")
@@ -200,6 +236,25 @@ def test_run_entry_writes_json_and_keeps_the_batch_on_resume_without_touching_th
     assert (again.micro_batch, again.accumulation) == (6, 2)
     assert (data.batch_size, data.eval_batch_size) == (_Data().batch_size, _Data().eval_batch_size)
     assert "earlier session" in again.summary_lines()[-1]
+
+
+def test_extra_ranks_take_rank_0s_plan_instead_of_measuring_device_0(tmp_path, monkeypatch):
+    """Ranks the subprocess launcher starts run the preflight before their GPU is pinned: they
+    read the plan rank 0 wrote (a batch they could not have found themselves here: 5)."""
+    from laptrain.preflight import batch
+
+    model = tiny_bert()
+    hardware = cpu_profile(None, accelerator="cpu")
+    first = batch.preflight_for_run(model, _Data(), hardware, max_batch=8, output_dir=tmp_path)
+    record = json.loads((tmp_path / "preflight.json").read_text())
+    record["micro_batch"], record["accumulation"] = 5, 3
+    (tmp_path / "preflight.json").write_text(json.dumps(record))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(batch, "plan_batch", lambda *a, **k: pytest.fail("rank 1 measured"))
+    shared = batch.preflight_for_run(model, _Data(), hardware, max_batch=8, output_dir=tmp_path)
+    assert (shared.micro_batch, shared.accumulation) == (5, 3)
+    assert shared.estimate == first.estimate and shared.budget == first.budget
+    assert "rank 0" in shared.notes[-1]
 
 
 def test_run_entry_skips_models_it_cannot_measure_unless_auto_was_asked():

@@ -174,6 +174,10 @@ def build_run_plan(
         profile = OmegaConf.to_container(hw, resolve=True)
         assert isinstance(profile, dict)
         profile["devices"] = devices
+        from laptrain.scale_out import shards_model_state  # (scale_out imports config_check)
+
+        if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
+            profile["shards"] = devices * int(trainer.get("num_nodes") or 1)
         profile["batch_size"] = AUTO if auto else loader_batch
         found = preflight(
             model,

@@ -20,21 +20,14 @@ import time
 from pathlib import Path
 from typing import IO
 
+from laptrain.scale_out import extra_rank
+
 LOCK_NAME = ".laptrain.lock"
 _held: dict[str, IO[str]] = {}
 
 
 class RunFolderBusy(OSError):
     """Another live laptrain process holds this run folder."""
-
-
-def _is_extra_rank() -> bool:
-    """A rank other than 0 of a multi-process launch: rank 0 holds the folder for all of them."""
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK"):
-        value = os.environ.get(key)
-        if value not in (None, "", "0"):
-            return True
-    return False
 
 
 def _holder_text(path: Path) -> str:
@@ -99,7 +92,7 @@ def _pid_holder_alive(path: Path) -> bool:
 def hold_run_folder(folder: str | Path, command: list[str] | None = None) -> bool:
     """Lock ``folder`` for this process (creating it); True if taken now, False if this process
     already held it or is an extra rank. Raises :class:`RunFolderBusy` with one line otherwise."""
-    if _is_extra_rank() or sys.platform == "win32":
+    if extra_rank() or sys.platform == "win32":  # rank 0 holds the folder for all ranks
         return False
     folder = Path(folder)
     key = str(folder.resolve())

@@ -11,6 +11,7 @@ starts the ranks: SLURM's srun (``launcher=slurm``) or torchrun, which Lightning
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,15 @@ def reruns_command(strategy: Any) -> bool:
             return True
         if target == "DDPStrategy":
             return strategy.get("start_method", "popen") == "popen"
+    return False
+
+
+def shards_model_state(strategy: Any) -> bool:
+    """Whether the strategy splits weights, gradients and optimizer state across ranks (FSDP)."""
+    if isinstance(strategy, str):
+        return strategy.lower().startswith("fsdp")
+    if isinstance(strategy, Mapping) and "_target_" in strategy:
+        return str(strategy["_target_"]).rsplit(".", 1)[-1] == "FSDPStrategy"
     return False
 
 
@@ -123,4 +133,13 @@ def one_process_tester(trainer: Any, cfg: DictConfig, plan: Any, loggers: list[A
         enable_checkpointing=False,
         enable_progress_bar=False,
         _convert_="all",
+    )
+
+
+def extra_rank() -> bool:
+    """A process of a multi-process launch other than rank 0 (the ranks Lightning's subprocess
+    launcher, torchrun or srun start see these variables; rank 0 speaks for all of them)."""
+    return any(
+        os.environ.get(key) not in (None, "", "0")
+        for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK")
     )

@@ -38,6 +38,7 @@ from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import GB, Estimate, ModelMemory, model_memory
 from laptrain.preflight.worker_memory import WorkerCost, worker_cost
+from laptrain.scale_out import extra_rank
 
 
 class PreflightError(ValueError):
@@ -88,6 +89,15 @@ class Plan:
         data["estimate"]["total"] = self.estimate.total
         data["effective_batch"] = self.effective_batch
         return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """The plan :meth:`to_json` wrote (``preflight.json``)."""
+        data = json.loads(text)
+        data.pop("effective_batch", None)
+        estimate = {k: v for k, v in data.pop("estimate").items() if k != "total"}
+        budget = data.pop("budget")
+        return cls(**data, estimate=Estimate(**estimate), budget=Budget(**budget))
 
 
 def _aligned(value: int, multiple: int) -> int:
@@ -277,8 +287,10 @@ def plan_batch(
         "workers": workers if kind != "cuda" else None,
     }
 
+    shards = int(profile.get("shards", 1) or 1)
+
     def estimate(batch: int) -> Estimate:
-        return memory.estimate(batch, seq_len, kind, baseline, optimizer_states, on)
+        return memory.estimate(batch, seq_len, kind, baseline, optimizer_states, on, shards)
 
     one = estimate(1)
     if one.total > budget.bytes:
@@ -414,6 +426,13 @@ def preflight_for_run(
             )
         return None
     record = output_dir / "preflight.json" if output_dir is not None else None
+    if record is not None and record.is_file() and extra_rank():
+        # Ranks that Lightning's subprocess launcher (or torchrun, srun) starts run this before the
+        # trainer pins their GPU, so they would all measure device 0 beside rank 0's model: they
+        # take rank 0's plan, written just before it launched them.
+        shared = Plan.from_json(record.read_text())
+        shared.notes.append("the plan of rank 0 (preflight.json), not measured on this rank")
+        return shared
     previous = None
     if auto and record is not None and record.is_file():
         earlier = json.loads(record.read_text())

@@ -110,7 +110,10 @@ class ModelMemory:
         baseline: float,
         optimizer_states: int = 2,
         checkpointing: bool | None = None,
+        shards: int = 1,
     ) -> Estimate:
+        """``shards`` > 1: FSDP, each rank holds 1/shards of the weights, grads and optimizer
+        state (full sharding; the gathered layer during forward is in the transient term)."""
         acts = self.activations
         on = acts.checkpointing if checkpointing is None else checkpointing
         calibration = CALIBRATION["cpu" if kind == "cpu" else "device", bool(on and acts.blocks)]
@@ -118,9 +121,9 @@ class ModelMemory:
         activations = (acts.fixed + micro_batch * per_sample) * self.activation_scale
         largest = micro_batch * acts.largest_tensor(seq_len) * self.activation_scale
         transient = calibration.per_activation * activations + calibration.per_largest * largest
-        weights = float(self.params * self.param_bytes)
-        grads = float(self.trainable * self.param_bytes)
-        optimizer = float(self.trainable * self.param_bytes * optimizer_states)
+        weights = float(self.params * self.param_bytes) / shards
+        grads = float(self.trainable * self.param_bytes) / shards
+        optimizer = float(self.trainable * self.param_bytes * optimizer_states) / shards
         overhead = calibration.step_overhead
         if kind == "cpu":
             overhead += baseline
