@@ -159,10 +159,31 @@ def interrupt(cmd: list[str], work: Path, rnd: Round, rng: random.Random, span: 
     else:
         rnd.notes.append("ended before the signal")
     rnd.exit_code = proc.wait(timeout=300)
+    if rnd.exit_code == 0 and "ended before the signal" not in rnd.notes:
+        rnd.notes.append("ended before the signal")  # it finished between the poll and the kill
     rnd.reached = int(marker.read_text()) if marker.exists() else 0
     last = run_dir / "checkpoints" / "last.ckpt"
     rnd.corrupt = len(corrupt_files(run_dir / "checkpoints"))
     rnd.saved = load_state(last)["global_step"] if last.exists() and not rnd.corrupt else 0
+
+
+def reference_run(cmd: list[str], work: Path) -> float:
+    """The uninterrupted run; returns its training time (first step to exit), the window the
+    random signals are sent in."""
+    marker = work / (cmd[-3].split("=", 1)[1] + ".step")
+    log = work / "reference.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=work, env=environment(work), stdout=out, stderr=subprocess.STDOUT
+        )
+        started = None
+        while proc.poll() is None:
+            if started is None and marker.exists():
+                started = time.monotonic()
+            time.sleep(0.02)
+    if proc.returncode != 0:
+        raise SystemExit(f"the uninterrupted run failed:\n{log.read_text()[-3000:]}")
+    return max(1.0, time.monotonic() - (started or time.monotonic()))
 
 
 def main(argv: list[str] | None = None) -> list[Round]:
@@ -177,11 +198,7 @@ def main(argv: list[str] | None = None) -> list[Round]:
     work.mkdir(parents=True, exist_ok=True)
     data = write_data(work / "texts.csv")
 
-    start = time.monotonic()
-    reference = run_to_end(command(work, data, "reference", args.interval), work)
-    if reference.returncode != 0:
-        raise SystemExit(f"the uninterrupted run failed:\n{reference.stderr[-3000:]}")
-    span = max(1.0, (time.monotonic() - start) * 0.5)  # about the training part of a run
+    span = reference_run(command(work, data, "reference", args.interval), work)
     ref_last = work / "outputs" / "reference" / "checkpoints" / "last.ckpt"
 
     rounds = []
@@ -211,9 +228,9 @@ def table(rounds: list[Round], interval: int) -> str:
     lines = [
         f"interval between periodic checkpoints: {interval} steps",
         "",
-        "| signal | runs | reruns completed | corrupt checkpoints | steps lost (max) "
-        "| steps lost (mean) | final weights == uninterrupted |",
-        "|---|---|---|---|---|---|---|",
+        "| signal | runs | signal arrived in training | reruns completed | corrupt checkpoints "
+        "| steps lost (max) | steps lost (mean) | final weights == uninterrupted |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for sig in SIGNALS:
         rs = [r for r in rounds if r.signal == sig]
@@ -223,7 +240,8 @@ def table(rounds: list[Round], interval: int) -> str:
         during = sum(r.during_save for r in rs)
         name = f"{sig} ({during} during a save)" if during else sig
         lines.append(
-            f"| {name} | {len(rs)} | {sum(r.rerun_ok for r in rs)} "
+            f"| {name} | {len(rs)} | {sum('ended before the signal' not in r.notes for r in rs)} "
+            f"| {sum(r.rerun_ok for r in rs)} "
             f"| {sum(r.corrupt for r in rs)} | {max(lost)} | {sum(lost) / len(lost):.1f} "
             f"| {sum(bool(r.identical) for r in rs)}/{len(rs)} |"
         )
