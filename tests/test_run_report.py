@@ -8,15 +8,16 @@ import signal
 import pytest
 import torch
 from lightning.pytorch import seed_everything
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from lightning.pytorch.loggers import CSVLogger
 from matplotlib.image import imread
 from torch.utils.data import DataLoader
 
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.oom_backoff import OOMBackoff
-from laptrain.callbacks.report_writer import render_markdown, token_count
+from laptrain.callbacks.report_writer import PLOT_ALT, render_markdown, token_count
 from laptrain.callbacks.run_report import RunReport
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
@@ -141,6 +142,11 @@ def test_report_has_every_field_and_a_plot_that_opens(tmp_path):
     assert set(report["metrics"]) == {"train/loss", "val/loss"}
     assert [p["step"] for p in report["history"]] == [2, 4, 6, 8]
     assert report["history"][0]["device_mb"] == 300.0 and report["history"][1]["thermal_state"] == 2
+    # the validation curve: one point per validation (val_check_interval=4)
+    assert [p["step"] for p in report["val_history"]] == [4, 8]
+    assert report["val_history"][-1]["val/loss"] == report["metrics"]["val/loss"]
+    assert report["run"]["epoch"] == 1 and report["run"]["max_steps"] == 8
+    assert report["checkpoint"]["last"] == str(tmp_path / "checkpoints" / "last.ckpt")
     for section in ("run", "hardware", "time", "memory", "thermal", "oom"):
         # drift needs warmup + baseline + window steps (30 by default), more than this run has
         missing = [
@@ -151,7 +157,7 @@ def test_report_has_every_field_and_a_plot_that_opens(tmp_path):
         assert not missing, (section, missing)
 
     markdown = (tmp_path / "report.md").read_text()
-    assert "![loss, throughput, memory and thermal state](report.png)" in markdown
+    assert f"![{PLOT_ALT}](report.png)" in markdown
     assert "| cooling_breaks | 1 |" in markdown and "| backoffs | 1 |" in markdown
     image = imread(tmp_path / "report.png")
     assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 300
@@ -196,7 +202,11 @@ def test_a_signal_stop_is_reported_as_interrupted(tmp_path):
     trainer.fit(Model(FakeClock()))
     written = json.loads((tmp_path / "report.json").read_text())["run"]
     assert written["status"] == "interrupted (SIGINT); resume with the same command"
-    assert (written["global_step"], written["epoch"]) == (4, 0)  # Lightning's current_epoch says 1
+    # 1-based: the 4 steps ran in the first epoch (Lightning's current_epoch says 1, 0-based)
+    assert (written["global_step"], written["epoch"]) == (4, 1)
+    # no memory monitor (as on the CPU profiles): the process's peak RSS, not a table of zeros
+    memory = json.loads((tmp_path / "report.json").read_text())["memory"]
+    assert set(memory) == {"peak_process_rss_mb", "source"} and memory["peak_process_rss_mb"] > 50
 
 
 def test_an_exception_still_writes_the_report(tmp_path):
@@ -237,6 +247,42 @@ def test_token_count_reads_the_attention_mask():
     assert token_count(batch) == 8
     assert token_count({"input_ids": torch.ones(2, 5)}) == 10
     assert token_count(torch.ones(2, 5)) is None
+
+
+def test_markdown_names_the_best_checkpoint_and_the_resume_command_and_leaves_out_lr():
+    text = render_markdown(
+        {
+            "run": {"name": "r", "status": "finished", "epoch": 3, "max_epochs": 3},
+            "checkpoint": {
+                "best": "outputs/r/checkpoints/best-step90.ckpt",
+                "monitor": "val/acc",
+                "best_score": 0.75,
+                "resume": "python train.py run_name=r",
+            },
+            "metrics": {"val/acc": 0.75},
+        }
+    )
+    assert "Best checkpoint: `outputs/r/checkpoints/best-step90.ckpt` (val/acc 0.75)" in text
+    assert "Resume (or rerun) with: `python train.py run_name=r`" in text
+    assert "| epoch | 3 |" in text and "| max_epochs | 3 |" in text
+
+
+def test_lr_is_not_a_final_metric(tmp_path):
+    seed_everything(5)
+    trainer = quiet_trainer(
+        accelerator="cpu",
+        max_steps=2,
+        limit_val_batches=1,
+        val_check_interval=2,
+        callbacks=[LearningRateMonitor(), RunReport(output_dir=str(tmp_path), clock=FakeClock())],
+        logger=CSVLogger(tmp_path),
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Model(FakeClock()))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "lr-SGD" in trainer.callback_metrics and "lr-SGD" in report["run"]
+    assert not [k for k in report["metrics"] if k.startswith("lr")]
+    assert "val/loss" in report["metrics"]
 
 
 def test_markdown_renders_without_optional_sections():
@@ -296,8 +342,5 @@ def test_train_py_on_an_apple_profile_with_fake_mps_reads_two_sessions(tmp_path)
     assert report["throughput"]["tokens_per_s"] > 0 and "test/acc" in report["metrics"]
     for section in ("run", "hardware", "versions", "time", "throughput", "memory", "oom"):
         assert all(v is not None for v in report[section].values()), section
-    assert (
-        "![loss, throughput, memory and thermal state](report.png)"
-        in (run / "report.md").read_text()
-    )
+    assert f"![{PLOT_ALT}](report.png)" in (run / "report.md").read_text()
     assert imread(run / "report.png").ndim == 3

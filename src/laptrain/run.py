@@ -29,6 +29,14 @@ from laptrain.checkpoint_files import (
 )
 from laptrain.config_check import LAPTRAIN_KEYS
 from laptrain.config_tree import print_config
+from laptrain.console import (
+    best_checkpoint,
+    metric_lines,
+    no_transformers_bars,
+    parameter_line,
+    quiet_libraries,
+    relative,
+)
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
@@ -213,7 +221,9 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
 def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     if HydraConfig.initialized():
         _single_log_stream()
-    rank_zero_only(print_config)(cfg)  # ranks started by re-running train.py print nothing
+    quiet_libraries()
+    if cfg.get("print_config"):
+        rank_zero_only(print_config)(cfg)  # ranks started by re-running train.py print nothing
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))
@@ -230,7 +240,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         _convert_="all",
     )
 
-    lines = summary_lines(plan, env)
+    lines = [parameter_line(model), *summary_lines(plan, env)]
     for line in (plan.memory or {}).get("lines", []):
         rank_zero_info(line)
     for line in lines:
@@ -272,11 +282,14 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         return Outcome("paused")
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    best = best_checkpoint(trainer)  # before test, which restores the callbacks' older state
     if cfg.get("test") and trainer.checkpoint_callback is not None:
-        best = trainer.checkpoint_callback.best_model_path or None
+        path = trainer.checkpoint_callback.best_model_path or None
         tester = one_process_tester(trainer, cfg, plan, loggers)  # laptrain.scale_out
         results = (
-            tester.test(model, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
+            tester.test(
+                model, datamodule=datamodule, ckpt_path=path, weights_only=True, verbose=False
+            )
             if tester
             else []
         )
@@ -286,7 +299,26 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
     log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
     if trainer.is_global_zero and hasattr(model, "export"):
-        model.export(output_dir / getattr(model, "export_folder", "model"))
+        with no_transformers_bars():
+            model.export(output_dir / getattr(model, "export_folder", "model"))
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    rank_zero_info(f"run folder: {output_dir}")
+    for line in closing_lines(trainer, metrics, best, output_dir):
+        rank_zero_info(line)
     return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))
+
+
+def closing_lines(
+    trainer: pl.Trainer,
+    metrics: dict[str, float],
+    best: tuple[str, str, float] | None,
+    output_dir: Path,
+) -> list[str]:
+    """What a finished run ends with: its last step, the final metrics (test ones on the
+    best checkpoint), the best checkpoint and where the run folder is."""
+    lines = [f"done at global step {trainer.global_step}"]
+    lines += metric_lines(metrics)
+    if best:
+        lines.append(f"best checkpoint: {relative(best[0])} ({best[1]} {best[2]:.4g})")
+    report = " (report.md)" if (output_dir / "report.md").is_file() else ""
+    lines.append(f"run folder: {relative(output_dir)}{report}")
+    return lines

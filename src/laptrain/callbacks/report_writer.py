@@ -17,6 +17,7 @@ import psutil
 from torch import Tensor
 
 PLOT_NAME = "report.png"
+PLOT_ALT = "loss, validation metrics, throughput, memory and thermal state"
 
 
 def token_count(batch: Any) -> int | None:
@@ -64,9 +65,15 @@ def render_markdown(report: dict[str, Any]) -> str:
     """The human-readable report: one table per section, then the plot and the events."""
     run = report["run"]
     lines = [f"# Run report: {run['name']}", "", f"Status: **{run['status']}**", ""]
+    ckpt = report.get("checkpoint") or {}
+    if ckpt.get("best"):
+        score = f" ({ckpt.get('monitor')} {_fmt(ckpt.get('best_score'))})"
+        lines += [f"Best checkpoint: `{ckpt['best']}`{score}", ""]
+    if ckpt.get("resume"):
+        lines += [f"Resume (or rerun) with: `{ckpt['resume']}`", ""]
     # every section in order (a new reporting callback's too); metrics and history follow below
     for section, body in report.items():
-        if section in ("metrics", "history") or not isinstance(body, Mapping):
+        if section in ("metrics", "history", "checkpoint") or not isinstance(body, Mapping):
             continue
         rows = {k: v for k, v in body.items() if not isinstance(v, (list, dict))}
         if not rows:
@@ -82,7 +89,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [
         "## over steps",
         "",
-        f"![loss, throughput, memory and thermal state]({PLOT_NAME})",
+        f"![{PLOT_ALT}]({PLOT_NAME})",
         "",
     ]
     for title, events in (
@@ -95,29 +102,50 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _panels(history: list[dict[str, Any]], val: list[dict[str, Any]]) -> list[tuple]:
+    """(y label, [(points, key, label)]) per panel; memory and thermal only when recorded."""
+    val_keys = sorted({k for p in val for k in p if k not in ("step", "val/loss")})
+    panels = [
+        ("loss", [(history, "loss", "train loss"), (val, "val/loss", "validation loss")]),
+        ("validation", [(val, k, k) for k in val_keys]),
+        ("samples/s", [(history, "samples_per_s", "samples/s")]),
+        ("MB", [(history, "rss_mb", "process RSS"), (history, "device_mb", "device allocated")]),
+        (
+            "thermal",
+            [(history, "thermal_state", "state (0-3)"), (history, "drift_pct", "drift % / 10")],
+        ),
+    ]
+    recorded = [
+        (label, series)
+        for label, series in panels
+        if any(p.get(key) is not None for points, key, _ in series for p in points)
+    ]
+    return recorded or panels[:1]
+
+
 def plot_history(history: list[dict[str, Any]], report: dict[str, Any], path: Path) -> None:
-    """Loss, samples/s, memory and thermal state over steps, with breaks and backoffs marked."""
+    """Train and validation loss, the validation metrics, samples/s, and memory and thermal state
+    where they were recorded, over steps, with breaks and backoffs marked."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 9), layout="constrained")
+    panels = _panels(history, report.get("val_history") or [])
+    fig = Figure(figsize=(9, 1.2 + 2.2 * len(panels)), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(4, 1, sharex=True)
-    steps = [p["step"] for p in history]
-    panels = (
-        (axes[0], "loss", [("loss", "train loss")]),
-        (axes[1], "samples/s", [("samples_per_s", "samples/s")]),
-        (axes[2], "MB", [("rss_mb", "process RSS"), ("device_mb", "device allocated")]),
-        (axes[3], "thermal", [("thermal_state", "state (0-3)"), ("drift_pct", "drift % / 10")]),
-    )
-    for ax, ylabel, series in panels:
-        for key, label in series:
-            xs = [s for s, p in zip(steps, history) if p.get(key) is not None]
-            ys = [p[key] for p in history if p.get(key) is not None]
-            if key == "drift_pct":
-                ys = [y / 10 for y in ys]
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (ylabel, series) in zip(axes, panels):
+        for points, key, label in series:
+            xs = [p["step"] for p in points if p.get(key) is not None]
+            ys = [
+                p[key] / (10 if key == "drift_pct" else 1) for p in points if p.get(key) is not None
+            ]
             if xs:
-                ax.plot(xs, ys, label=label, marker="." if len(xs) < 30 else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    label=label,
+                    marker="o" if points is not history or len(xs) < 30 else None,
+                )
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if ax.lines:

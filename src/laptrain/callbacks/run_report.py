@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import resource
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -11,7 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 from typing_extensions import override
 
@@ -24,7 +26,9 @@ from laptrain.callbacks.contracts import (
     stop_reason,
 )
 from laptrain.callbacks.report_writer import machine_facts, token_count, write_report
+from laptrain.console import best_checkpoint
 from laptrain.model.chunked_backward import batch_length
+from laptrain.runs import resume_command
 from laptrain.versions import package_versions
 
 GUARD_SECTIONS = ("memory", "thermal", "oom", "power")
@@ -36,9 +40,11 @@ class RunReport(Callback):
     Lightning leaves a run's story spread over logger files; this gathers it in one place: hardware
     and profile, versions, wall and training time, samples/s and tokens/s, peak memory per kind,
     swap, cooling breaks, OOM backoffs (each a section from a callback with ``summary()``, the
-    ``Reports`` contract in ``laptrain.callbacks.contracts``), final metrics and a plot over steps. It writes at the end of fit, after test, after an exception
-    (Ctrl-C) and at a session-budget stop. Its totals live in the checkpoint, so a resumed run's
-    report covers every session.
+    ``Reports`` contract in ``laptrain.callbacks.contracts``), the best checkpoint and the command
+    that resumes the run, final metrics and a plot over steps with the validation curve. It writes
+    at the end of fit, after test, after an exception (Ctrl-C) and at a session-budget stop, and
+    prints nothing (the launcher names the run folder once, at the end). Its totals live in the
+    checkpoint, so a resumed run's report covers every session.
 
     Args:
         output_dir: run folder; None = ``trainer.default_root_dir``.
@@ -76,6 +82,7 @@ class RunReport(Callback):
         self._last_step = -1
         self._point = {"t": self._session_start, "samples": 0}
         self._report: dict[str, Any] | None = None
+        self.path: Path | None = None  # report.json, once written
         self._batch: dict[str, int] | None = None
         self._epoch = 0
         self._trainer: pl.Trainer | None = None
@@ -84,6 +91,7 @@ class RunReport(Callback):
         """What the checkpoint carries over sessions, as at the start of a new run."""
         self.totals = {"wall_s": 0.0, "train_s": 0.0, "samples": 0, "tokens": 0, "sessions": 0}
         self.history: list[dict[str, Any]] = []
+        self.val_history: list[dict[str, Any]] = []  # the validation metrics at each validation
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._wall_before = 0.0
         self._epoch = 0
@@ -150,6 +158,20 @@ class RunReport(Callback):
             self.history = self.history[::2]
 
     @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        values = {
+            k: float(v)
+            for k, v in trainer.callback_metrics.items()
+            if k.startswith("val") and v.numel() == 1
+        }
+        if values:
+            point = {"step": trainer.global_step, **values}
+            self.val_history = [p for p in self.val_history if p["step"] != point["step"]]
+            self.val_history.append(point)
+
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         reason, signum = stop_reason(trainer.callbacks), signal_stop(trainer.callbacks)
         if signum:
@@ -189,23 +211,40 @@ class RunReport(Callback):
 
     @rank_zero_only
     def _write(self, trainer: pl.Trainer, report: dict[str, Any]) -> None:
-        path = write_report(Path(self.output_dir or trainer.default_root_dir), report)
-        rank_zero_info(f"report: {path} ({report['run']['status']})")
+        self.path = write_report(Path(self.output_dir or trainer.default_root_dir), report)
 
     def build(self, trainer: pl.Trainer) -> dict[str, Any]:
         wall, t = self.wall_s(), self.totals
         sections = report_sections(trainer.callbacks)
+        if not any(k.startswith("peak_") for k in sections.get("memory", {})):
+            sections["memory"] = process_memory()  # the memory monitor is off (CPU profiles)
         train_s = max(t["train_s"], 1e-9)
+        folder = Path(self.output_dir or trainer.default_root_dir)
+        scalars = _scalars(trainer)
+        run = {
+            "name": folder.name,
+            "status": self.status,
+            "started_at": self.started_at,
+            "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "sessions": t["sessions"],
+            "global_step": trainer.global_step,
+            # 1-based, of the last trained batch (a stop mid-epoch is not "done")
+            "epoch": self._epoch + 1,
+        }
+        if trainer.max_epochs and trainer.max_epochs > 0:
+            run["max_epochs"] = trainer.max_epochs
+        if trainer.max_steps and trainer.max_steps > 0:
+            run["max_steps"] = trainer.max_steps
+        run.update({k: v for k, v in scalars.items() if k.startswith("lr-")})
+        best = best_checkpoint(trainer)
+        checkpoint = {"last": str(folder / "checkpoints" / "last.ckpt")}
+        if best:
+            checkpoint.update(best=best[0], monitor=best[1], best_score=best[2])
+        command = resume_command(folder)
+        if command:
+            checkpoint["resume"] = command
         return {
-            "run": {
-                "name": Path(self.output_dir or trainer.default_root_dir).name,
-                "status": self.status,
-                "started_at": self.started_at,
-                "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "sessions": t["sessions"],
-                "global_step": trainer.global_step,
-                "epoch": self._epoch,  # of the last trained batch (a stop mid-epoch is not "done")
-            },
+            "run": run,
             "hardware": {
                 "profile": self.profile,
                 "accelerator": type(trainer.accelerator).__name__,
@@ -229,8 +268,10 @@ class RunReport(Callback):
             # the guards' sections (memory, thermal, oom, power) are always there, empty without the guard
             **{name: {} for name in GUARD_SECTIONS},
             **sections,
-            "metrics": _scalars(trainer),
+            "checkpoint": checkpoint,
+            "metrics": {k: v for k, v in scalars.items() if not k.startswith("lr-")},
             "history": self.history,
+            "val_history": self.val_history,
         }
 
     @override
@@ -241,6 +282,7 @@ class RunReport(Callback):
             "version": self.STATE_VERSION,
             "totals": totals,
             "history": self.history,
+            "val_history": self.val_history,
             "started_at": self.started_at,
             "epoch": self._trainer.current_epoch if self._batch else self._epoch,
         }
@@ -258,9 +300,18 @@ class RunReport(Callback):
         self.totals = dict(state_dict["totals"])
         self._wall_before = self.totals["wall_s"]
         self.history = list(state_dict["history"])
+        self.val_history = list(state_dict.get("val_history", []))  # absent in older checkpoints
         self.started_at = state_dict["started_at"]
         self._epoch = state_dict["epoch"]
 
 
 def _scalars(trainer: pl.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+
+
+def process_memory() -> dict[str, Any]:
+    """This process's peak resident memory (``getrusage``; this session only), for runs without
+    the memory monitor, whose device and swap readings would otherwise show as zeros."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    mb = peak / 1024**2 if sys.platform == "darwin" else peak / 1024
+    return {"peak_process_rss_mb": round(mb, 1), "source": "getrusage (memory monitor off)"}

@@ -1,0 +1,177 @@
+"""The runs under ``outputs/``: their state, progress, best score and the command that resumes each.
+
+Gap filled: Hydra leaves each run's overrides in ``.hydra/`` and Lightning its step in
+``last.ckpt``, but nothing lists the runs of a project. Read from the files a run leaves
+(``report.json``, ``metrics.json``, ``.hydra/*.yaml``, the lock); torch is imported only when a
+checkpoint is newer than the report (a killed or running run), to read its step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from laptrain.run_lock import LOCK_NAME, is_locked
+
+# a rerun with these keys dropped continues the run instead of starting another or restarting
+_START_KEYS = ("resume", "ckpt_path", "run_name", "hydra.run.dir", "hydra.sweep.dir")
+
+
+def _yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _default_run_name(folder: Path) -> str | None:
+    """``run_name`` as the run's config defines it (``model-data`` by default), from ``.hydra/``."""
+    config = _yaml(folder / ".hydra" / "config.yaml") or {}
+    hydra = (_yaml(folder / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+    name = config.get("run_name")
+    if not isinstance(name, str):
+        return None
+
+    def lookup(match: re.Match[str]) -> str:
+        value: Any = hydra
+        for part in match.group(1).split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return "\x00" if value is None else str(value)
+
+    name = re.sub(r"\$\{hydra:([\w.]+)\}", lookup, name)
+    return None if "\x00" in name or "${" in name else name
+
+
+def resume_command(folder: str | Path) -> str | None:
+    """``python train.py <overrides>`` that continues the run in ``folder`` (None without
+    ``.hydra/overrides.yaml``). ``resume=false`` and ``ckpt_path`` are dropped, and ``run_name`` is
+    pinned to the folder's name when the plain rerun would land elsewhere (``<name>-2``)."""
+    from laptrain.console import shell_command
+
+    folder = Path(folder)
+    overrides = _yaml(folder / ".hydra" / "overrides.yaml")
+    if not isinstance(overrides, list):
+        return None
+    hydra = (_yaml(folder / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+    sweep = hydra.get("mode") == "MULTIRUN"
+    kept = [str(o) for o in overrides if str(o).split("=", 1)[0].lstrip("+~") not in _START_KEYS]
+    named = [str(o).split("=", 1)[1] for o in overrides if str(o).split("=", 1)[0] == "run_name"]
+    # a sweep job's folder is <sweep folder>/<its overrides>; the sweep folder carries the name
+    home = folder.parent if sweep else folder
+    wanted = named[-1] if named else _default_run_name(folder)
+    if wanted != home.name:
+        kept.append(f"run_name={home.name}")
+    elif named:
+        kept.append(f"run_name={named[-1]}")
+    return shell_command(["python", "train.py", *(["-m"] if sweep else []), *kept])
+
+
+@dataclass(frozen=True)
+class RunState:
+    """One run folder as ``laptrain runs`` shows it."""
+
+    folder: Path
+    status: str  # running, done, paused, interrupted, empty
+    step: int | None
+    best: str | None  # "val/acc 0.6045"
+    command: str | None
+
+
+def _status(folder: Path, report: dict[str, Any] | None, has_ckpt: bool) -> str:
+    if is_locked(folder):
+        return "running"
+    said = str(((report or {}).get("run") or {}).get("status", ""))
+    if said == "finished":
+        return "done"
+    if said.startswith("stopped"):
+        return "paused"
+    if said.startswith("interrupted") or has_ckpt or report is not None:
+        return "interrupted"  # a report left mid-run, or a run killed before any report
+    return "empty"
+
+
+def checkpoint_facts(path: Path) -> tuple[int, str | None]:
+    """(global step, best score text) stored in a Lightning checkpoint (tensors memory-mapped)."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    best = None
+    for key, value in (state.get("callbacks") or {}).items():
+        if isinstance(value, dict) and value.get("best_model_score") is not None:
+            monitor = re.search(r"'monitor': '([^']+)'", str(key))
+            name = monitor.group(1) if monitor else "best"
+            best = f"{name} {float(value['best_model_score']):.4g}"
+            break
+    return int(state.get("global_step", 0)), best
+
+
+def run_state(folder: str | Path) -> RunState:
+    """The state of one run folder, from its report when that is up to date, else its checkpoint."""
+    folder = Path(folder)
+    report = _json(folder / "report.json")
+    last = folder / "checkpoints" / "last.ckpt"
+    step: int | None = None
+    best: str | None = None
+    if report:
+        step = (report.get("run") or {}).get("global_step")
+        ckpt = report.get("checkpoint") or {}
+        if ckpt.get("best_score") is not None:
+            best = f"{ckpt.get('monitor')} {float(ckpt['best_score']):.4g}"
+    stale = last.is_file() and (
+        report is None or last.stat().st_mtime > (folder / "report.json").stat().st_mtime
+    )
+    if stale:
+        try:
+            step, from_ckpt = checkpoint_facts(last)
+            best = from_ckpt or best
+        except Exception:  # noqa: BLE001 - a half-written or foreign file: show what the report says
+            pass
+    return RunState(
+        folder, _status(folder, report, last.is_file()), step, best, resume_command(folder)
+    )
+
+
+def is_run_folder(folder: Path) -> bool:
+    return folder.is_dir() and any(
+        (folder / name).exists() for name in (".hydra", "checkpoints", "report.json", LOCK_NAME)
+    )
+
+
+def find_runs(root: str | Path = "outputs") -> list[Path]:
+    """Run folders under ``root``: ``<root>/<run>/`` and sweep jobs ``<root>/multirun/<sweep>/<job>/``."""
+    root = Path(root)
+    runs = [p for p in sorted(root.glob("*")) if p.name != "multirun" and is_run_folder(p)]
+    runs += [p for p in sorted(root.glob("multirun/*/*")) if is_run_folder(p)]
+    return runs
+
+
+def runs_table(states: list[RunState], root: Path) -> str:
+    """A plain text table, one run per row."""
+    header = ("run", "status", "step", "best", "command (rerun resumes)")
+    rows = [
+        (
+            str(s.folder.relative_to(root)) if s.folder.is_relative_to(root) else str(s.folder),
+            s.status,
+            "—" if s.step is None else str(s.step),
+            s.best or "—",
+            s.command or "—",
+        )
+        for s in states
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip()
+        for r in [header, *rows]
+    )
