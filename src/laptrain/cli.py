@@ -1,10 +1,14 @@
-"""The ``laptrain`` console script: ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``,
-``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]`` (a causal-LM LoRA
-job's memory estimate from config.json alone), and ``laptrain export|generate|eval <run or adapter
-folder>`` for LoRA adapters.
+"""The ``laptrain`` console script. Each subcommand is one plain function of the parsed arguments
+(``COMMANDS``); ``build_parser`` declares their arguments (tests/test_cli.py keeps the two in step).
 
-``laptrain-train`` runs the repository's ``train.py`` (Hydra's entry point stays a plain script so
-``python train.py`` and the console script behave the same).
+- ``laptrain train [overrides]``: the repository's ``train.py``, exactly as ``python train.py``
+  (``laptrain-train`` is the same).
+- ``laptrain predict <run folder> "text" ...`` / ``--file f.csv``: a finished classifier run's labels.
+- ``laptrain runs``: each run under ``outputs/``: status, step, best score, the command to resume.
+- ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``: is this machine ready.
+- ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
+  job's memory estimate from config.json alone.
+- ``laptrain export|generate|eval <run or adapter folder>``: LoRA adapters.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import os
 import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,21 +149,110 @@ def _add_lora_commands(commands: Any) -> None:
     ev.add_argument("--batch-size", type=int, default=8)
 
 
-def train_main() -> None:
-    """``laptrain-train [overrides]``: run the repository's train.py as ``python train.py`` would."""
-    script = Path(__file__).resolve().parents[2] / "train.py"
+def train_script() -> Path:
+    """The repository's train.py (an editable install keeps this package inside the repository)."""
+    return Path(__file__).resolve().parents[2] / "train.py"
+
+
+def run_train_script(overrides: list[str]) -> int:
+    """Run train.py with ``overrides`` as its command line, in this process, as ``python train.py``
+    would: the same hardware=auto resolution, precheck and exit codes (train.py exits non-zero)."""
+    script = train_script()
     if not script.is_file():
-        sys.exit(
-            f"error: {script} not found: laptrain-train needs an editable install of the repository "
-            "(pip install -e .); otherwise run `python train.py` in the repository"
+        print(
+            f"error: {script} not found: laptrain train needs an editable install of the repository "
+            "(pip install -e .); otherwise run `python train.py` in the repository",
+            file=sys.stderr,
         )
-    sys.argv = [str(script), *sys.argv[1:]]
+        return 2
+    sys.argv = [str(script), *overrides]
     runpy.run_path(str(script), run_name="__main__")
+    return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def train_main() -> None:
+    """``laptrain-train [overrides]``: the same as ``laptrain train [overrides]``."""
+    sys.exit(run_train_script(sys.argv[1:]))
+
+
+def train(args: argparse.Namespace) -> int:
+    return run_train_script(args.overrides)
+
+
+def predict(args: argparse.Namespace) -> int:
+    """Print (or write with ``--out``) the label and probability of each text."""
+    from laptrain.console import no_transformers_bars
+    from laptrain.predict import Classifier, read_texts, write_predictions
+
+    try:
+        if bool(args.texts) == bool(args.file):
+            raise ValueError('give texts ("some text" ...) or --file <csv>, not both or neither')
+        rows, texts = read_texts(args.file, args.column) if args.file else ([], args.texts)
+        with no_transformers_bars():
+            classifier = Classifier(args.run)
+        predictions = classifier.predict(texts, args.batch_size)
+        if args.out:
+            if not args.file:
+                rows = [{"text": t} for t in texts]
+            write_predictions(args.out, rows, predictions)
+            print(f"{len(predictions)} predictions written to {args.out}")
+            return 0
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for text, p in zip(texts, predictions):
+        short = " ".join(text.split())
+        print(f"{p.label}\t{p.probability:.3f}\t{short[:70] + ('…' if len(short) > 70 else '')}")
+    return 0
+
+
+def runs(args: argparse.Namespace) -> int:
+    """The table of run folders under ``--root``."""
+    from laptrain.runs import find_runs, run_state, runs_table
+
+    root = Path(args.root)
+    folders = find_runs(root)
+    if not folders:
+        print(f"no runs under {root}/ (python train.py starts one)")
+        return 0
+    print(runs_table([run_state(f) for f in folders], root))
+    return 0
+
+
+def preflight(args: argparse.Namespace) -> int:
+    from laptrain.preflight.from_config import preflight_main
+
+    return preflight_main(args.overrides)
+
+
+def _add_run_commands(commands: Any) -> None:
+    trainer = commands.add_parser(
+        "train",
+        help="train: the same as `python train.py [overrides]` (`laptrain train --help`: Hydra's)",
+        add_help=False,  # --help, --cfg job, -m ... all go to train.py
+        prefix_chars="\0",
+    )
+    trainer.add_argument("overrides", nargs=argparse.REMAINDER)
+    pred = commands.add_parser(
+        "predict", help="label texts with a finished classifier run's exported model"
+    )
+    pred.add_argument("run", help="the run folder, e.g. outputs/tiny_classifier-stdlib_docstrings")
+    pred.add_argument("texts", nargs="*", help="texts to label")
+    pred.add_argument("--file", help="a CSV (or .tsv) file of texts instead")
+    pred.add_argument("--column", default="text", help="the text column of --file (default text)")
+    pred.add_argument("--out", help="write a CSV: the rows plus predicted_label and probability")
+    pred.add_argument("--batch-size", type=int, default=32)
+    listing = commands.add_parser(
+        "runs", help="the runs under outputs/: status, step, best score, command to resume"
+    )
+    listing.add_argument("--root", default="outputs", help="where runs live (default outputs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand's arguments; ``COMMANDS`` maps each name to its function."""
     parser = argparse.ArgumentParser(prog="laptrain", description="laptrain tools")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_run_commands(commands)
     check = commands.add_parser("doctor", help="check that this machine is ready to train")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument(
@@ -176,14 +270,24 @@ def main(argv: list[str] | None = None) -> int:
         help="train.py overrides: model=..., hardware=..., data=..., key=value",
     )
     _add_lora_commands(commands)
-    args = parser.parse_args(argv)
-    if args.command == "preflight":
-        from laptrain.preflight.from_config import preflight_main
+    return parser
 
-        return preflight_main(args.overrides)
-    if args.command in ("export", "generate", "eval"):
-        return lora_command(args)
-    return doctor(args)
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train": train,
+    "predict": predict,
+    "runs": runs,
+    "doctor": doctor,
+    "preflight": preflight,
+    "export": lora_command,
+    "generate": lora_command,
+    "eval": lora_command,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def run_state(folder: str | Path) -> RunState:
     stale = last.is_file() and (
         report is None or last.stat().st_mtime > (folder / "report.json").stat().st_mtime
     )
-    if stale:
+    if stale or (best is None and last.is_file()):  # a report from before it named the best
         try:
             step, from_ckpt = checkpoint_facts(last)
             best = from_ckpt or best

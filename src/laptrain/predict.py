@@ -1,0 +1,153 @@
+"""Predictions of a finished classifier run, read from its exported folders.
+
+A run of a text classifier leaves ``model/`` (``save_pretrained``), ``tokenizer/`` and
+``labels.json``: transformers' Auto classes load them without laptrain. This module is that
+loading plus the run's truncation length, batching and one-line errors, for ``laptrain predict``.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from laptrain.runs import resume_command
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    probability: float
+
+
+def _max_length(run: Path, tokenizer_dir: Path) -> int | None:
+    """The truncation length the run trained with (``data.max_length``), where it is recorded."""
+    import yaml
+
+    for path, keys in (
+        (run / ".hydra" / "config.yaml", ("data", "max_length")),
+        (tokenizer_dir / "tokenizer_config.json", ("max_length",)),
+    ):
+        try:
+            value: Any = yaml.safe_load(path.read_text()) if path.is_file() else None
+        except (OSError, yaml.YAMLError):
+            continue
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _not_finished(run: Path) -> ValueError:
+    command = resume_command(run)
+    rerun = f": {command}" if command else " with the command that started it"
+    return ValueError(
+        f"{run} has no exported model yet: the run has not finished; rerun to finish it{rerun}"
+    )
+
+
+class Classifier:
+    """The exported model, tokenizer and label names of a classifier run folder.
+
+    Raises:
+        ValueError: with one line when the folder is missing, is not a classifier run, or has not
+            exported its model yet.
+    """
+
+    def __init__(self, run: str | Path) -> None:
+        run = Path(run)
+        if not run.is_dir():
+            raise ValueError(
+                f"no run folder {run}: give a folder such as outputs/<run> (`laptrain runs` lists them)"
+            )
+        config_path = run / "model" / "config.json"
+        if not config_path.is_file():
+            if (run / "labels.json").is_file():
+                raise _not_finished(run)
+            raise ValueError(
+                f"{run} is not a text classifier run (no model/ or labels.json): laptrain predict "
+                "reads runs of model=tiny_classifier or model=scibert (LoRA runs: laptrain generate)"
+            )
+        architectures = json.loads(config_path.read_text()).get("architectures") or []
+        if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+            raise ValueError(
+                f"{run}/model is a {', '.join(architectures) or 'model'} checkpoint, not a sequence "
+                "classifier: laptrain predict reads text classifier runs"
+            )
+        if not (run / "tokenizer").is_dir():
+            raise _not_finished(run)
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.model = AutoModelForSequenceClassification.from_pretrained(str(run / "model")).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(run / "tokenizer"))
+        labels_path = run / "labels.json"
+        id2label = self.model.config.id2label
+        self.labels: list[str] = (
+            json.loads(labels_path.read_text())
+            if labels_path.is_file()
+            else [id2label[i] for i in range(len(id2label))]
+        )
+        self.max_length = _max_length(run, run / "tokenizer") or int(
+            getattr(self.model.config, "max_position_embeddings", 512)
+        )
+
+    def predict(self, texts: Sequence[str], batch_size: int = 32) -> list[Prediction]:
+        """The most probable label of each text and its softmax probability."""
+        import torch
+
+        out: list[Prediction] = []
+        accepted = set(inspect.signature(self.model.forward).parameters)
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = self.tokenizer(
+                    list(texts[start : start + batch_size]),
+                    truncation=True,
+                    max_length=self.max_length,
+                    padding=True,
+                    return_tensors="pt",
+                )
+                inputs = {k: v for k, v in batch.items() if k in accepted}
+                probs = self.model(**inputs).logits.softmax(-1)
+                top = probs.max(-1)
+                out += [
+                    Prediction(self.labels[int(i)], float(p))
+                    for p, i in zip(top.values, top.indices)
+                ]
+        return out
+
+
+def read_texts(path: str | Path, column: str) -> tuple[list[dict[str, str]], list[str]]:
+    """The rows of a CSV (or ``.tsv``) file and the texts in ``column``; one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--file {path}: no such file")
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
+        rows = list(reader)
+        columns = reader.fieldnames or []
+    if column not in columns:
+        raise ValueError(
+            f"{path} has no column {column!r} (columns: {', '.join(columns)}): "
+            "name the text column with --column <name>"
+        )
+    return rows, [row[column] or "" for row in rows]
+
+
+def write_predictions(
+    path: str | Path, rows: list[dict[str, str]], predictions: list[Prediction]
+) -> None:
+    """``rows`` with ``predicted_label`` and ``probability`` columns added, as CSV."""
+    fields = list(rows[0]) if rows else []
+    with Path(path).open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=[*fields, "predicted_label", "probability"])
+        writer.writeheader()
+        for row, p in zip(rows, predictions):
+            writer.writerow(
+                {**row, "predicted_label": p.label, "probability": f"{p.probability:.4f}"}
+            )

@@ -1,0 +1,93 @@
+"""laptrain.predict: a classifier run's exported model labels texts as transformers alone would."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from laptrain.data.tokenizer import train_wordpiece
+from laptrain.model.tiny import tiny_bert_classifier
+from laptrain.predict import Classifier, read_texts, write_predictions
+from tests.conftest import WORDS
+
+LABELS = sorted(WORDS)
+TEXTS = ["the team won the match", "bake the dough in the oven", "storm and rain " * 40, "goal"]
+
+
+def export_run(folder: Path, max_length: int = 16) -> Path:
+    """What a finished classifier run leaves (run.py's export, the datamodule's save_artifacts)."""
+    torch.manual_seed(0)
+    model = tiny_bert_classifier(
+        num_labels=3,
+        id2label=dict(enumerate(LABELS)),
+        label2id={n: i for i, n in enumerate(LABELS)},
+    )
+    model.save_pretrained(str(folder / "model"))
+    tokenizer = train_wordpiece([w for words in WORDS.values() for w in words.split()], 256)
+    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    (folder / "labels.json").write_text(json.dumps(LABELS))
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text(
+        yaml.safe_dump({"data": {"max_length": max_length}})
+    )
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["run_name=r"]))
+    return folder
+
+
+def test_predictions_match_transformers_alone_in_any_batch_size(tmp_path):
+    run = export_run(tmp_path / "r")
+    classifier = Classifier(run)
+    assert classifier.max_length == 16  # the run's data.max_length
+    one_by_one = classifier.predict(TEXTS, batch_size=1)
+    batched = classifier.predict(TEXTS, batch_size=32)
+    assert [p.label for p in one_by_one] == [p.label for p in batched]
+    for a, b in zip(one_by_one, batched):
+        assert abs(a.probability - b.probability) < 1e-5
+        assert 1 / 3 <= a.probability <= 1
+    # the same folders through transformers' Auto classes, no laptrain code
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(run / "model")).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(run / "tokenizer"))
+    for text, prediction in zip(TEXTS, batched):
+        batch = tokenizer(text, truncation=True, max_length=16, return_tensors="pt")
+        with torch.no_grad():
+            probs = model(**batch).logits.softmax(-1)[0]
+        assert model.config.id2label[int(probs.argmax())] == prediction.label
+        assert abs(float(probs.max()) - prediction.probability) < 1e-5
+
+
+def test_csv_in_and_out_keep_the_rows(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text('id,body\n1,"win, the match"\n2,oven\n')
+    rows, texts = read_texts(path, "body")
+    assert texts == ["win, the match", "oven"]
+    classifier = Classifier(export_run(tmp_path / "r"))
+    write_predictions(tmp_path / "out.csv", rows, classifier.predict(texts))
+    with (tmp_path / "out.csv").open(newline="") as f:
+        written = list(csv.DictReader(f))
+    assert [r["id"] for r in written] == ["1", "2"] and written[0]["body"] == "win, the match"
+    assert all(r["predicted_label"] in LABELS and 0 < float(r["probability"]) <= 1 for r in written)
+    with pytest.raises(ValueError, match=r"no column 'text' \(columns: id, body\).*--column"):
+        read_texts(path, "text")
+
+
+def test_bad_folders_are_refused_in_one_line(tmp_path):
+    with pytest.raises(ValueError, match="no run folder .*laptrain runs"):
+        Classifier(tmp_path / "missing")
+    (tmp_path / "trm" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ValueError, match="not a text classifier run"):
+        Classifier(tmp_path / "trm")
+    unfinished = export_run(tmp_path / "r")
+    for part in (unfinished / "model").iterdir():
+        part.unlink()
+    (unfinished / "model").rmdir()
+    with pytest.raises(
+        ValueError, match="the run has not finished; rerun to finish it: python train.py run_name=r"
+    ):
+        Classifier(unfinished)

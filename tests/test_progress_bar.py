@@ -1,0 +1,41 @@
+"""EpochProgressBar: "Epoch 1/3" for the first of three epochs (Lightning's own says "Epoch 0/2")."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import lightning.pytorch as pl
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from laptrain.callbacks.progress_bar import EpochProgressBar
+
+
+def bar_text(**trainer_args) -> str:
+    out = io.StringIO()
+    bar = EpochProgressBar(
+        leave=True, console_kwargs={"file": out, "force_terminal": False, "width": 120}
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        limit_train_batches=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[bar],
+        **trainer_args,
+    )
+    trainer.fit(BoringModel())
+    return out.getvalue()
+
+
+def test_epochs_count_from_one_to_max_epochs():
+    text = bar_text(max_epochs=3)
+    assert "Epoch 1/3" in text and "Epoch 3/3" in text
+    assert re.findall(r"Epoch \d+/\d+", text) == ["Epoch 1/3", "Epoch 2/3", "Epoch 3/3"]
+
+
+def test_without_an_epoch_limit_only_the_epoch_shows():
+    text = bar_text(max_epochs=-1, max_steps=4)
+    assert "Epoch 2 " in text and "Epoch 2/" not in text
