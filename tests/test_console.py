@@ -87,7 +87,14 @@ def test_quiet_libraries_holds_back_exactly_the_known_lines(lightning_lines):
 
 def test_metric_lines_group_by_stage_and_leave_out_the_learning_rate():
     lines = metric_lines(
-        {"val/acc": 0.61234, "test/acc": 0.6, "train/loss": 0.2, "lr-AdamW/pg1": 1e-5, "step": 3}
+        {
+            "val/acc": 0.61234,
+            "test/acc": 0.6,
+            "train/loss": 0.2,
+            "lr-AdamW/pg1": 1e-5,
+            "hp/best_val_acc": 0.7,
+            "step": 3,
+        }
     )
     assert lines == ["test: acc 0.6", "val: acc 0.6123", "train: loss 0.2"]
 

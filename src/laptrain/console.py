@@ -95,11 +95,12 @@ def _fmt(value: float) -> str:
 
 
 def metric_lines(metrics: Mapping[str, float]) -> list[str]:
-    """One line per stage (``val: acc 0.6045 · f1 0.5307 · loss 1.32``); learning rates left out."""
+    """One line per stage (``val: acc 0.6045 · f1 0.5307 · loss 1.32``); learning rates and the
+    ``hp/`` copies of metrics (TensorBoard's hparams view) left out."""
     stages: dict[str, list[str]] = {}
     for key in sorted(metrics):
         stage, _, name = key.rpartition("/")
-        if not stage or key.startswith("lr-"):
+        if not stage or key.startswith(("lr-", "hp/")):  # the lr and TensorBoard's hparams copies
             continue
         stages.setdefault(stage, []).append(f"{name} {_fmt(metrics[key])}")
     known = [s for s in ("test", "val", "train") if s in stages]
