@@ -57,3 +57,18 @@ def test_any_profile_can_be_inspected_here_but_not_trained_on_a_device_this_mach
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "set hardware=auto (or hardware=cpu)" in errors[0]
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_stopped_run_that_started_fresh_names_the_command_that_resumes_it(tmp_path):
+    from omegaconf import OmegaConf
+
+    from laptrain.run import resume_hint
+
+    run = tmp_path / "tiny_classifier-text_csv-2"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- resume=false\n- seed=3\n")
+    fresh = OmegaConf.create({"resume": False, "ckpt_path": None})
+    assert resume_hint(fresh, run) == (
+        "Resume with: python train.py seed=3 run_name=tiny_classifier-text_csv-2"
+    )
+    assert resume_hint(OmegaConf.create({"resume": True}), run) == "Resume with the same command"

@@ -45,6 +45,7 @@ from laptrain.model.base_dtype import resolve_auto_base_dtype
 from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan, plan_device
 from laptrain.preflight.budget import device_budget
 from laptrain.run_lock import hold_run_folder, release_run_folder
+from laptrain.runs import resume_command
 from laptrain.scale_out import one_process_tester
 from laptrain.versions import package_versions
 
@@ -267,7 +268,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     if signum is not None:
         rank_zero_info(
             f"{signal.Signals(signum).name}: stopped at global step {trainer.global_step}; "
-            f"checkpoint {last}. Resume with the same command (or ckpt_path=<that file>)."
+            f"checkpoint {last}. {resume_hint(cfg, output_dir)} (or ckpt_path=<that file>)."
         )
         return Outcome("interrupted", 128 + signum)
     # A callback that stops the run on purpose (session budget, swap) leaves it resumable: exit 0.
@@ -277,7 +278,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         # stop_checkpoint.py); a save here, after fit, would count the interrupted epoch as done.
         rank_zero_info(
             f"stopped ({paused}) at global step {trainer.global_step}; checkpoint {last}. "
-            "Resume with the same command."
+            f"{resume_hint(cfg, output_dir)}."
         )
         return Outcome("paused")
 
@@ -305,6 +306,15 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     for line in closing_lines(trainer, metrics, best, output_dir):
         rank_zero_info(line)
     return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))
+
+
+def resume_hint(cfg: DictConfig, output_dir: Path) -> str:
+    """How to continue a stopped run: the same command, unless it started fresh (``resume=false``
+    would take the next folder) or from ``ckpt_path`` (which would win over ``last.ckpt``)."""
+    command = resume_command(output_dir)
+    if (cfg.resume and not cfg.get("ckpt_path")) or not command:
+        return "Resume with the same command"
+    return f"Resume with: {command}"
 
 
 def closing_lines(
