@@ -270,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="train.py overrides: model=..., hardware=..., data=..., key=value",
     )
     _add_lora_commands(commands)
+    commands.add_parser(  # parsed by laptrain.bench (main hands it the rest of the line)
+        "bench", help="time N steps of your training job (laptrain bench --help)", add_help=False
+    )
     return parser
 
 
@@ -286,6 +289,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        from laptrain.bench import bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     return COMMANDS[args.command](args)
 

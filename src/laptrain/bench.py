@@ -1,0 +1,433 @@
+"""``laptrain bench [overrides...]``: time N training steps of the job ``train.py`` would run.
+
+The job is composed, checked and built exactly as ``train.py`` does (the same hardware profile,
+data, model, plan, callbacks and loggers), but everything is written to a temporary folder that
+is removed at the end, and there is no validation and no test. A :class:`StepClock` callback times every
+batch; the report gives samples/s, tokens/s, step-time percentiles, the share of each step spent
+waiting for data, peak memory, CPU use, padding, and one line of advice per bottleneck found.
+
+``--compare key=a,b`` builds the job twice and runs the two settings in alternating rounds
+(A B A B ...), so that a machine busy with other work slows both alike, and prints the ratio.
+
+Lightning's ``SimpleProfiler``/``AdvancedProfiler`` time hooks, but not the share of a step spent
+in the dataloader next to CPU use and padding, nor advice; this module fills that gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laptrain.hardware.profile import conf_dir
+
+# Advice thresholds (shares of a step or of a resource); see bench.advice().
+DATA_BOUND_SHARE = 0.2  # more than this share of a step waiting for the next batch
+MEMORY_BOUND_SHARE = 0.85  # peak memory above this share of the device (or of RAM on CPU)
+CPU_UNDERUSED_SHARE = 0.6  # CPU time below this share of the cores torch may use
+PADDING_BOUND_SHARE = 0.25  # more than this share of computed tokens are padding
+
+
+@dataclass
+class BenchJob:
+    """A composed and built job: what :func:`measure` runs."""
+
+    cfg: Any
+    datamodule: Any
+    model: Any
+    plan: Any
+    folder: Path
+    env: Any = None
+
+
+@dataclass
+class StepStats:
+    """What a bench run measured, per timed step (warm-up steps excluded)."""
+
+    step_s: list[float] = field(default_factory=list)
+    data_s: list[float] = field(default_factory=list)
+    samples: int = 0
+    real_tokens: int = 0
+    computed_tokens: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    threads: int = 1
+    device: str = "cpu"
+    device_peak_bytes: int | None = None
+    device_total_bytes: int | None = None
+    rss_peak_bytes: int = 0
+    ram_total_bytes: int = 0
+    workers: int = 0
+    grouped: bool | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / max(sum(self.step_s), 1e-9)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.real_tokens / max(sum(self.step_s), 1e-9)
+
+    @property
+    def data_share(self) -> float:
+        return sum(self.data_s) / max(sum(self.step_s), 1e-9)
+
+    @property
+    def padding_share(self) -> float:
+        return 1 - self.real_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU time of this process over wall time x the threads torch may use (0..~1)."""
+        return self.cpu_s / max(self.wall_s * self.threads, 1e-9)
+
+    def percentile(self, q: float) -> float:
+        times = sorted(self.step_s)
+        return times[min(len(times) - 1, int(q * len(times)))] if times else 0.0
+
+
+def _batch_tokens(batch: Any) -> tuple[int, int]:
+    """(real, computed) tokens of a tokenized batch; (0, 0) when it has no token ids."""
+    if isinstance(batch, Mapping):
+        mask, ids = batch.get("attention_mask"), batch.get("input_ids")
+        if mask is not None and hasattr(mask, "numel"):
+            return int(mask.sum()), mask.numel()
+        if ids is not None and hasattr(ids, "numel"):
+            return ids.numel(), ids.numel()
+    return 0, 0
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _make_clock_class() -> type:
+    import lightning.pytorch as pl
+
+    from laptrain.model.chunked_backward import batch_length
+
+    class StepClock(pl.Callback):
+        """Times each batch from one ``on_train_batch_start`` to the next (so every callback, the
+        optimizer and the wait for the next batch are inside), and the wait for data alone: from
+        the end of a batch's hooks to the start of the next one. Synchronises the device once per
+        batch (on CPU a no-op) so that queued kernels are counted in their own step."""
+
+        def __init__(self, warmup: int, sync: Callable[[], None]) -> None:
+            self.warmup, self.sync = warmup, sync
+            self.stats = StepStats()
+            self._start: float | None = None
+            self._end: float | None = None
+            self._pending: tuple[int, int, int] | None = None
+            self._cpu0 = 0.0
+            self._wall0 = 0.0
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
+            now = time.perf_counter()
+            if self._start is not None and self._pending is not None:
+                self.stats.step_s.append(now - self._start)
+                self.stats.data_s.append(now - (self._end or now))
+                samples, real, computed = self._pending
+                self.stats.samples += samples
+                self.stats.real_tokens += real
+                self.stats.computed_tokens += computed
+            self._pending = None
+            if trainer.global_step == self.warmup:
+                self._cpu0, self._wall0 = _cpu_seconds(), now
+            if trainer.global_step >= self.warmup:
+                self._start = now
+                self._pending = (batch_length(batch), *_batch_tokens(batch))
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            self.sync()
+            self._end = time.perf_counter()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            if self._start is not None and self._pending is not None and self._end:
+                self.stats.step_s.append(self._end - self._start)
+                self.stats.data_s.append(0.0)
+                samples, real, computed = self._pending
+                self.stats.samples += samples
+                self.stats.real_tokens += real
+                self.stats.computed_tokens += computed
+                self._pending = None
+            self.stats.wall_s += (self._end or time.perf_counter()) - self._wall0
+            self.stats.cpu_s += _cpu_seconds() - self._cpu0
+
+    return StepClock
+
+
+def compose_job(
+    overrides: Sequence[str], folder: Path, say: Callable[[str], None] = print
+) -> tuple[Any, Any]:
+    """The config ``python train.py <overrides>`` would run, checked as train.py checks it, with
+    its output paths in ``folder``, and the environment report of the profile's variables.
+    Raises ValueError/OSError on bad input (one line)."""
+    from omegaconf import open_dict
+
+    from laptrain.argv import run_argv_hook
+    from laptrain.config_check import check_composed, compose_argv
+    from laptrain.data.labelled_files import check_data_config
+    from laptrain.hardware.auto import resolve_hardware_argv
+    from laptrain.hardware.env import apply_env
+    from laptrain.run_dir import register_resolvers
+
+    register_resolvers()
+    argv, why = resolve_hardware_argv(["laptrain-bench", *overrides])
+    if why:
+        say(why)
+    argv, lines = run_argv_hook(argv, conf_dir())
+    for line in lines:
+        say(line)
+    cfg = compose_argv(argv, str(conf_dir()))
+    check_data_config(cfg.get("data"))
+    env = apply_env(cfg.hardware.get("env"))
+    check_composed(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(folder)
+        cfg.paths.ckpt_dir = str(folder / "checkpoints")
+    return cfg, env
+
+
+def build_job(
+    overrides: Sequence[str], folder: Path, say: Callable[[str], None] = print
+) -> BenchJob:
+    """Compose and build (data, model, plan) the job, as ``laptrain.run.build`` does for a run."""
+    import lightning.pytorch as pl
+    import torch
+
+    from laptrain.run import build
+
+    cfg, env = compose_job(overrides, folder, say)
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    if cfg.hardware.get("torch_threads"):
+        torch.set_num_threads(int(cfg.hardware.torch_threads))
+    datamodule, model, plan = build(cfg, env, folder)
+    return BenchJob(cfg, datamodule, model, plan, folder, env)
+
+
+def job_callbacks(job: BenchJob) -> list[Any]:
+    """The job's own callbacks (conf/callbacks), as a run instantiates them."""
+    from laptrain.run import _instantiate_all
+
+    return _instantiate_all(job.cfg.get("callbacks"))
+
+
+def make_trainer(job: BenchJob, steps: int, callbacks: list[Any]) -> Any:
+    """A Trainer for ``steps`` optimizer steps of the job: its config, plan and loggers (writing
+    into the temporary folder), no validation, no model summary."""
+    from hydra.utils import instantiate
+
+    from laptrain.run import _instantiate_all, _instantiate_list, checkpoint_plugins
+
+    loggers = _instantiate_all(job.cfg.get("logger"))  # paths point into the temporary folder
+    return instantiate(
+        job.cfg.trainer,
+        **job.plan.trainer_kwargs(),
+        callbacks=callbacks,
+        logger=loggers or False,
+        max_steps=steps,
+        max_epochs=-1,
+        limit_val_batches=0,
+        enable_model_summary=False,
+        default_root_dir=str(job.folder),
+        plugins=checkpoint_plugins(_instantiate_list(job.cfg.trainer.get("plugins"))),
+        _convert_="all",
+    )
+
+
+def _device_sync_and_memory(device: str) -> tuple[Callable[[], None], Callable[[], tuple]]:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        total = torch.cuda.get_device_properties(0).total_memory
+        return torch.cuda.synchronize, lambda: (torch.cuda.max_memory_allocated(), total)
+    if device == "mps":
+        total = torch.mps.recommended_max_memory()
+        return torch.mps.synchronize, lambda: (torch.mps.driver_allocated_memory(), total)
+    return (lambda: None), (lambda: (None, None))
+
+
+def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = True) -> StepStats:
+    """Run ``warmup + steps`` optimizer steps of the job and return what was measured."""
+    import psutil
+
+    clock = _make_clock_class()
+    sync, memory = _device_sync_and_memory(job.plan.device)
+    timer = clock(warmup, sync)
+    callbacks = job_callbacks(job) if with_callbacks else []
+    trainer = make_trainer(job, warmup + steps, [timer, *callbacks])
+    trainer.fit(job.model, datamodule=job.datamodule)
+    stats = timer.stats
+    stats.threads = _torch_threads()
+    stats.device = job.plan.device
+    stats.device_peak_bytes, stats.device_total_bytes = memory()
+    stats.rss_peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
+        1 if sys.platform == "darwin" else 1024
+    )
+    stats.ram_total_bytes = psutil.virtual_memory().total
+    stats.workers = int(job.plan.workers or 0)
+    stats.grouped = getattr(job.datamodule, "group_by_length", None)
+    return stats
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def advice(stats: StepStats) -> list[str]:
+    """One line per bottleneck found, naming the setting to change; empty when none stands out."""
+    lines = []
+    if stats.data_share > DATA_BOUND_SHARE:
+        if stats.workers == 0:
+            lines.append(
+                f"data-bound: {stats.data_share:.0%} of each step waits for the next batch; "
+                "try hardware.num_workers=2 (compare: --compare hardware.num_workers=0,2)"
+            )
+        else:
+            lines.append(
+                f"data-bound: {stats.data_share:.0%} of each step waits for the next batch with "
+                f"{stats.workers} workers; set hardware.persistent_workers=true, more workers, or "
+                "pre-tokenize the data once (the tokenized cache under paths.cache_dir)"
+            )
+    peak, total = stats.device_peak_bytes, stats.device_total_bytes
+    if peak is None:
+        peak, total = stats.rss_peak_bytes, stats.ram_total_bytes
+    if total and peak / total > MEMORY_BOUND_SHARE:
+        lines.append(
+            f"memory-bound: peak {peak / 2**30:.1f} GiB of {total / 2**30:.1f} GiB; lower "
+            "hardware.batch_size (accumulation keeps the effective batch) or set "
+            "model.gradient_checkpointing=true"
+        )
+    if stats.device == "cpu" and stats.cpu_share < CPU_UNDERUSED_SHARE:
+        cores = os.cpu_count() or stats.threads
+        hint = (
+            f"raise hardware.torch_threads (this machine has {cores} hardware threads)"
+            if stats.threads < cores
+            else "the steps may be too small to keep the threads busy: raise hardware.batch_size"
+        )
+        lines.append(
+            f"CPU underused: {stats.cpu_share:.0%} of {stats.threads} torch threads busy; {hint}"
+        )
+    if stats.padding_share > PADDING_BOUND_SHARE:
+        fix = (
+            "set data.group_by_length=true"
+            if stats.grouped is False
+            else "lower data.max_length or the batch size (batches are already grouped by length)"
+        )
+        lines.append(
+            f"padding-bound: {stats.padding_share:.0%} of computed tokens are padding; {fix}"
+        )
+    return lines
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def report_lines(stats: StepStats, title: str = "") -> list[str]:
+    steps = len(stats.step_s)
+    lines = [
+        f"laptrain bench{': ' + title if title else ''} ({steps} timed steps, {stats.device}, "
+        f"load {os.getloadavg()[0]:.1f})",
+        f"  samples/s:         {stats.samples_per_s:.1f}",
+        f"  tokens/s:          {stats.tokens_per_s:.0f} real"
+        + (f" ({1 - stats.padding_share:.0%} of computed)" if stats.computed_tokens else ""),
+        f"  step time:         p50 {stats.percentile(0.5) * 1e3:.1f} ms, "
+        f"p90 {stats.percentile(0.9) * 1e3:.1f} ms",
+        f"  data loading:      {stats.data_share:.0%} of the step ({stats.workers} workers)",
+        f"  peak memory:       device {_gib(stats.device_peak_bytes)}, "
+        f"RSS {_gib(stats.rss_peak_bytes)} of {_gib(stats.ram_total_bytes)} RAM",
+        f"  CPU utilisation:   {stats.cpu_share:.0%} of {stats.threads} torch threads "
+        f"({stats.cpu_s / max(stats.wall_s, 1e-9):.1f} cores busy)",
+    ]
+    found = advice(stats)
+    lines.append("advice:" if found else "advice: no bottleneck found")
+    lines += [f"  - {line}" for line in found]
+    return lines
+
+
+def parse_compare(text: str) -> tuple[str, list[str]]:
+    """``key=a,b`` -> (key, [a, b]); ValueError naming the expected form otherwise."""
+    key, _, values = text.partition("=")
+    choices = [v for v in values.split(",") if v]
+    if not key or len(choices) != 2:
+        raise ValueError(f"--compare {text!r}: expected key=a,b (e.g. hardware.num_workers=0,2)")
+    return key, choices
+
+
+def compare(
+    overrides: Sequence[str], key: str, choices: list[str], steps: int, rounds: int, root: Path
+) -> tuple[StepStats, StepStats]:
+    """Both settings built once, then measured in alternating rounds (A B A B ...)."""
+    jobs = [
+        build_job([*overrides, f"{key}={c}"], root / f"job{i}", lambda _: None)
+        for i, c in enumerate(choices)
+    ]
+    merged = [StepStats(), StepStats()]
+    per_round = max(2, steps // rounds)
+    for _ in range(rounds):
+        for job, total in zip(jobs, merged):
+            _merge(total, measure(job, per_round))
+    return merged[0], merged[1]
+
+
+def _merge(total: StepStats, part: StepStats) -> None:
+    total.step_s += part.step_s
+    total.data_s += part.data_s
+    for name in ("samples", "real_tokens", "computed_tokens", "wall_s", "cpu_s"):
+        setattr(total, name, getattr(total, name) + getattr(part, name))
+    for name in ("threads", "device", "device_total_bytes", "ram_total_bytes", "workers"):
+        setattr(total, name, getattr(part, name))
+    total.grouped = part.grouped
+    total.rss_peak_bytes = max(total.rss_peak_bytes, part.rss_peak_bytes)
+    peaks = [p for p in (total.device_peak_bytes, part.device_peak_bytes) if p is not None]
+    total.device_peak_bytes = max(peaks) if peaks else None
+
+
+def bench_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="laptrain bench", description="time N training steps of your job (no run folder)"
+    )
+    parser.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed first steps (default 3)")
+    parser.add_argument(
+        "--compare", metavar="KEY=A,B", help="run two settings interleaved and print the ratio"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of A B with --compare")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides (key=value, group=option)")
+    args = parser.parse_args(list(argv))
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        with tempfile.TemporaryDirectory(prefix="laptrain-bench-") as tmp:
+            if args.compare:
+                key, choices = parse_compare(args.compare)
+                a, b = compare(args.overrides, key, choices, args.steps, args.rounds, Path(tmp))
+                for stats, choice in ((a, choices[0]), (b, choices[1])):
+                    print("\n".join(report_lines(stats, f"{key}={choice}")))
+                print(
+                    f"{key}={choices[1]} vs {key}={choices[0]}: samples/s ratio "
+                    f"{b.samples_per_s / max(a.samples_per_s, 1e-9):.2f}, step p50 ratio "
+                    f"{b.percentile(0.5) / max(a.percentile(0.5), 1e-9):.2f} "
+                    f"({args.rounds} interleaved rounds)"
+                )
+                return 0
+            job = build_job(args.overrides, Path(tmp))
+            stats = measure(job, args.steps, args.warmup)
+            print("\n".join(report_lines(stats)))
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
