@@ -75,7 +75,7 @@ class NonFiniteGuard(Callback):
             grads = [
                 p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
             ]
-            if grads and not bool(torch.isfinite(_total_norm(grads))):
+            if grads and not _all_finite(grads):
                 what = "gradients are not finite"
                 if self.action == "stop":
                     raise NonFiniteLoss(self._message(trainer, pl_module, what))
@@ -137,9 +137,12 @@ def _kind(t: torch.Tensor) -> str:
     return "nan" if math.isnan(value) else "inf" if math.isinf(value) else "not finite"
 
 
-def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    norms = torch._foreach_norm(grads)
-    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+def _all_finite(grads: list[torch.Tensor]) -> bool:
+    """Whether every gradient is finite: the sum of the per-tensor norms (one fused pass, one
+    device sync) is finite exactly when they all are (a sum of finite norms reaching float32's
+    maximum, ~3e38, counts as not finite too). Half the cost of stacking float copies and taking
+    their norm (benchmarks/overhead.py)."""
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads)).float().sum()))
 
 
 def _has_grad_scaler(trainer: pl.Trainer) -> bool:

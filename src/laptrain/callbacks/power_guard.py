@@ -140,6 +140,8 @@ class PowerGuard(Callback):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if not self.enabled or self.battery is None:
+            return  # nothing is timed (on_train_batch_end returns early too)
         self._t0, self._cooling0 = self.clock(), cooling_s(trainer.callbacks)
 
     @override
