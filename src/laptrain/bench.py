@@ -221,9 +221,9 @@ def job_callbacks(job: BenchJob) -> list[Any]:
     return _instantiate_all(job.cfg.get("callbacks"))
 
 
-def make_trainer(job: BenchJob, steps: int, callbacks: list[Any]) -> Any:
-    """A Trainer for ``steps`` optimizer steps of the job: its config, plan and loggers (writing
-    into the temporary folder), no validation, no model summary."""
+def make_trainer(job: BenchJob, steps: int, callbacks: list[Any], epochs: int = -1) -> Any:
+    """A Trainer for ``steps`` optimizer steps (or ``epochs`` epochs with ``steps=-1``) of the job:
+    its config, plan and loggers (writing into the job's folder), no validation, no summary."""
     from hydra.utils import instantiate
 
     from laptrain.run import _instantiate_all, _instantiate_list, checkpoint_plugins
@@ -235,7 +235,7 @@ def make_trainer(job: BenchJob, steps: int, callbacks: list[Any]) -> Any:
         callbacks=callbacks,
         logger=loggers or False,
         max_steps=steps,
-        max_epochs=-1,
+        max_epochs=epochs,
         limit_val_batches=0,
         enable_model_summary=False,
         default_root_dir=str(job.folder),
