@@ -1,0 +1,52 @@
+"""The speed benchmarks run and print their tables (tiny sizes: no timing is asserted here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, TINY, write_texts
+
+BENCH = ROOT / "benchmarks"
+
+
+def run(script: str, args: list[str], cwd: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=cwd,
+        env={**os.environ, "LAPTRAIN_CACHE": str(cwd / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_overhead_prints_the_ratio_and_each_callbacks_cost(tmp_path: Path) -> None:
+    csv = write_texts(tmp_path / "texts.csv", rows=120)
+    job = [*TINY, "hardware=cpu", "data=text_csv", f"data.files.train={csv}"]
+    out = run("overhead.py", ["--steps", "3", "--repeats", "1", *job], tmp_path)
+    assert "load average" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert rows["plain loop"].split("|")[3].strip() == "1.000"
+    assert "laptrain (default callbacks + logger)" in rows
+    for callback in ("NonFiniteGuard", "RunReport", "RichProgressBar", "PowerGuard"):
+        assert callback in rows  # each default callback with per-batch hooks has its own row
+
+
+@pytest.mark.slow
+def test_run_all_smoke_prints_the_four_tables(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")  # Hugging Face's Trainer needs it (the [dev] extra)
+    out = run("run_all.py", ["--smoke"], tmp_path)
+    assert "failed" not in out
+    for script in ("overhead.py", "vs_hf.py", "startup.py", "cache.py"):
+        assert f"## {script}" in out
+    assert out.count("machine:") == 4
+    assert "| HF group_by_length |" in out
+    assert "total to the first optimizer step" in out
+    assert "| second (cache warm) |" in out
