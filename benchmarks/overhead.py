@@ -1,13 +1,15 @@
 """laptrain's cost over a plain PyTorch loop: the same model, batches, order and optimizer.
 
-Three arms, interleaved (plain, Lightning, laptrain, plain, ...) in one process so that machine
+Five arms, interleaved (plain, Lightning, laptrain, plain, ...) in one process so that machine
 noise hits all alike, each the same ``--steps`` batches of the default job (or the job the
 overrides compose), each with a fresh optimizer and learning-rate schedule:
 
 - plain: ``loss.backward(); optimizer.step(); scheduler.step(); zero_grad()`` in a for loop;
 - lightning: ``Trainer.fit`` with no callbacks and no logger (what Lightning alone costs);
 - laptrain: ``Trainer.fit`` with the job's full callback set (conf/callbacks/default.yaml) and
-  its logger, as ``python train.py`` runs it.
+  its logger, as ``python train.py`` runs it;
+- laptrain without the progress bar, and without the logger (and the learning-rate monitor,
+  which needs one): what they cost outside their hooks.
 
 A step is timed from one batch start to the next (every hook, the optimizer and logging inside);
 the time per step of an arm is its timed steps' total over their number (periodic work, e.g. the
@@ -118,6 +120,10 @@ def _timed(fn: Any, name: str, spent: dict[str, float]) -> Any:
     return wrapped
 
 
+def without(callbacks: list[Any], name: str) -> list[Any]:
+    return [c for c in callbacks if type(c).__name__ != name]
+
+
 def fit(job: Any, batches: list[Any], callbacks: list[Any], logger: bool) -> float:
     clock = BatchStarts()
     trainer = make_trainer(job, len(batches), [clock, *callbacks])
@@ -152,6 +158,13 @@ def main() -> None:
                 fit(job, batches, callbacks, logger=True)
             )
             timed_steps += len(batches)
+            # costs outside the hooks (a refresh thread, the logger's writes): leave one out
+            times["laptrain without the progress bar"].append(
+                fit(job, batches, without(job_callbacks(job), "RichProgressBar"), logger=True)
+            )
+            times["laptrain without the logger"].append(
+                fit(job, batches, without(job_callbacks(job), "LearningRateMonitor"), logger=False)
+            )
     step = {arm: statistics.median(t) for arm, t in times.items()}
     plain = step["plain loop"]
     # the ratio of each repeat's arms (taken back to back), then the median: a load change

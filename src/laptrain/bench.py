@@ -117,8 +117,9 @@ def _make_clock_class() -> type:
 
     class StepClock(pl.Callback):
         """Times each batch from one ``on_train_batch_start`` to the next (so every callback, the
-        optimizer and the wait for the next batch are inside), and the wait for data alone: from
-        the end of a batch's hooks to the start of the next one. Synchronises the device once per
+        optimizer and the wait for the next batch are inside), and the time between batches: from
+        the end of a batch's hooks to the start of the next one (fetching and collating the next
+        batch, plus the loop's logging). Synchronises the device once per
         batch (on CPU a no-op) so that queued kernels are counted in their own step."""
 
         def __init__(self, warmup: int, sync: Callable[[], None]) -> None:
@@ -265,7 +266,8 @@ def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = T
     sync, memory = _device_sync_and_memory(job.plan.device)
     timer = clock(warmup, sync)
     callbacks = job_callbacks(job) if with_callbacks else []
-    trainer = make_trainer(job, warmup + steps, [timer, *callbacks])
+    # last: its batch-end time is taken after the other callbacks' batch-end hooks
+    trainer = make_trainer(job, warmup + steps, [*callbacks, timer])
     trainer.fit(job.model, datamodule=job.datamodule)
     stats = timer.stats
     stats.threads = _torch_threads()
@@ -292,12 +294,12 @@ def advice(stats: StepStats) -> list[str]:
     if stats.data_share > DATA_BOUND_SHARE:
         if stats.workers == 0:
             lines.append(
-                f"data-bound: {stats.data_share:.0%} of each step waits for the next batch; "
+                f"data-bound: {stats.data_share:.0%} of each step is spent between batches; "
                 "try hardware.num_workers=2 (compare: --compare hardware.num_workers=0,2)"
             )
         else:
             lines.append(
-                f"data-bound: {stats.data_share:.0%} of each step waits for the next batch with "
+                f"data-bound: {stats.data_share:.0%} of each step is spent between batches with "
                 f"{stats.workers} workers; set hardware.persistent_workers=true, more workers, or "
                 "pre-tokenize the data once (the tokenized cache under paths.cache_dir)"
             )
@@ -362,7 +364,8 @@ def report_lines(stats: StepStats, title: str = "") -> list[str]:
         + (f" ({1 - stats.padding_share:.0%} of computed)" if stats.computed_tokens else ""),
         f"  step time:         p50 {stats.percentile(0.5) * 1e3:.1f} ms, "
         f"p90 {stats.percentile(0.9) * 1e3:.1f} ms",
-        f"  data loading:      {stats.data_share:.0%} of the step ({stats.workers} workers)",
+        f"  between batches:   {stats.data_share:.0%} of the step: data loading "
+        f"({stats.workers} workers) and logging",
         f"  peak memory:       device {_gib(stats.device_peak_bytes)}, "
         f"RSS {_gib(stats.rss_peak_bytes)} of {_gib(stats.ram_total_bytes)} RAM",
         f"  CPU utilisation:   {stats.cpu_share:.0%} of {stats.threads} torch threads "
@@ -384,7 +387,13 @@ def parse_compare(text: str) -> tuple[str, list[str]]:
 
 
 def compare(
-    overrides: Sequence[str], key: str, choices: list[str], steps: int, rounds: int, root: Path
+    overrides: Sequence[str],
+    key: str,
+    choices: list[str],
+    steps: int,
+    rounds: int,
+    root: Path,
+    warmup: int = 3,
 ) -> tuple[StepStats, StepStats]:
     """Both settings built once, then measured in alternating rounds (A B A B ...)."""
     jobs = [
@@ -395,7 +404,7 @@ def compare(
     per_round = max(2, steps // rounds)
     for _ in range(rounds):
         for job, total in zip(jobs, merged):
-            _merge(total, measure(job, per_round))
+            _merge(total, measure(job, per_round, warmup))
     return merged[0], merged[1]
 
 
@@ -430,7 +439,9 @@ def bench_main(argv: Sequence[str]) -> int:
         with tempfile.TemporaryDirectory(prefix="laptrain-bench-") as tmp:
             if args.compare:
                 key, choices = parse_compare(args.compare)
-                a, b = compare(args.overrides, key, choices, args.steps, args.rounds, Path(tmp))
+                a, b = compare(
+                    args.overrides, key, choices, args.steps, args.rounds, Path(tmp), args.warmup
+                )
                 for stats, choice in ((a, choices[0]), (b, choices[1])):
                     print("\n".join(report_lines(stats, f"{key}={choice}")))
                 print(

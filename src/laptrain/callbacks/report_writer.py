@@ -20,13 +20,17 @@ PLOT_NAME = "report.png"
 PLOT_ALT = "loss, validation metrics, throughput, memory and thermal state"
 
 
-def token_count(batch: Any) -> int | None:
-    """Real tokens in a tokenized batch (``attention_mask`` sum, else ``input_ids`` size)."""
+def token_count(batch: Any) -> int | Tensor | None:
+    """Real tokens in a tokenized batch (``attention_mask`` sum, else ``input_ids`` size).
+
+    The mask's sum stays a 0-dim tensor on the batch's device: reading it as a number would wait
+    for the device to finish every queued kernel, once per step (on MPS or CUDA). The caller adds
+    these up and reads the total only when it reports it."""
     if isinstance(batch, Mapping):
         for key in ("attention_mask", "input_ids"):
             value = batch.get(key)
             if isinstance(value, Tensor):
-                return int(value.sum()) if key == "attention_mask" else value.numel()
+                return value.detach().sum() if key == "attention_mask" else value.numel()
     return None
 
 

@@ -111,7 +111,8 @@ class RunReport(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._t0, self._cooling0 = self.clock(), cooling_s(trainer.callbacks)
-        self._batch = {"samples": batch_length(batch), "tokens": token_count(batch) or 0}
+        tokens = token_count(batch)  # a tensor on the device: no sync here (report_writer)
+        self._batch = {"samples": batch_length(batch), "tokens": 0 if tokens is None else tokens}
 
     def _batch_totals(self, trainer: pl.Trainer) -> dict[str, Any]:
         """Totals with the current batch counted (it is done once its end hooks run)."""
@@ -142,6 +143,7 @@ class RunReport(Callback):
         if step == self._last_step or step % (self.every_n or trainer.log_every_n_steps):
             return
         self._last_step = step
+        self.totals = _settled(self.totals)  # one device sync per plot point, not per step
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
         samples = self.totals["samples"] - self._point["samples"]
         point = {
@@ -214,6 +216,7 @@ class RunReport(Callback):
         self.path = write_report(Path(self.output_dir or trainer.default_root_dir), report)
 
     def build(self, trainer: pl.Trainer) -> dict[str, Any]:
+        self.totals = _settled(self.totals)
         wall, t = self.wall_s(), self.totals
         sections = report_sections(trainer.callbacks)
         if not any(k.startswith("peak_") for k in sections.get("memory", {})):
@@ -277,7 +280,7 @@ class RunReport(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         # a checkpoint saved by an earlier callback's on_train_batch_end (a stop) includes this batch
-        totals = {**self._batch_totals(self._trainer), "wall_s": self.wall_s()}
+        totals = {**_settled(self._batch_totals(self._trainer)), "wall_s": self.wall_s()}
         return {
             "version": self.STATE_VERSION,
             "totals": totals,
@@ -315,3 +318,8 @@ def process_memory() -> dict[str, Any]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     mb = peak / 1024**2 if sys.platform == "darwin" else peak / 1024
     return {"peak_process_rss_mb": round(mb, 1), "source": "getrusage (memory monitor off)"}
+
+
+def _settled(totals: dict[str, Any]) -> dict[str, Any]:
+    """``totals`` with the token count read from the device (it adds up there between reports)."""
+    return {**totals, "tokens": int(totals["tokens"])}
