@@ -2,9 +2,9 @@
 
 The same data (laptrain's tokenized train and test splits of benchmarks/longtail.py's CSV), the
 same tokenizer, model (the job's BERT classifier, initialised from the same seed), max length,
-batch, one epoch, AdamW (lr, weight decay, biases and norms undecayed) and linear schedule with
-10 % warm-up. Three arms, each a fresh process, alternating (laptrain, HF, HF grouped, laptrain,
-...) over ``--seeds``:
+batch, one epoch, fused AdamW (lr, weight decay, biases and norms undecayed) and linear schedule
+with 10 % warm-up. Three arms, each a fresh process, alternating over ``--seeds`` with the order
+rotated each seed (so that a load trend does not favour the arm that runs last):
 
 - laptrain: ``Trainer.fit`` of the job with its default callbacks and logger (batches grouped by
   length, laptrain's default);
@@ -166,8 +166,8 @@ def main() -> None:
     results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory(prefix="laptrain-vs-hf-") as tmp:
         csv = write_longtail_csv(Path(tmp) / "longtail.csv", args.rows)
-        for seed in args.seeds:
-            for arm in ARMS:
+        for i, seed in enumerate(args.seeds):
+            for arm in ARMS[i % 3 :] + ARMS[: i % 3]:  # each arm first once: no order bias
                 folder = Path(tmp) / f"{arm.replace(' ', '_')}-{seed}"
                 results[arm].append(run_child(arm, csv, seed, folder, overrides))
     from laptrain.bench import machine_line
@@ -175,7 +175,8 @@ def main() -> None:
     print(machine_line())
     print(
         f"{args.rows} rows (long-tailed, benchmarks/longtail.py), "
-        f"{' '.join(overrides)}, one epoch, seeds {args.seeds}, arms alternating; medians\n"
+        f"{' '.join(overrides)}, one epoch, seeds {args.seeds}, arms alternating (order rotated "
+        "per seed); medians\n"
     )
     print(
         "| arm | samples/s | laptrain ÷ arm | real ÷ computed tokens | peak RSS GiB | "
