@@ -433,8 +433,18 @@ def bench_main(argv: Sequence[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of A B with --compare")
     parser.add_argument("overrides", nargs="*", help="train.py overrides (key=value, group=option)")
     args = parser.parse_args(list(argv))
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:  # Lightning's info lines would hide the report; restored on return
+        lg.setLevel(logging.WARNING)
+    try:
+        return _bench(args)
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _bench(args: argparse.Namespace) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="laptrain-bench-") as tmp:
             if args.compare:
