@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from transformers import get_linear_schedule_with_warmup
 
 from laptrain.bench import build_job, job_callbacks, machine_line, make_trainer
@@ -120,13 +121,15 @@ def _timed(fn: Any, name: str, spent: dict[str, float]) -> Any:
     return wrapped
 
 
-def without(callbacks: list[Any], name: str) -> list[Any]:
-    return [c for c in callbacks if type(c).__name__ != name]
+def without(callbacks: list[Any], kind: type) -> list[Any]:
+    return [c for c in callbacks if not isinstance(c, kind)]
 
 
-def fit(job: Any, batches: list[Any], callbacks: list[Any], logger: bool) -> float:
+def fit(
+    job: Any, batches: list[Any], callbacks: list[Any], logger: bool, bar: bool = True
+) -> float:
     clock = BatchStarts()
-    trainer = make_trainer(job, len(batches), [clock, *callbacks])
+    trainer = make_trainer(job, len(batches), [clock, *callbacks], enable_progress_bar=bar)
     if not logger:
         trainer.loggers = []
     trainer.fit(job.model, train_dataloaders=Batches(batches))
@@ -160,10 +163,10 @@ def main() -> None:
             timed_steps += len(batches)
             # costs outside the hooks (a refresh thread, the logger's writes): leave one out
             times["laptrain without the progress bar"].append(
-                fit(job, batches, without(job_callbacks(job), "RichProgressBar"), logger=True)
+                fit(job, batches, without(job_callbacks(job), ProgressBar), logger=True, bar=False)
             )
             times["laptrain without the logger"].append(
-                fit(job, batches, without(job_callbacks(job), "LearningRateMonitor"), logger=False)
+                fit(job, batches, without(job_callbacks(job), LearningRateMonitor), logger=False)
             )
     step = {arm: statistics.median(t) for arm, t in times.items()}
     plain = step["plain loop"]

@@ -222,9 +222,12 @@ def job_callbacks(job: BenchJob) -> list[Any]:
     return _instantiate_all(job.cfg.get("callbacks"))
 
 
-def make_trainer(job: BenchJob, steps: int, callbacks: list[Any], epochs: int = -1) -> Any:
+def make_trainer(
+    job: BenchJob, steps: int, callbacks: list[Any], epochs: int = -1, **kwargs: Any
+) -> Any:
     """A Trainer for ``steps`` optimizer steps (or ``epochs`` epochs with ``steps=-1``) of the job:
-    its config, plan and loggers (writing into the job's folder), no validation, no summary."""
+    its config, plan and loggers (writing into the job's folder), no validation, no summary;
+    ``kwargs`` are more Trainer arguments."""
     from hydra.utils import instantiate
 
     from laptrain.run import _instantiate_all, _instantiate_list, checkpoint_plugins
@@ -242,6 +245,7 @@ def make_trainer(job: BenchJob, steps: int, callbacks: list[Any], epochs: int = 
         default_root_dir=str(job.folder),
         plugins=checkpoint_plugins(_instantiate_list(job.cfg.trainer.get("plugins"))),
         _convert_="all",
+        **kwargs,
     )
 
 
@@ -421,10 +425,8 @@ def _merge(total: StepStats, part: StepStats) -> None:
     total.device_peak_bytes = max(peaks) if peaks else None
 
 
-def bench_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="laptrain bench", description="time N training steps of your job (no run folder)"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``laptrain bench``'s arguments (laptrain.cli declares the subcommand with them)."""
     parser.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed first steps (default 3)")
     parser.add_argument(
@@ -432,7 +434,10 @@ def bench_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of A B with --compare")
     parser.add_argument("overrides", nargs="*", help="train.py overrides (key=value, group=option)")
-    args = parser.parse_args(list(argv))
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """Run ``laptrain bench`` with parsed arguments; 2 after a one-line error on bad input."""
     loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:  # Lightning's info lines would hide the report; restored on return
@@ -442,6 +447,15 @@ def bench_main(argv: Sequence[str]) -> int:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+def bench_main(argv: Sequence[str]) -> int:
+    """``laptrain bench`` from a list of arguments (options and overrides in any order)."""
+    parser = argparse.ArgumentParser(
+        prog="laptrain bench", description="time N training steps of your job (no run folder)"
+    )
+    add_arguments(parser)
+    return bench_command(parser.parse_intermixed_args(list(argv)))
 
 
 def _bench(args: argparse.Namespace) -> int:

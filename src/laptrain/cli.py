@@ -9,6 +9,7 @@
 - ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
   job's memory estimate from config.json alone.
 - ``laptrain export|generate|eval <run or adapter folder>``: LoRA adapters.
+- ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.bench).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from laptrain.bench import add_arguments as add_bench_arguments
+from laptrain.bench import bench_command
 from laptrain.hardware.profile import conf_dir
 
 
@@ -270,8 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="train.py overrides: model=..., hardware=..., data=..., key=value",
     )
     _add_lora_commands(commands)
-    commands.add_parser(  # parsed by laptrain.bench (main hands it the rest of the line)
-        "bench", help="time N steps of your training job (laptrain bench --help)", add_help=False
+    add_bench_arguments(
+        commands.add_parser(
+            "bench", help="time N steps of your training job: speed, memory, CPU, advice"
+        )
     )
     return parser
 
@@ -285,15 +290,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export": lora_command,
     "generate": lora_command,
     "eval": lora_command,
+    "bench": bench_command,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:
-        from laptrain.bench import bench_main
-
-        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     return COMMANDS[args.command](args)
 
