@@ -318,8 +318,12 @@ def advice(stats: StepStats) -> list[str]:
         )
     if stats.device == "cpu" and stats.cpu_share < CPU_UNDERUSED_SHARE:
         cores = os.cpu_count() or stats.threads
+        load = os.getloadavg()[0]
         hint = (
-            f"raise hardware.torch_threads (this machine has {cores} hardware threads)"
+            f"the machine is busy (load {load:.1f} on {cores} cores): other processes hold "
+            "the cores; rerun when it is quiet"
+            if load > cores
+            else f"raise hardware.torch_threads (this machine has {cores} hardware threads)"
             if stats.threads < cores
             else "the steps may be too small to keep the threads busy: raise hardware.batch_size"
         )
