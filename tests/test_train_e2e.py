@@ -59,8 +59,11 @@ def test_run_writes_checkpoint_events_and_finite_metrics_then_resumes(tmp_path):
 
 
 def test_resume_false_keeps_the_old_run_and_starts_a_new_folder(tmp_path):
-    args = [*BASE, *data_args(tmp_path), "trainer.max_steps=2", "test=false"]
-    assert run_train(args, tmp_path).returncode == 0
+    # logger=none as well: the learning-rate monitor, which needs a logger, steps aside
+    args = [*BASE, *data_args(tmp_path), "trainer.max_steps=2", "test=false", "logger=none"]
+    first = run_train(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not (tmp_path / "outputs" / "t" / "tensorboard").exists()
     fresh = run_train([*args, "resume=false"], tmp_path)
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert "resuming" not in fresh.stdout

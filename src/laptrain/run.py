@@ -18,6 +18,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -232,6 +233,8 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
 
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))
+    if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
+        callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     trainer: pl.Trainer = instantiate(  # keyword arguments win over the config's keys
         cfg.trainer,
         **plan.trainer_kwargs(),
