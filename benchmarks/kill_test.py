@@ -2,8 +2,8 @@
 
 Each round starts `python train.py` on a small generated data set (tiny classifier, checkpoint every
 ``--interval`` steps so that kills land during saves), sends SIGKILL, SIGINT or SIGTERM at a seeded
-random moment (a third of the SIGKILLs wait for a checkpoint's temporary file to appear and kill
-during that write), then checks every checkpoint file in the run folder, reruns the same command to
+random step, at a random moment inside it (a third of the SIGKILLs wait for a checkpoint's
+temporary file to appear and kill during that write), then checks every checkpoint file in the run folder, reruns the same command to
 the end and compares the final ``last.ckpt`` with an uninterrupted run's, tensor by tensor.
 One run at a time (2 cores). Prints a markdown table.
 
@@ -133,7 +133,9 @@ def run_to_end(cmd: list[str], work: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=work, env=environment(work), capture_output=True, text=True)
 
 
-def interrupt(cmd: list[str], work: Path, rnd: Round, rng: random.Random, span: float) -> None:
+def interrupt(
+    cmd: list[str], work: Path, rnd: Round, rng: random.Random, total_steps: int, step_s: float
+) -> None:
     run_dir = work / "outputs" / cmd[-3].split("=", 1)[1]
     proc = subprocess.Popen(
         cmd,
@@ -152,8 +154,16 @@ def interrupt(cmd: list[str], work: Path, rnd: Round, rng: random.Random, span: 
             if any(ckpts.glob(".*.tmp")):
                 break
             time.sleep(0.001)
-    else:
-        time.sleep(rng.uniform(0, span))
+    else:  # a random step of the run, then a random moment inside that step
+        target = rng.randint(1, max(1, total_steps - 1))
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if int(marker.read_text() or 0) >= target:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, step_s))
     if proc.poll() is None:
         proc.send_signal(getattr(signal, rnd.signal))
     else:
@@ -200,13 +210,15 @@ def main(argv: list[str] | None = None) -> list[Round]:
 
     span = reference_run(command(work, data, "reference", args.interval), work)
     ref_last = work / "outputs" / "reference" / "checkpoints" / "last.ckpt"
+    total_steps = int(load_state(ref_last)["global_step"])
+    step_s = span / max(1, total_steps)
 
     rounds = []
     for i in range(args.runs):
         sig = SIGNALS[i % 3] if args.runs >= 3 else rng.choice(SIGNALS)
         rnd = Round(sig, during_save=sig == "SIGKILL" and rng.random() < 1 / 3)
         cmd = command(work, data, f"r{i}", args.interval)
-        interrupt(cmd, work, rnd, rng, span)
+        interrupt(cmd, work, rnd, rng, total_steps, step_s)
         done = run_to_end(cmd, work)
         if done.returncode != 0:
             rnd.notes.append(f"rerun exit {done.returncode}: {done.stderr.strip()[-200:]}")
