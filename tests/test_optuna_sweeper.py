@@ -20,9 +20,9 @@ from optuna.distributions import (  # noqa: E402
 )
 from optuna.trial import TrialState  # noqa: E402
 
+import hydra_plugins.laptrain_optuna_sweeper.optuna_sweeper as plugin  # noqa: E402
 from hydra_plugins.laptrain_optuna_sweeper.optuna_sweeper import (  # noqa: E402
     LaptrainOptunaSweeper,
-    SweepFailed,
     search_space,
 )
 
@@ -138,7 +138,9 @@ def test_a_trial_left_running_is_marked_failed_and_run_again_with_its_values(tmp
 @pytest.mark.parametrize("returned", [None, float("nan")])
 def test_a_trial_without_a_metric_fails_and_stops_the_sweep(tmp_path, returned):
     launcher = RecordingLauncher(lambda values: returned)
-    with pytest.raises(SweepFailed, match="no metric|NaN"):
+    # Hydra's plugin scan re-executes the plugin module in place (hydra/core/plugins.py,
+    # _scan_all_plugins), so the exception class is looked up in the module when raised.
+    with pytest.raises(plugin.SweepFailed, match="no metric|NaN"):
         sweeper(tmp_path, launcher, n_trials=3).sweep([])
     assert len(launcher.launched) == 1
     assert [t.state for t in study(tmp_path).trials] == [TrialState.FAIL]

@@ -8,12 +8,13 @@ check fail on purpose.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,19 @@ class Report:
             },
             indent=1,
         )
+
+
+@contextlib.contextmanager
+def lightning_quiet() -> Iterator[None]:
+    """Lightning's "GPU available" / tips lines would bury the report; the level is restored
+    afterwards (the doctor may run inside another program, or a test session)."""
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def check_machine(machine: MachineInfo, profile_name: str, profile: Mapping[str, Any]) -> Check:
@@ -280,8 +294,6 @@ def check_training(profile: Mapping[str, Any]) -> Check:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    # Lightning's "GPU available" / tips lines would bury the report.
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     torch.manual_seed(0)
     module = Tiny()
     plan = plan_batch(module, 32, {**profile, "batch_size": 4, "precision": precision}, probe)
@@ -303,7 +315,8 @@ def check_training(profile: Mapping[str, Any]) -> Check:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=plan.micro_batch))
+    with lightning_quiet():
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=plan.micro_batch))
     if len(module.losses) < 3 or not all(math.isfinite(x) for x in module.losses):
         return Check("training", False, f"losses {module.losses}", "report this with --json output")
     return Check(
@@ -339,7 +352,6 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
         return Check("lora training", False, str(err), "fix hardware.precision in the profile")
     if refuse_precision(kind, precision):
         precision = "32-true"  # train.py refuses it for LoRA with its own line; test the rest
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     torch.manual_seed(0)
     backbone = {
         "model_type": "llama",
@@ -380,7 +392,8 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
         callbacks=[Losses()],
     )
     loader = torch.utils.data.DataLoader(masked_token_batches(3), batch_size=None)
-    trainer.fit(module, train_dataloaders=loader)
+    with lightning_quiet():
+        trainer.fit(module, train_dataloaders=loader)
     lora_b = [p for n, p in module.named_parameters() if "lora_B" in n]
     moved = sum(bool(p.detach().abs().sum() > 0) for p in lora_b)
     if len(losses) < 3 or not all(math.isfinite(x) for x in losses) or moved < len(lora_b):
