@@ -21,7 +21,9 @@ def fake_preflight(micro: int, accumulation: int):
             effective_target=kw["effective_batch"],
             estimate=types.SimpleNamespace(total=2 * 1024**3),
             budget=types.SimpleNamespace(bytes=8 * 1024**3, source="test budget"),
-            summary_lines=lambda: ["preflight: test"],
+            summary_lines=lambda batch=True: (
+                ["preflight: estimate 2.00 GB"] + (["preflight: effective batch"] if batch else [])
+            ),
         )
 
     preflight.calls = calls
@@ -42,10 +44,10 @@ def test_an_auto_batch_comes_from_the_preflight_and_the_config_is_left_as_writte
     assert "largest that fits" in plan.reasons["batch"]
     assert "effective_batch_size=64" in plan.reasons["accumulation"]
     assert cfg.hardware.batch_size == "auto" and cfg.trainer.accumulate_grad_batches == 1
-    assert any(
-        line.startswith("memory: estimate 2.00 GB of budget 8.00 GB")
-        for line in plan.summary_lines()
-    )
+    # the preflight's own lines carry the estimate; the batch is printed once, by the plan
+    assert plan.memory["lines"] == ["preflight: estimate 2.00 GB"]
+    assert not any(line.startswith("memory:") for line in plan.summary_lines())
+    assert sum("effective batch" in line for line in plan.summary_lines()) == 1
 
 
 def test_auto_without_the_preflight_is_refused_naming_both_options(tmp_path):

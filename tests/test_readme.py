@@ -133,3 +133,52 @@ def test_every_readme_error_line_is_what_the_checks_print(line, error):
         found = printed.find(part, at)
         assert found >= 0, (part, printed)
         at = found + len(part)
+
+
+def _ci_readme_commands():
+    spec = importlib.util.spec_from_file_location(
+        "readme_commands", ROOT / ".ci" / "readme_commands.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ci_runs_the_readme_commands_and_nothing_else():
+    """.ci/run executes the README's two blocks as read from README.md; a command of its own (an
+    install or a test line) would let CI and the README drift apart again."""
+    lines = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert lines == [
+        "set -euo pipefail",
+        'cd "$(dirname "$0")/.."',
+        'setup="$(python3 .ci/readme_commands.py setup)"',
+        'tests="$(python3 .ci/readme_commands.py test)"',
+        "printf '+ %s\\n' \"$setup\"",
+        'eval "$setup"',
+        "printf '+ %s\\n' \"$tests\"",
+        'eval "$tests"',
+    ]
+
+
+def test_the_readme_commands_ci_reads_are_the_ones_a_newcomer_sees():
+    commands = _ci_readme_commands().two_commands(README)
+    setup = commands["setup"].splitlines()
+    assert setup[0] == "python -m venv .venv && . .venv/bin/activate"
+    assert setup[1].startswith('pip install torch==2.13.0 && pip install -e ".[dev]"')
+    assert setup[2] == "python train.py"
+    assert commands["test"] == "python -m pytest -q"
+
+
+def test_the_dev_extra_installs_every_extra_the_suite_tests():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert (
+        "laptrain[sweep]" in extras["dev"]
+    )  # the optuna sweeper and the slurm launcher are tested

@@ -25,6 +25,7 @@ from typing import Any
 from laptrain.bench import add_arguments as add_bench_arguments
 from laptrain.bench import bench_command
 from laptrain.hardware.profile import conf_dir
+from laptrain.project import ProjectNotFound, train_script
 
 
 def configured_model_params(overrides: list[str]) -> int | None:
@@ -152,22 +153,10 @@ def _add_lora_commands(commands: Any) -> None:
     ev.add_argument("--batch-size", type=int, default=8)
 
 
-def train_script() -> Path:
-    """The repository's train.py (an editable install keeps this package inside the repository)."""
-    return Path(__file__).resolve().parents[2] / "train.py"
-
-
 def run_train_script(overrides: list[str]) -> int:
     """Run train.py with ``overrides`` as its command line, in this process, as ``python train.py``
     would: the same hardware=auto resolution, precheck and exit codes (train.py exits non-zero)."""
     script = train_script()
-    if not script.is_file():
-        print(
-            f"error: {script} not found: laptrain train needs an editable install of the repository "
-            "(pip install -e .); otherwise run `python train.py` in the repository",
-            file=sys.stderr,
-        )
-        return 2
     sys.argv = [str(script), *overrides]
     runpy.run_path(str(script), run_name="__main__")
     return 0
@@ -175,7 +164,11 @@ def run_train_script(overrides: list[str]) -> int:
 
 def train_main() -> None:
     """``laptrain-train [overrides]``: the same as ``laptrain train [overrides]``."""
-    sys.exit(run_train_script(sys.argv[1:]))
+    try:
+        sys.exit(run_train_script(sys.argv[1:]))
+    except ProjectNotFound as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def train(args: argparse.Namespace) -> int:
@@ -296,7 +289,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return COMMANDS[args.command](args)
+    try:
+        return COMMANDS[args.command](args)
+    except ProjectNotFound as err:  # a plain `pip install .` run outside the clone
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

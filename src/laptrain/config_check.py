@@ -16,12 +16,13 @@ import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from laptrain.plan import batch_follows_profile
+from laptrain.plugin_extras import MissingExtra, check_plugin_extras
 
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 # laptrain's own reserved keys in a model YAML, removed before instantiation (laptrain.argv).
@@ -296,6 +297,10 @@ def compose_argv(argv: Sequence[str], conf_dir: str, config_name: str = "train")
     from hydra.core.hydra_config import HydraConfig
 
     overrides, multirun = _overrides(argv)
+    try:
+        check_plugin_extras(overrides, Path(conf_dir))
+    except MissingExtra as err:
+        raise ConfigError(str(err)) from None
     try:
         if multirun:
             overrides = [_first_choice(o) for o in overrides]

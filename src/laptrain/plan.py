@@ -99,7 +99,7 @@ class RunPlan:
         ]
         if not self.memory and self.reasons.get("memory"):
             lines.append(f"memory: {self.reasons['memory']}")
-        if self.memory:
+        if self.memory and not self.memory.get("lines"):
             lines.append(
                 f"memory: estimate {self.memory['estimate_gb']:.2f} GB of budget "
                 f"{self.memory['budget_gb']:.2f} GB ({self.memory['budget_source']})"
@@ -203,7 +203,7 @@ def build_run_plan(
                 "estimate_gb": found.estimate.total / 1024**3,
                 "budget_gb": found.budget.bytes / 1024**3,
                 "budget_source": found.budget.source,
-                "lines": found.summary_lines(),
+                "lines": found.summary_lines(batch=False),
             }
         elif auto:
             raise ValueError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from laptrain.argv import insert_overrides, override_indices, overrides
+from laptrain.argv import insert_overrides, override_indices
 from laptrain.hardware.detect import MachineInfo, detect_machine
 from laptrain.hardware.profile import ProfileError, load_profile, profile_names
 
@@ -39,7 +39,7 @@ CUDA_TORCH_FIX = (
 )
 INTEL_MAC = (
     "Intel Macs are not supported: PyTorch publishes no macOS x86_64 wheels after 2.2.2 and "
-    "laptrain needs torch>=2.4"
+    "laptrain needs torch>=2.13"
 )
 
 
@@ -98,7 +98,7 @@ def choose_profile(machine: MachineInfo) -> Choice:
         if machine.rosetta:
             raise UnsupportedMachine(
                 "this Python is x86_64 under Rosetta on an Apple Silicon Mac, and PyTorch publishes "
-                "no macOS x86_64 wheels after 2.2.2 (laptrain needs torch>=2.4): install an arm64 "
+                "no macOS x86_64 wheels after 2.2.2 (laptrain needs torch>=2.13): install an arm64 "
                 "Python (`python -c 'import platform; print(platform.machine())'` must say arm64)"
             )
         raise UnsupportedMachine(INTEL_MAC)
@@ -128,8 +128,17 @@ def _batch_text(batch: object) -> str:
     )
 
 
-def describe(choice: Choice, profile: dict, threads_override: int | None) -> str:
-    """E.g. "Apple M2, 16 GB, 4P+4E cores, MPS → m2_air (threads 4, batch from preflight)"."""
+def describe(
+    choice: Choice, profile: dict, threads_override: int | None, details: bool = True
+) -> str:
+    """E.g. "Apple M2, 16 GB, 4P+4E cores, MPS → m2_air (threads 4, batch from preflight)";
+    without ``details`` only the machine, the device and the profile (and why, if it is a
+    fallback): train.py's run summary prints threads and batch itself, with their reasons."""
+    why = f"; {choice.why}" if choice.why else ""
+    if not details:
+        return f"{choice.machine.summary()}, {choice.device} → {choice.profile}" + (
+            f" ({choice.why})" if choice.why else ""
+        )
     threads = profile.get("torch_threads") or threads_override
     if threads is None:
         threads_text = (
@@ -139,7 +148,6 @@ def describe(choice: Choice, profile: dict, threads_override: int | None) -> str
         )
     else:
         threads_text = f"threads {threads}"
-    why = f"; {choice.why}" if choice.why else ""
     return (
         f"{choice.machine.summary()}, {choice.device} → {choice.profile} "
         f"({threads_text}, {_batch_text(profile.get('batch_size'))}{why})"
@@ -188,11 +196,6 @@ def resolve_hardware_argv(
         profile = profile_loader(choice.profile)
     except ProfileError:
         profile = {}
-    batch = [
-        a.split("=", 1)[1] for a in overrides(args) if a.split("=", 1)[0] == "hardware.batch_size"
-    ]
-    if batch:
-        profile = {**profile, "batch_size": batch[-1]}  # the line shows what will run
     threads = None
     if (
         profile.get("accelerator") == "cpu"
@@ -208,4 +211,4 @@ def resolve_hardware_argv(
         args[where : where + 1] = injected
     else:
         args = insert_overrides(args, injected)
-    return args, f"hardware=auto: {describe(choice, profile, threads)}"
+    return args, f"hardware=auto: {describe(choice, profile, threads, details=False)}"

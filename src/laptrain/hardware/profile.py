@@ -20,8 +20,10 @@ class ProfileError(ValueError):
 
 
 def conf_dir() -> Path:
-    """The repository's ``conf/`` folder (an editable install keeps src/ beside it)."""
-    return Path(__file__).resolve().parents[3] / "conf"
+    """The repository's ``conf/`` folder (laptrain.project finds the clone)."""
+    from laptrain.project import conf_dir as project_conf_dir
+
+    return project_conf_dir()
 
 
 def profile_names(root: Path | None = None) -> list[str]:

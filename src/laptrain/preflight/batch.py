@@ -67,15 +67,20 @@ class Plan:
     def effective_batch(self) -> int:
         return self.micro_batch * self.accumulation * self.devices
 
-    def summary_lines(self) -> list[str]:
+    def summary_lines(self, batch: bool = True) -> list[str]:
+        """What the preflight decided; without ``batch`` the batch line is left out (a run's
+        summary prints micro batch, accumulation and effective batch itself, with reasons)."""
         lines = [
             f"preflight: estimate {self.estimate.line()}",
             f"preflight: budget {self.budget.bytes / GB:.2f} GB ({self.budget.source}) on {self.device}, "
             f"precision {self.precision}, gradient checkpointing {'on' if self.checkpointing else 'off'}",
-            f"preflight: micro batch {self.micro_batch} x accumulation {self.accumulation} x devices "
-            f"{self.devices} = effective batch {self.effective_batch}"
-            + (" (batch_size auto)" if self.requested_batch == "auto" else ""),
         ]
+        if batch:
+            lines.append(
+                f"preflight: micro batch {self.micro_batch} x accumulation {self.accumulation} x "
+                f"devices {self.devices} = effective batch {self.effective_batch}"
+                + (" (batch_size auto)" if self.requested_batch == "auto" else "")
+            )
         if self.measured_peak is not None:
             ratio = self.estimate.total / self.measured_peak
             lines.append(
