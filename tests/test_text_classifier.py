@@ -35,9 +35,11 @@ def test_a_saved_folder_loads_through_the_same_path_as_a_hub_name(tmp_path):
     assert m4.model.classifier.out_features == 4
 
 
-def test_offline_hub_name_fails_with_a_hint(tmp_path, monkeypatch):
+def test_offline_hub_name_or_missing_folder_fails_with_a_hint(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(OSError, match="model.pretrained"):
+    with pytest.raises(OSError, match="hub name \\(offline\\?\\): set model.pretrained"):
+        TextClassifierModule(num_labels=2, pretrained="nobody-here/no-such-model")
+    with pytest.raises(ValueError, match="model.pretrained=.*missing-model does not exist"):
         TextClassifierModule(num_labels=2, pretrained=str(tmp_path / "missing-model"))
 
 

@@ -10,6 +10,7 @@
   job's memory estimate from config.json alone.
 - ``laptrain export|generate|eval <run or adapter folder>``: LoRA adapters.
 - ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.bench).
+- ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.fetch).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 
 from laptrain.bench import add_arguments as add_bench_arguments
 from laptrain.bench import bench_command
+from laptrain.fetch import add_arguments as add_fetch_arguments
+from laptrain.fetch import fetch_command
 from laptrain.hardware.profile import conf_dir
 from laptrain.project import ProjectNotFound, train_script
 
@@ -271,6 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
             "bench", help="time N steps of your training job: speed, memory, CPU, advice"
         )
     )
+    add_fetch_arguments(
+        commands.add_parser(
+            "fetch", help="put a model's pretrained weights in the cache; no model: list the cache"
+        )
+    )
     return parser
 
 
@@ -284,6 +292,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "generate": lora_command,
     "eval": lora_command,
     "bench": bench_command,
+    "fetch": fetch_command,
 }
 
 

