@@ -112,28 +112,35 @@ def doctor(args: argparse.Namespace) -> int:
 def lora_command(args: argparse.Namespace) -> int:
     """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.lora_tools)."""
     from laptrain import lora_tools
+    from laptrain.console import no_transformers_bars, quiet_libraries
 
+    quiet_libraries()
     try:
-        if args.command == "export":
-            out = lora_tools.export_merged(args.path, args.out, args.dtype)
-            print(f"merged model written to {out}")
-        elif args.command == "generate":
-            model, tokenizer = lora_tools.load_for_generation(args.path)
-            lora_tools.generate(
-                model,
-                tokenizer,
-                args.prompt,
-                max_new_tokens=args.max_new_tokens,
-                system_prompt=args.system,
-                temperature=args.temperature,
-            )
-            print()
-        else:
-            result = lora_tools.evaluate(args.path, args.data, args.max_length, args.batch_size)
-            print(result.markdown())
+        with no_transformers_bars():
+            return _lora_command(args, lora_tools)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
+    if args.command == "export":
+        out = lora_tools.export_merged(args.path, args.out, args.dtype)
+        print(f"merged model written to {out}")
+    elif args.command == "generate":
+        model, tokenizer = lora_tools.load_for_generation(args.path)
+        lora_tools.generate(
+            model,
+            tokenizer,
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            system_prompt=args.system,
+            temperature=args.temperature,
+        )
+        print()
+    else:
+        result = lora_tools.evaluate(args.path, args.data, args.max_length, args.batch_size)
+        print(result.markdown())
     return 0
 
 

@@ -49,6 +49,19 @@ class LightningChatter(logging.Filter):
         return record.levelno > logging.INFO or not LIGHTNING_CHATTER.match(record.getMessage())
 
 
+@contextlib.contextmanager
+def logger_level(name: str, level: int) -> Iterator[None]:
+    """The ``name`` logger at ``level`` for the block, then its own level back (the caller may run
+    inside another program, or a test session)."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def quiet_libraries() -> None:
     """Hold back the known library lines (idempotent: a sweep calls it once per job)."""
     for name in LIGHTNING_LOGGERS:

@@ -97,13 +97,10 @@ class Report:
 def lightning_quiet() -> Iterator[None]:
     """Lightning's "GPU available" / tips lines would bury the report; the level is restored
     afterwards (the doctor may run inside another program, or a test session)."""
-    logger = logging.getLogger("lightning.pytorch")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
+    from laptrain.console import logger_level
+
+    with logger_level("lightning.pytorch", logging.WARNING):
         yield
-    finally:
-        logger.setLevel(level)
 
 
 def check_machine(machine: MachineInfo, profile_name: str, profile: Mapping[str, Any]) -> Check:

@@ -112,13 +112,10 @@ def quiet_load_report() -> Iterator[None]:
     # transformers' own root logger: raising the level of ``transformers.modeling_utils`` itself
     # would make 5.x run its tensor-parallel plan check, which warns on every plain load
     # (transformers/modeling_utils.py: ``if logger.level >= logging.WARNING: verify_tp_plan``).
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
+    from laptrain.console import logger_level
+
+    with logger_level("transformers", logging.ERROR):
         yield
-    finally:
-        logger.setLevel(level)
 
 
 def load_pretrained_model(load: Callable[..., Any], source: Source, fix: str) -> Any:

@@ -52,7 +52,7 @@ def _busy(folder: Path, path: Path) -> RunFolderBusy:
     )
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -86,7 +86,7 @@ def _pid_holder_alive(path: Path) -> bool:
         info = json.loads(path.read_text() or "{}")
     except (OSError, ValueError):
         return False
-    return info.get("host") == socket.gethostname() and _pid_alive(int(info.get("pid", -1)))
+    return info.get("host") == socket.gethostname() and pid_alive(int(info.get("pid", -1)))
 
 
 def hold_run_folder(folder: str | Path, command: list[str] | None = None) -> bool:

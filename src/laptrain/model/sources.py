@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from laptrain.preflight.worker_memory import default_cache_dir
+from laptrain.run_lock import pid_alive
 
 MANIFEST = "laptrain_source.json"
 TMP_PREFIX = ".tmp-"
@@ -253,18 +254,8 @@ def _remove_stale_tmp(parent: Path) -> None:
             old = now - tmp.stat().st_mtime > STALE_TMP_SECONDS
         except (ValueError, OSError):
             continue
-        if old and not _pid_alive(pid):
+        if old and not pid_alive(pid):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
