@@ -615,3 +615,15 @@ def test_real_minilm_wheel(tmp_path: Path) -> None:
     assert model.config.hidden_size == 384
     assert folder_parameter_count(path) == sum(p.numel() for p in model.parameters())
     assert source_fingerprint(path) == source_fingerprint(MINILM)
+
+
+def test_a_gguf_too_large_for_this_machine_is_refused_before_dequantising(tmp_path: Path) -> None:
+    from laptrain.model.sources import TooLargeError, check_gguf_fits
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    check_gguf_fits(gguf, available_bytes=10**9)
+    with pytest.raises(TooLargeError) as err:
+        check_gguf_fits(gguf, available_bytes=TINY_PARAMS * 8 - 1)
+    assert "\n" not in str(err.value) and "to dequantise to float32" in str(err.value)
+    assert "model.pretrained=<that save_pretrained folder>" in str(err.value)
+    assert not (tmp_path / "cache").exists()

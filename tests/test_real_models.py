@@ -15,7 +15,7 @@ import torch
 from tests.conftest import run_train
 from tests.test_lora_resume import SigtermAt, assert_equal
 
-STOP = 4
+STOP = 3  # between validations (every 4): a stop due before a validation waits one step
 SIGTERM_AT = [
     f"+callbacks.sigterm_at._target_={SigtermAt.__module__}.SigtermAt",
     f"+callbacks.sigterm_at.step={STOP}",

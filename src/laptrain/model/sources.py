@@ -550,6 +550,7 @@ def convert_gguf(
         return final  # loading the plain copy needs neither gguf nor accelerate
     _check_gguf_dependencies(gguf_path)
     arch = check_gguf_architecture(gguf_path)
+    check_gguf_fits(gguf_path)
     with _staging(root) as tmp:
         entry = tmp / "entry"
         start = time.perf_counter()
@@ -570,6 +571,33 @@ def convert_gguf(
         )
         final = _publish(entry, final)
     return final
+
+
+class TooLargeError(SourceError):
+    """A GGUF whose float32 copy would not fit this machine's memory while it is converted."""
+
+
+# Converting holds the dequantised float32 weights twice (transformers' load, then the plain model
+# they are copied into before save_pretrained): 8 bytes per parameter at the peak.
+CONVERT_BYTES_PER_PARAMETER = 8
+
+
+def check_gguf_fits(path: Path, available_bytes: int | None = None) -> None:
+    """Refuse, before dequantising, a GGUF whose conversion would exhaust memory (read from the
+    header: no tensor is loaded). ``available_bytes``: psutil's available memory when None."""
+    params = gguf_parameter_count(path)
+    need = params * CONVERT_BYTES_PER_PARAMETER
+    if available_bytes is None:
+        import psutil
+
+        available_bytes = int(psutil.virtual_memory().available)
+    if need > available_bytes:
+        raise TooLargeError(
+            f"model.pretrained={path}: {params / 1e9:.2f} B parameters need about "
+            f"{need / 1024**3:.1f} GB to dequantise to float32, and this machine has "
+            f"{available_bytes / 1024**3:.1f} GB available: use a smaller model, or convert it "
+            "on a larger machine and set model.pretrained=<that save_pretrained folder>"
+        )
 
 
 def _dequantise_and_save(gguf_path: Path, out: Path) -> tuple[int, str]:

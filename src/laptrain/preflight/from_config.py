@@ -342,7 +342,10 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
     }
     chosen = est[dtype if dtype in est else "float32"]
     fits = chosen.total <= budget.bytes
-    pretrained = model_cfg.get("pretrained") or "backbone"
+    from laptrain.pretrained import describe_source
+
+    source = model_cfg.get("pretrained")
+    pretrained = describe_source(source) if source else "backbone"
     lines = [
         f"model: {pretrained} ({type(config).__name__}, {config.num_hidden_layers} layers x "
         f"{config.hidden_size}, vocab {vocab}); counted on the meta device, no weights loaded",
