@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import warnings
 
+import lightning
 import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.demos.boring_classes import BoringModel
+from packaging.version import Version
 
 from laptrain.console import (
     LightningChatter,
@@ -62,7 +64,8 @@ def fit_and_test(quiet: bool) -> list[str]:
 def test_a_fit_prints_lightning_s_chatter_and_the_leafspec_warning(lightning_lines):
     # the control: what quiet_libraries removes is there without it (Lightning 2.6, torch 2.13)
     warned = fit_and_test(quiet=False)
-    assert any("LeafSpec" in w for w in warned)
+    if Version(lightning.__version__) >= Version("2.6.6"):  # 2.6.0, the floor, does not warn
+        assert any("LeafSpec" in w for w in warned)
     assert any(line.startswith("GPU available") for line in lightning_lines)
     assert any(line.startswith("💡 Tip") for line in lightning_lines)
 

@@ -40,6 +40,7 @@ def base_parameter_count(model_cfg: Mapping[str, Any]) -> int | None:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()  # transformers 5.0 leaves a tied head untied on the meta device
     return sum(p.numel() for p in model.parameters())
 
 

@@ -106,6 +106,7 @@ def lora_model(
     config.use_cache = False
     with torch.device("meta"):
         base = AutoModelForCausalLM.from_config(config)
+    base.tie_weights()  # transformers 5.0 leaves a tied head untied on the meta device
     if device != "meta":
         base = base.to_empty(device=device)
         with torch.no_grad():
