@@ -441,7 +441,7 @@ def test_gguf_is_dequantised_once_into_a_plain_folder(
         assert torch.equal(model(ids).logits, reference(ids).logits)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.chat_template == "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    assert tokenizer("abcd").input_ids == [10]
+    assert tokenizer("abcd", add_special_tokens=False).input_ids == [10]  # the merges survive
 
     def never(*_args: object) -> None:
         raise AssertionError("converted twice")
