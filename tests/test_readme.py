@@ -135,42 +135,38 @@ def test_every_readme_error_line_is_what_the_checks_print(line, error):
         at = found + len(part)
 
 
-def _ci_readme_commands():
-    spec = importlib.util.spec_from_file_location(
-        "readme_commands", ROOT / ".ci" / "readme_commands.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def two_commands() -> dict[str, list[str]]:
+    """The command lines of the README's "## Two commands" bash blocks: set-up, then tests."""
+    section = re.search(r"^## Two commands\n(.*?)(?=^## )", README, re.DOTALL | re.MULTILINE)
+    assert section, "README.md has no '## Two commands' section"
+    blocks = re.findall(r"^```bash\n(.*?)^```", section.group(1), re.DOTALL | re.MULTILINE)
+    assert len(blocks) == 2, f"'## Two commands' has {len(blocks)} bash blocks, not 2"
+    return dict(zip(("setup", "test"), (b.strip().splitlines() for b in blocks), strict=True))
 
 
-def test_ci_runs_the_readme_commands_and_nothing_else():
-    """.ci/run executes the README's two blocks as read from README.md; a command of its own (an
-    install or a test line) would let CI and the README drift apart again."""
+def test_ci_runs_the_readme_commands_line_for_line_and_nothing_else():
+    """.ci/run is the README's two blocks as written: a command of its own (an install or a test
+    line) would let CI and the README drift apart again."""
     lines = [
-        line.strip()
+        line
         for line in (ROOT / ".ci" / "run").read_text().splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
+    commands = two_commands()
     assert lines == [
         "set -euo pipefail",
         'cd "$(dirname "$0")/.."',
-        'setup="$(python3 .ci/readme_commands.py setup)"',
-        'tests="$(python3 .ci/readme_commands.py test)"',
-        "printf '+ %s\\n' \"$setup\"",
-        'eval "$setup"',
-        "printf '+ %s\\n' \"$tests\"",
-        'eval "$tests"',
+        *commands["setup"],
+        *commands["test"],
     ]
 
 
-def test_the_readme_commands_ci_reads_are_the_ones_a_newcomer_sees():
-    commands = _ci_readme_commands().two_commands(README)
-    setup = commands["setup"].splitlines()
-    assert setup[0] == "python -m venv .venv && . .venv/bin/activate"
-    assert setup[1].startswith('pip install torch==2.13.0 && pip install -e ".[dev]"')
-    assert setup[2] == "python train.py"
-    assert commands["test"] == "python -m pytest -q"
+def test_the_readme_commands_are_the_ones_a_newcomer_sees():
+    commands = two_commands()
+    assert commands["setup"][0] == "python -m venv .venv && . .venv/bin/activate"
+    assert commands["setup"][1].startswith('pip install torch==2.13.0 && pip install -e ".[dev]"')
+    assert commands["setup"][2] == "python train.py"
+    assert commands["test"] == ["python -m pytest -q"]
 
 
 def test_the_dev_extra_installs_every_extra_the_suite_tests():

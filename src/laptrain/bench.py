@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laptrain.hardware.profile import conf_dir
+from laptrain.project import conf_dir
 
 # Advice thresholds (shares of a step or of a resource); see bench.advice().
 DATA_BOUND_SHARE = 0.2  # more than this share of a step waiting for the next batch

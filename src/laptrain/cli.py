@@ -27,8 +27,7 @@ from laptrain.bench import add_arguments as add_bench_arguments
 from laptrain.bench import bench_command
 from laptrain.fetch import add_arguments as add_fetch_arguments
 from laptrain.fetch import fetch_command
-from laptrain.hardware.profile import conf_dir
-from laptrain.project import ProjectNotFound, train_script
+from laptrain.project import ProjectNotFound, conf_dir, train_script
 
 
 def configured_model_params(overrides: list[str]) -> int | None:
@@ -174,11 +173,7 @@ def run_train_script(overrides: list[str]) -> int:
 
 def train_main() -> None:
     """``laptrain-train [overrides]``: the same as ``laptrain train [overrides]``."""
-    try:
-        sys.exit(run_train_script(sys.argv[1:]))
-    except ProjectNotFound as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main(["train", *sys.argv[1:]]))
 
 
 def train(args: argparse.Namespace) -> int:

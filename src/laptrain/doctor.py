@@ -419,11 +419,7 @@ def check_pretrained_cache() -> Check:
             True,
             f"empty ({models_dir()}); `laptrain fetch MODEL` fills it before going offline",
         )
-    names = []
-    for entry in entries:
-        src = entry.source
-        what = src.get("member") if entry.kind == "wheel" else src.get("file")
-        names.append(f"{Path(str(what or entry.key)).name} ({entry.size_bytes / 1024**2:,.0f} MB)")
+    names = [f"{Path(e.label).name} ({e.size_bytes / 1024**2:,.0f} MB)" for e in entries]
     return Check("pretrained cache", True, f"{len(entries)} cached: {', '.join(names)}")
 
 

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from laptrain.hardware.profile import conf_dir
+from laptrain.project import conf_dir
 
 
 def model_source(name: str, root: Path | None = None) -> object:
@@ -35,11 +35,6 @@ def model_source(name: str, root: Path | None = None) -> object:
     return source
 
 
-def _size(path: Path) -> float:
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    return sum(p.stat().st_size for p in files) / 1024**2
-
-
 def cached_lines() -> list[str]:
     """One line per finished cache entry: kind, source, size, folder."""
     from laptrain.model.sources import list_cached, models_dir
@@ -47,26 +42,22 @@ def cached_lines() -> list[str]:
     entries = list_cached()
     if not entries:
         return [f"no pretrained models cached in {models_dir()} (laptrain fetch MODEL adds one)"]
-    lines = []
-    for entry in entries:
-        source = entry.source
-        name = (
-            f"{source.get('package')}:{source.get('member')}"
-            if entry.kind == "wheel"
-            else str(source.get("file", entry.key[:16]))
-        )
-        lines.append(f"{entry.kind:5} {name}  {entry.size_bytes / 1024**2:,.0f} MB  {entry.path}")
-    return lines
+    return [f"{e.kind:5} {e.label}  {e.size_bytes / 1024**2:,.0f} MB  {e.path}" for e in entries]
 
 
 def fetch_command(args: argparse.Namespace) -> int:
+    from laptrain.model.sources import looks_like_hub_name, tree_size
     from laptrain.pretrained import describe_source, resolve
 
     try:
         for model in args.models:
             name = model.split("=", 1)[1] if model.startswith("model=") else model
             source = model_source(name)
-            if isinstance(source, str) and "/" in source and not Path(source).exists():
+            if (
+                isinstance(source, str)
+                and looks_like_hub_name(source)
+                and not Path(source).exists()
+            ):
                 print(f"model={name}: {source} is a hub name; transformers fetches it when online")
                 continue
             start = time.perf_counter()
@@ -75,7 +66,7 @@ def fetch_command(args: argparse.Namespace) -> int:
             state = f"fetched in {seconds:.1f} s" if fetched else "already cached"
             print(
                 f"model={name}: {describe_source(source)} {state}: {local} "
-                f"({_size(Path(local)):,.0f} MB)"
+                f"({tree_size(Path(local)) / 1024**2:,.0f} MB)"
             )
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -68,17 +68,13 @@ def resolve(source: Source, check: bool = True) -> tuple[str, bool]:
 def _loaded(load: Callable[[str], T], local: str, source: Source, what: str, fix: str) -> T:
     try:
         return load(local)
-    except RuntimeError as err:
+    except (OSError, RuntimeError) as err:
+        folder = Path(local).exists()
         # huggingface_hub 1.x raises "Cannot send a request, as the client has been closed"
         # for a hub name under HF_HUB_OFFLINE=1; a folder's RuntimeError is a real one
-        if Path(local).exists():
+        if isinstance(err, RuntimeError) and folder:
             raise
-        raise OSError(
-            f"cannot load {what} {describe_source(source)!r} as a hub name (offline?): {fix} "
-            f"({err.__class__.__name__})"
-        ) from None
-    except OSError as err:
-        where = "folder" if Path(local).exists() else "hub name (offline?)"
+        where = "folder" if folder else "hub name (offline?)"
         raise OSError(
             f"cannot load {what} {describe_source(source)!r} as a {where}: {fix} "
             f"({err.__class__.__name__})"

@@ -96,7 +96,7 @@ def _predict_classifier(module: pl.LightningModule, batch: dict[str, torch.Tenso
 def _trm_sizes() -> dict[str, dict[str, Any]]:
     import yaml
 
-    from laptrain.hardware.profile import conf_dir
+    from laptrain.project import conf_dir
 
     sizes = yaml.safe_load((Path(conf_dir()) / "model" / "trm_sudoku.yaml").read_text())["sizes"]
     return {"tiny": {**sizes["tiny"], "hidden_size": 32, "n_sup": 3, "warmup_steps": 2}}

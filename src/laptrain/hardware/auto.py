@@ -134,11 +134,9 @@ def describe(
     """E.g. "Apple M2, 16 GB, 4P+4E cores, MPS → m2_air (threads 4, batch from preflight)";
     without ``details`` only the machine, the device and the profile (and why, if it is a
     fallback): train.py's run summary prints threads and batch itself, with their reasons."""
-    why = f"; {choice.why}" if choice.why else ""
+    chosen = f"{choice.machine.summary()}, {choice.device} → {choice.profile}"
     if not details:
-        return f"{choice.machine.summary()}, {choice.device} → {choice.profile}" + (
-            f" ({choice.why})" if choice.why else ""
-        )
+        return chosen + (f" ({choice.why})" if choice.why else "")
     threads = profile.get("torch_threads") or threads_override
     if threads is None:
         threads_text = (
@@ -148,10 +146,8 @@ def describe(
         )
     else:
         threads_text = f"threads {threads}"
-    return (
-        f"{choice.machine.summary()}, {choice.device} → {choice.profile} "
-        f"({threads_text}, {_batch_text(profile.get('batch_size'))}{why})"
-    )
+    why = f"; {choice.why}" if choice.why else ""
+    return f"{chosen} ({threads_text}, {_batch_text(profile.get('batch_size'))}{why})"
 
 
 def _user_sets(args: list[str], key: str) -> bool:

@@ -11,19 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from laptrain.project import conf_dir
+
 PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 
 
 class ProfileError(ValueError):
     """A profile asks for something this device cannot do; the message names the option to change."""
-
-
-def conf_dir() -> Path:
-    """The repository's ``conf/`` folder (laptrain.project finds the clone)."""
-    from laptrain.project import conf_dir as project_conf_dir
-
-    return project_conf_dir()
 
 
 def profile_names(root: Path | None = None) -> list[str]:

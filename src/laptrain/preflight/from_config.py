@@ -290,7 +290,7 @@ def fix_list(
 def _composed(overrides: list[str]) -> Any:
     from laptrain.config_check import compose_argv
     from laptrain.hardware.auto import resolve_hardware_argv
-    from laptrain.hardware.profile import conf_dir
+    from laptrain.project import conf_dir
 
     argv, _ = resolve_hardware_argv(["train.py", *overrides])
     return compose_argv(argv, str(conf_dir()))
