@@ -7,16 +7,31 @@ sequence lengths x gradient checkpointing off/on, each case runs in a fresh proc
 its own): build the model, estimate with the preflight, run two real AdamW steps, read the peak
 (process RSS high-water mark on CPU; ``torch.cuda.max_memory_allocated`` with ``--device cuda``).
 The table shows estimate / measured; the goal on CPU is 0.85-1.15 everywhere.
+
+    python benchmarks/preflight.py --real     # the real pretrained presets; about 5 min, 2 cores
+
+``--real``: the jobs users run, each as ``python train.py`` in a fresh process (3 optimizer steps,
+no validation or test): SmolLM2-135M LoRA (``experiment=lora_smollm2``) and all-MiniLM-L6-v2
+(``experiment=minilm``), each on data with short examples (the preflight sizes by the longest one)
+and on data whose examples reach ``data.max_length``, gradient checkpointing off and on. The
+estimate is the one the run prints (``preflight: estimate ...``); the measured peak is the whole
+process's RSS high-water mark (``os.wait4``), so whatever the run holds besides the training step
+(data, tokenizer, Lightning, TensorBoard) counts against the estimate too. The models must be
+cached (``laptrain fetch model=smollm2_135m_lora``, ``laptrain fetch model=minilm_classifier``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 MODELS = {
     "bert": dict(
@@ -83,11 +98,160 @@ def run_case(name: str, batch: int, seq_len: int, checkpointing: bool, device: s
     return {"estimate": estimate.total, "measured": peak, "parts": parts}
 
 
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = [
+    "the",
+    "of",
+    "a",
+    "to",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "be",
+    "this",
+    "are",
+    "from",
+    "or",
+    "at",
+    "an",
+]
+
+
+def long_rows(folder: Path) -> tuple[Path, Path]:
+    """Instruction pairs and labelled texts long enough to be cut at any data.max_length <= 512."""
+    import random
+
+    rng = random.Random(0)
+    pairs, texts = folder / "long_pairs.jsonl", folder / "long_texts.csv"
+    with pairs.open("w") as out:
+        for i in range(200):
+            prompt = " ".join(rng.choice(WORDS) for _ in range(700))
+            response = " ".join(rng.choice(WORDS) for _ in range(12))
+            out.write(json.dumps({"prompt": f"{i}: {prompt}", "response": response}) + "\n")
+    with texts.open("w") as out:
+        out.write("text,label\n")
+        for i in range(400):
+            out.write(" ".join(rng.choice(WORDS) for _ in range(700)) + f",{'ab'[i % 2]}\n")
+    return pairs, texts
+
+
+def short_texts(folder: Path) -> Path:
+    """Labelled texts of 3 to 12 words: a short-example set under data.max_length=256."""
+    import random
+
+    rng = random.Random(1)
+    path = folder / "short_texts.csv"
+    with path.open("w") as out:
+        out.write("text,label\n")
+        for i in range(400):
+            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
+            out.write(f"{words},{'ab'[i % 2]}\n")
+    return path
+
+
+def real_cases(folder: Path) -> list[tuple[str, str, list[str]]]:
+    """(model, data description, train.py overrides) of every --real case."""
+    pairs, long_texts = long_rows(folder)
+    short = short_texts(folder)
+    lora_long = ["data=instructions", f"data.files.train={pairs}", "data.max_length=256"]
+    minilm_short = ["data=text_csv", f"data.files.train={short}", "data.max_length=256"]
+    minilm_long = ["data=text_csv", f"data.files.train={long_texts}", "data.max_length=256"]
+    cases = []
+    for ckpt in ("false", "true"):
+        checkpointing = [f"model.gradient_checkpointing={ckpt}"]
+        cases += [
+            ("SmolLM2 LoRA", "stdlib pairs (short), batch 16", ["experiment=lora_smollm2"]),
+            ("SmolLM2 LoRA", "pairs cut at 256, batch 8", ["experiment=lora_smollm2", *lora_long]),
+            (
+                "MiniLM",
+                "short texts, max_length 256, batch 16",
+                ["experiment=minilm", *minilm_short],
+            ),
+            ("MiniLM", "default data (max_length 128), batch 16", ["experiment=minilm"]),
+            ("MiniLM", "texts cut at 256, batch 16", ["experiment=minilm", *minilm_long]),
+        ]
+        cases[-5:] = [(m, d, [*o, *checkpointing]) for m, d, o in cases[-5:]]
+    for i, (model, data, overrides) in enumerate(cases):
+        if "batch 8" in data:
+            cases[i] = (model, data, [*overrides, "data.batch_size=8"])
+    return cases
+
+
+ESTIMATE = re.compile(r"preflight: estimate ([0-9.]+) GB at micro batch (\d+) x (\d+) tokens")
+
+
+def run_real(overrides: list[str], folder: Path) -> dict:
+    """One train.py run of 3 steps in a fresh process: its printed estimate and its peak RSS."""
+    command = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *overrides,
+        "hardware=cpu",
+        "trainer.max_steps=3",
+        "trainer.max_epochs=-1",
+        "++trainer.limit_val_batches=0",
+        "++trainer.num_sanity_val_steps=0",
+        "test=false",
+        f"hydra.run.dir={folder}",
+    ]
+    with tempfile.TemporaryFile("w+") as out:
+        child = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+        _, status, usage = os.wait4(child.pid, 0)
+        out.seek(0)
+        text = out.read()
+    found = ESTIMATE.search(text)
+    if os.waitstatus_to_exitcode(status) or not found:
+        raise SystemExit(f"train.py {' '.join(overrides)} failed:\n{text[-3000:]}")
+    return {
+        "estimate": float(found.group(1)) * GB,
+        "batch": int(found.group(2)),
+        "tokens": int(found.group(3)),
+        "measured": usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024),
+    }
+
+
+def real(args: argparse.Namespace) -> None:
+    import torch
+
+    start = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (model, data, overrides) in enumerate(real_cases(Path(tmp))):
+            result = run_real(overrides, Path(tmp) / f"run{i}")
+            ckpt = "on" if "model.gradient_checkpointing=true" in overrides else "off"
+            ratio = result["estimate"] / result["measured"]
+            rows.append((model, data, ckpt, result, ratio))
+            print(model, data, ckpt, json.dumps(result), file=sys.stderr)
+    print(
+        f"estimate ÷ measured peak RSS of `python train.py` (3 steps, hardware=cpu), "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}, {time.time() - start:.0f} s\n"
+    )
+    print("| model | data | grad ckpt | sized at | estimate GB | peak RSS GB | ratio | 0.85-1.15 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model, data, ckpt, r, ratio in rows:
+        met = "yes" if 0.85 <= ratio <= 1.15 else "NO"
+        print(
+            f"| {model} | {data} | {ckpt} | {r['batch']} x {r['tokens']} | "
+            f"{r['estimate'] / GB:.2f} | {r['measured'] / GB:.2f} | {ratio:.2f} | {met} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"))
+    parser.add_argument("--real", action="store_true", help="the real pretrained presets")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.real:
+        real(args)
+        return
     if args.case:
         name, batch, seq_len, ckpt = args.case.split(",")
         print(json.dumps(run_case(name, int(batch), int(seq_len), ckpt == "1", args.device)))

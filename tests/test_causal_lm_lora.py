@@ -134,6 +134,49 @@ def one_line(err: pytest.ExceptionInfo) -> str:
     return text
 
 
+# ----- the output head on response positions only ------------------------------------------
+def test_head_on_response_positions_gives_the_full_heads_loss_and_gradients(
+    tokenizer, base, monkeypatch
+):
+    """The loss runs the output head on response positions only (response_head); the loss and every
+    adapter gradient equal those of the full forward, which computes logits at every position."""
+    from laptrain.model import causal_lm_lora
+
+    batch = collate(tokenizer.pad_token_id)(examples(tokenizer)[:4])
+    results = {}
+    for short in (True, False):
+        if not short:
+            monkeypatch.setattr(causal_lm_lora, "response_head", lambda model: None)
+        torch.manual_seed(1)
+        module = CausalLMLoRAModule(tokenizer, pretrained=base, lora={"r": 8})
+        module.train()
+        assert (causal_lm_lora.response_head(module.model) is not None) is short
+        torch.manual_seed(2)  # the same dropout masks in both passes
+        total, count = module._loss_sum(batch)
+        total.backward()
+        grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+        results[short] = (float(total), count, grads)
+    (loss, count, grads), (full_loss, full_count, full_grads) = results[True], results[False]
+    assert count == full_count == int((batch["labels"][:, 1:] != IGNORE).sum())
+    assert abs(loss - full_loss) <= 1e-4 * abs(full_loss)
+    assert grads.keys() == full_grads.keys() and len(grads) == 2 * 2 * 7
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, full_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_architectures_that_change_logits_after_the_head_keep_the_full_forward():
+    from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from laptrain.model.causal_lm_lora import response_head
+
+    small = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, vocab_size=64)
+    small |= dict(num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    llama = LlamaForCausalLM(LlamaConfig(**small))
+    decoder, head = response_head(llama)
+    assert decoder is llama.model and head is llama.lm_head
+    assert response_head(Gemma2ForCausalLM(Gemma2Config(**small))) is None  # soft-capped logits
+
+
 # ----- 3. gradient checkpointing ----------------------------------------------------------------
 def test_checkpointing_gives_every_adapter_a_gradient_and_the_same_loss(tokenizer, base):
     batch = collate(tokenizer.pad_token_id)(examples(tokenizer)[:4])

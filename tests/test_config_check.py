@@ -45,7 +45,10 @@ def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_closest_argument(tmp_pa
         ("trainer.max_epochs=-5", "trainer.max_epochs=-5 must be an int >= -1"),
         ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches=0 must be"),
         ("model.optimizer.lr=1e-4,3e-4", "add -m to sweep"),
-        ("model.gradient_checkpointing=maybe", "model.gradient_checkpointing='maybe' must be bool"),
+        (
+            "model.gradient_checkpointing=maybe",
+            "model.gradient_checkpointing='maybe' must be bool or 'auto'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_naming_the_key_and_the_fix(override, expected):

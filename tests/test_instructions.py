@@ -323,3 +323,15 @@ def test_another_template_gets_its_own_end_of_turn_and_the_same_prefix_rule(toke
     last = len(ids) - len(tok("delta<|im_end|>", add_special_tokens=False)["input_ids"])
     assert ids[:last] == render_prompt(tok, chat[:-1])
     assert tok.decode(ids) + "\n" == tok.apply_chat_template(chat, tokenize=False)
+
+
+def test_longest_example_is_the_widest_training_batch_not_max_length(tmp_path, tokenizer_dir):
+    """Short pairs under a long data.max_length: the preflight sizes by this, not by 512."""
+    dm = module(tmp_path, tokenizer_dir, max_length=512)
+    dm.setup()
+    widest = max(b["input_ids"].shape[1] for b in dm.train_dataloader())
+    assert dm.longest_example("train") == widest < 100
+    packed = module(tmp_path, tokenizer_dir, max_length=128, packing=True)
+    packed.setup()
+    rows = max(b["input_ids"].shape[1] for b in packed.train_dataloader())
+    assert packed.longest_example("train") == rows <= 128 and rows > widest

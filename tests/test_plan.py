@@ -10,14 +10,16 @@ from laptrain.plan import build_run_plan
 from tests.conftest import compose_train
 
 
-def fake_preflight(micro: int, accumulation: int):
+def fake_preflight(micro: int, accumulation: int, checkpointing: bool = False):
     calls = []
 
     def preflight(model, datamodule, profile, **kw):
         calls.append((profile["batch_size"], kw["accumulation"], kw["effective_batch"]))
+        preflight.checkpointing_asked = kw.get("checkpointing")
         return types.SimpleNamespace(
             micro_batch=micro,
             accumulation=accumulation,
+            checkpointing=checkpointing,
             effective_target=kw["effective_batch"],
             estimate=types.SimpleNamespace(total=2 * 1024**3),
             budget=types.SimpleNamespace(bytes=8 * 1024**3, source="test budget"),
@@ -84,3 +86,25 @@ def test_ddp_devices_come_from_the_trainer_config(tmp_path):
     plan = build_run_plan(cfg, object(), DATA, "32-true")
     assert plan.devices == 2 and plan.effective_batch == 2 * plan.loader_batch
     assert plan.trainer_kwargs()["devices"] == 2
+
+
+def test_auto_checkpointing_is_decided_by_the_preflight_and_recorded_in_the_plan(tmp_path):
+    cfg = compose_train(["hardware=cpu", "model.gradient_checkpointing=auto"], tmp_path)
+    preflight = fake_preflight(micro=16, accumulation=1, checkpointing=True)
+    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=preflight)
+    assert preflight.checkpointing_asked == "auto" and plan.gradient_checkpointing is True
+    fixed = compose_train(["hardware=cpu", "model.gradient_checkpointing=false"], tmp_path)
+    preflight = fake_preflight(micro=16, accumulation=1)
+    plan = build_run_plan(fixed, object(), DATA, "32-true", preflight=preflight)
+    assert preflight.checkpointing_asked is None and plan.gradient_checkpointing is None
+
+
+def test_auto_checkpointing_with_the_preflight_off_is_off_and_says_how_to_force_it(tmp_path):
+    overrides = ["hardware=cpu", "preflight.enabled=false", "model.gradient_checkpointing=auto"]
+    plan = build_run_plan(compose_train(overrides, tmp_path), object(), DATA, "32-true")
+    assert plan.gradient_checkpointing is False
+    line = next(x for x in plan.summary_lines() if x.startswith("gradient checkpointing"))
+    assert line == (
+        "gradient checkpointing: off (model.gradient_checkpointing=auto with the preflight off: "
+        "set it to true to force it)"
+    )

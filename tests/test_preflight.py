@@ -314,3 +314,52 @@ def test_auto_without_a_target_keeps_the_configured_accumulation():
         model, SEQ, cpu_profile(1.0), FakeProbe(readings=[reading()]), accumulation=4, max_batch=8
     )
     assert (plan.micro_batch, plan.accumulation) == (8, 4)
+
+
+# ----- model.gradient_checkpointing: auto -------------------------------------------------------
+def test_auto_checkpointing_stays_off_when_the_batch_fits_without_it():
+    model = tiny_bert()
+    memory = model_memory(model, SEQ, "32-true")
+    budget = memory.estimate(8, SEQ, "cpu", 0, checkpointing=False).total + 1
+    profile = cpu_profile(budget / GB, batch_size=8)
+    plan = plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]), checkpointing="auto")
+    assert not plan.checkpointing
+    assert "gradient checkpointing off (model.gradient_checkpointing=auto" in plan.notes[0]
+    assert "gradient checkpointing off" in plan.summary_lines()[1]
+
+
+def test_auto_checkpointing_turns_on_when_the_batch_does_not_fit_without_it():
+    model = tiny_bert()
+    memory = model_memory(model, SEQ, "32-true")
+    without = memory.estimate(8, SEQ, "cpu", 0, checkpointing=False).total
+    with_it = memory.estimate(8, SEQ, "cpu", 0, checkpointing=True).total
+    assert with_it < without
+    profile = cpu_profile((with_it + 1) / GB, batch_size=8)
+    plan = plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]), checkpointing="auto")
+    assert plan.checkpointing and plan.micro_batch == 8
+    assert plan.estimate.total == pytest.approx(with_it)
+    assert f"needs {without / GB:.2f} GB > budget" in plan.notes[0]
+    # the same job with checkpointing forced off is refused, naming it as the fix
+    with pytest.raises(PreflightError, match="largest that fits"):
+        plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]), checkpointing=False)
+
+
+class _ShortData(_Data):
+    """Tokenized data whose longest training example (24 tokens) is well under max_length."""
+
+    def longest_example(self, split: str = "train") -> int:
+        return 24
+
+
+def test_run_entry_sizes_activations_by_the_longest_training_example_not_max_length():
+    from laptrain.preflight.batch import preflight_for_run
+
+    hardware = cpu_profile(None, accelerator="cpu", batch_size=4)
+    full = preflight_for_run(tiny_bert(), _Data(), hardware)
+    short = preflight_for_run(tiny_bert(), _ShortData(), hardware)
+    assert full.seq_len == _Data.max_length and short.seq_len == 24
+    assert short.estimate.activations < full.estimate.activations / 2
+    assert short.notes[0] == (
+        f"sized by the longest training example, 24 tokens (data.max_length {_Data.max_length})"
+    )
+    assert "x 24 tokens" in short.summary_lines()[0]

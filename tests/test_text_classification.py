@@ -128,3 +128,17 @@ def test_train_fraction_subsets_train_only_and_is_its_own_cache_entry(tmp_path):
     assert part.entry != full.entry
     with pytest.raises(ValueError, match="data.train_fraction"):
         module(tmp_path, train_fraction=0)
+
+
+def test_longest_example_is_the_widest_training_batch_and_counts_padding_multiples(tmp_path):
+    """What the memory preflight sizes activations by (laptrain.data.contracts.KnowsLengths)."""
+    from laptrain.data.contracts import KnowsLengths
+
+    dm = module(tmp_path)
+    dm.setup()
+    assert isinstance(dm, KnowsLengths)
+    widest = max(b["input_ids"].shape[1] for b in dm.train_dataloader())
+    assert dm.longest_example("train") == widest <= 32
+    padded = module(tmp_path, pad_to_multiple_of=24)
+    padded.setup()
+    assert padded.longest_example("train") == -(-widest // 24) * 24

@@ -94,6 +94,11 @@ def _matches(value: Any, hint: Any) -> bool:
 
 
 def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if origin is typing.Literal:
+        return " or ".join(repr(v) for v in typing.get_args(hint))
     text = getattr(hint, "__name__", None) or str(hint)
     return text.replace("typing.", "")
 

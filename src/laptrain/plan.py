@@ -61,6 +61,9 @@ class RunPlan:
     memory: Mapping[str, Any] | None = None
     reasons: Mapping[str, str] = field(default_factory=dict)
     nodes: int = 1  # trainer.num_nodes: devices is per node
+    gradient_checkpointing: bool | None = (
+        None  # model.gradient_checkpointing=auto decided; else None
+    )
 
     @property
     def effective_batch(self) -> int:
@@ -97,6 +100,11 @@ class RunPlan:
             f"pin_memory: {self.pin_memory}",
             f"torch threads: {self.threads if self.threads else 'torch default'}{why('threads')}",
         ]
+        if self.gradient_checkpointing is not None and not self.memory:
+            lines.append(
+                f"gradient checkpointing: {'on' if self.gradient_checkpointing else 'off'}"
+                f"{why('checkpointing')}"
+            )
         if not self.memory and self.reasons.get("memory"):
             lines.append(f"memory: {self.reasons['memory']}")
         if self.memory and not self.memory.get("lines"):
@@ -163,10 +171,16 @@ def build_run_plan(
         loader_batch = int(datamodule.batch_size)
         reasons["batch"] = "data.batch_size"
     memory = None
+    auto_checkpointing = is_auto(cfg.model.get("gradient_checkpointing"))
+    checkpointing = False if auto_checkpointing else None
     if not options.get("enabled", True):
         if auto:
             raise ValueError(
                 "hardware.batch_size=auto needs preflight.enabled=true (or set hardware.batch_size=<n>)"
+            )
+        if auto_checkpointing:
+            reasons["checkpointing"] = (
+                "model.gradient_checkpointing=auto with the preflight off: set it to true to force it"
             )
     else:
         if preflight is None:
@@ -189,8 +203,11 @@ def build_run_plan(
             verify=bool(options.get("verify", False)),
             output_dir=output_dir,
             cache_dir=cache_dir,
+            **({"checkpointing": AUTO} if auto_checkpointing else {}),
         )
         if found is not None:
+            if auto_checkpointing:
+                checkpointing = found.checkpointing
             if auto:
                 loader_batch = found.micro_batch
                 reasons["batch"] = "batch_size auto: the largest that fits the memory budget"
@@ -212,6 +229,8 @@ def build_run_plan(
             )
         else:
             reasons["memory"] = "not estimated: the preflight measures transformers models only"
+            if auto_checkpointing:
+                reasons["checkpointing"] = "model.gradient_checkpointing=auto, nothing measured"
     chunk = getattr(model, "micro_batch_size", None)
     micro_batch = min(int(chunk), loader_batch) if chunk else loader_batch
     if chunk:
@@ -244,4 +263,5 @@ def build_run_plan(
         memory=memory,
         reasons=reasons,
         nodes=int(trainer.get("num_nodes") or 1),
+        gradient_checkpointing=checkpointing,
     )

@@ -43,6 +43,7 @@ from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
 from laptrain.hparams import final_metrics, hp_keys, log_hparams
 from laptrain.model.base_dtype import resolve_auto_base_dtype
+from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan, plan_device
 from laptrain.preflight.budget import device_budget
 from laptrain.run_lock import hold_run_folder, release_run_folder
@@ -203,6 +204,8 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
     )
     model = instantiate(model_cfg, _convert_="all", **model_kwargs, **decided)
     plan = build_run_plan(cfg, model, datamodule, precision, output_dir, Path(cfg.paths.cache_dir))
+    if plan.gradient_checkpointing and isinstance(model, ChecksGradientCheckpointing):
+        model.use_gradient_checkpointing()  # model.gradient_checkpointing=auto: the job needs it
     if follows:
         datamodule = datamodule.with_batch_sizes(plan.loader_batch, plan.eval_batch)
     return datamodule, model, plan

@@ -483,6 +483,14 @@ class InstructionDataModule(TextClassificationDataModule):
             self._items[split] = (ds, lengths)
         return self._items[split]
 
+    def longest_example(self, split: str = "train") -> int:
+        """Tokens in the longest item of ``split`` (a packed row when ``packing``) once padded to
+        ``pad_to_multiple_of``: the widest batch an epoch can hold
+        (``laptrain.data.contracts.KnowsLengths``)."""
+        _, lengths = self.items(split)
+        m = self.pad_to_multiple_of or 1
+        return int(-(-max(lengths, default=0) // m) * m)
+
     def token_count(self, split: str = "train") -> tuple[int, int]:
         """(real tokens, tokens after padding each batch) for one epoch of ``split`` as batched now."""
         _, lengths = self.items(split)

@@ -306,6 +306,15 @@ class TextClassificationDataModule(pl.LightningDataModule):
         self.tokenizer.save_pretrained(str(folder / "tokenizer"))
         (folder / "labels.json").write_text(json.dumps(self.label_names, indent=1))
 
+    def longest_example(self, split: str = "train") -> int:
+        """Tokens in the longest example of ``split`` once padded to ``pad_to_multiple_of``: the
+        widest batch a length-grouped epoch can hold (``laptrain.data.contracts.KnowsLengths``)."""
+        self.setup()
+        lengths = self.splits[split]["length"]
+        longest = max(lengths, default=0)
+        m = self.pad_to_multiple_of or 1
+        return int(-(-longest // m) * m)
+
     def token_count(self, split: str = "train") -> tuple[int, int]:
         """(real tokens, tokens after padding each batch) for one epoch of ``split`` as batched now."""
         loader = self._loader(split)

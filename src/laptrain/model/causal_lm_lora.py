@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.aggregation import MeanMetric
 
+from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.model.sources import source_fingerprint
 from laptrain.pretrained import Source, load_pretrained_model
@@ -115,6 +116,28 @@ def base_name(
     return str(pretrained)
 
 
+# Architectures whose causal-LM forward is exactly ``lm_head(decoder(...).last_hidden_state)``: no
+# logit scaling or soft-capping after the head (transformers' modeling_llama.py, modeling_mistral.py,
+# modeling_qwen2.py, modeling_qwen3.py, modeling_phi3.py: LlamaForCausalLM.forward and its copies).
+PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+
+
+def response_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder, output head) of a causal LM (peft-wrapped or not) whose logits are the head applied
+    to the decoder's last hidden state, so the head can run on chosen positions only; None for other
+    architectures (Gemma soft-caps its logits, Cohere and Granite scale them)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_TYPES:
+        return None
+    if any(getattr(config, key, None) for key in ("final_logit_softcapping", "logit_scale")):
+        return None
+    decoder, head = base.get_decoder(), base.get_output_embeddings()
+    if decoder is None or head is None or decoder is base:
+        return None
+    return decoder, head
+
+
 def response_tokens(batch: dict[str, torch.Tensor]) -> int:
     """Tokens the loss is taken over: labels other than -100, after the causal shift."""
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
@@ -180,7 +203,9 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         base_dtype: float32, bfloat16, or auto (resolved by the preflight before this is built).
         quantization: null, or 4bit (QLoRA; CUDA with bitsandbytes only).
         gradient_checkpointing: recompute activations in backward (non-reentrant, with input
-            grads enabled so the adapters of the first layer still get gradients).
+            grads enabled so the adapters of the first layer still get gradients); ``auto``: off
+            unless the preflight finds the job does not fit without it
+            (``laptrain.model.checkpointing``).
         optimizer: a factory (Hydra ``_partial_: true``) taking parameter groups.
         scheduler: constant, linear or cosine, after ``warmup_ratio`` of the steps.
         adapters_dir: where ``step-NNNNNN/`` adapter folders go; default
@@ -197,7 +222,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         lora: dict[str, Any] | None = None,
         base_dtype: str = "float32",
         quantization: str | None = None,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | Literal["auto"] = False,
         optimizer: OptimizerFactory | None = None,
         scheduler: str = "constant",
         warmup_ratio: float = 0.0,
@@ -227,10 +252,12 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
             "revision": revision,
             "config_sha256": config_hash(base.config),
         }
-        self.model = self._wrap(base, dict(lora or {}), gradient_checkpointing, quantization)
+        self.checkpointing_setting = parse_setting(gradient_checkpointing)
+        on = self.checkpointing_setting is True  # auto: off until the preflight says otherwise
+        self.model = self._wrap(base, dict(lora or {}), on, quantization)
         self.model.peft_config["default"].revision = revision
         self.model.train()  # from_pretrained returns eval mode: no dropout, no checkpointing
-        self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing = on
         self.optimizer_factory = optimizer or partial(torch.optim.AdamW, lr=2e-4, weight_decay=0.0)
         self.scheduler = scheduler
         self.warmup_ratio = warmup_ratio
@@ -281,12 +308,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         elif gradient_checkpointing:
             # Non-reentrant, and inputs that require grad: with frozen embeddings the reentrant
             # variant gives the adapters no gradient (transformers#26377, #42489).
-            kwargs = {"use_reentrant": False}
-            if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.23
-                base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-            else:
-                base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-            base.enable_input_require_grads()
+            enable_checkpointing(base)
         known = {"r", "alpha", "dropout", "target_modules", "use_dora", "use_rslora"}
         unknown = sorted(set(lora) - known)
         if unknown:
@@ -316,6 +338,13 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
                 "or layer names such as q_proj, v_proj"
             ) from None
 
+    def use_gradient_checkpointing(self) -> None:
+        """Turn gradient checkpointing on after the fact (``gradient_checkpointing: auto`` when the
+        preflight finds that the job does not fit without it)."""
+        if not self.gradient_checkpointing:
+            enable_checkpointing(self.model.get_base_model())
+            self.gradient_checkpointing = True
+
     # ----- training ---------------------------------------------------------------------------
     def forward(
         self,
@@ -323,33 +352,51 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        dtype = self.model.get_input_embeddings().weight.dtype
-        if (
-            attention_mask is not None
-            and attention_mask.dim() == 4
-            and attention_mask.dtype != dtype
-        ):
-            # a packed batch's additive mask (0 / float32 min) in the base's dtype: sdpa wants
-            # the mask in the query's dtype
-            attention_mask = torch.zeros(
-                attention_mask.shape, dtype=dtype, device=input_ids.device
-            ).masked_fill(attention_mask != 0, torch.finfo(dtype).min)
         return self.model(
             input_ids=input_ids,
-            attention_mask=attention_mask,
+            attention_mask=self._mask(input_ids, attention_mask),
             position_ids=position_ids,
             use_cache=False,
         ).logits
 
+    def _mask(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """A packed batch's additive mask (0 / float32 min) in the base's dtype: sdpa wants the
+        mask in the query's dtype. Other masks pass unchanged."""
+        dtype = self.model.get_input_embeddings().weight.dtype
+        if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype == dtype:
+            return attention_mask
+        return torch.zeros(attention_mask.shape, dtype=dtype, device=input_ids.device).masked_fill(
+            attention_mask != 0, torch.finfo(dtype).min
+        )
+
     def _loss_sum(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         """Summed cross-entropy of the response tokens (float32) and their number.
 
-        Only the response positions' logits are upcast: the full float32 logits of a 128k
-        vocabulary would be the largest tensor of the step."""
-        logits = self(batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids"))
+        Where the architecture allows (:func:`response_head`), the output head runs on the
+        response positions only: prompt and pad positions never need logits, and the head of a
+        small model is a large share of its compute (SmolLM2-135M: 28 M of 134.5 M parameters).
+        Otherwise the model's own forward computes every position and only the response positions'
+        logits are upcast: the full float32 logits of a 128k vocabulary would be the largest tensor
+        of the step."""
         labels = batch["labels"][:, 1:]
         keep = labels != IGNORE_INDEX
-        picked = logits[:, :-1][keep].float()
+        parts = response_head(self.model)
+        if parts is None:
+            logits = self(
+                batch["input_ids"], batch.get("attention_mask"), batch.get("position_ids")
+            )
+            picked = logits[:, :-1][keep].float()
+        else:
+            decoder, head = parts
+            hidden = decoder(
+                input_ids=batch["input_ids"],
+                attention_mask=self._mask(batch["input_ids"], batch.get("attention_mask")),
+                position_ids=batch.get("position_ids"),
+                use_cache=False,
+            ).last_hidden_state
+            picked = head(hidden[:, :-1][keep]).float()
         loss = F.cross_entropy(picked, labels[keep], reduction="sum")
         return loss, int(keep.sum())
 

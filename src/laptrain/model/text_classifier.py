@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -21,6 +21,7 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
+from laptrain.model.checkpointing import parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.pretrained import Source, load_pretrained_model
 
@@ -79,7 +80,8 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         optimizer: a factory (Hydra ``_partial_: true``) taking parameter groups.
         warmup_ratio: share of the optimizer steps with a linear warm-up, then linear decay to 0.
         gradient_checkpointing: recompute activations in backward instead of keeping them: less
-            memory (the preflight's first fix for long sequences), about a third more compute.
+            memory (the preflight's first fix for long sequences), about a third more compute;
+            ``auto``: off unless the preflight finds the job does not fit without it.
     """
 
     def __init__(
@@ -92,7 +94,7 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         pad_token_id: int | None = None,
         optimizer: OptimizerFactory | None = None,
         warmup_ratio: float = 0.1,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | Literal["auto"] = False,
     ) -> None:
         super().__init__()
         if num_labels < 2:
@@ -104,7 +106,9 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         self.model = build_classifier(
             num_labels, pretrained, backbone, label_names, vocab_size, pad_token_id
         )
-        if gradient_checkpointing:
+        self.checkpointing_setting = parse_setting(gradient_checkpointing)
+        self.gradient_checkpointing = self.checkpointing_setting is True
+        if self.gradient_checkpointing:  # auto: off until the preflight says otherwise
             self.model.gradient_checkpointing_enable()
         self.optimizer_factory = optimizer or partial(torch.optim.AdamW, lr=5e-4, weight_decay=0.01)
         self.warmup_ratio = warmup_ratio
@@ -118,6 +122,13 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
                 )
             }
         )
+
+    def use_gradient_checkpointing(self) -> None:
+        """Turn gradient checkpointing on after the fact (``gradient_checkpointing: auto`` when the
+        preflight finds that the job does not fit without it)."""
+        if not self.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.gradient_checkpointing = True
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits

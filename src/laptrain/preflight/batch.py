@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from laptrain.data.contracts import KnowsLengths
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
 from laptrain.plan import is_auto
@@ -230,7 +231,7 @@ def plan_batch(
     probe: DeviceProbe,
     effective_batch: int | None = None,
     accumulation: int = 1,
-    checkpointing: bool | None = None,
+    checkpointing: bool | str | None = None,
     optimizer_states: int = 2,
     max_batch: int = 256,
     verify: bool = False,
@@ -250,7 +251,9 @@ def plan_batch(
         probe: reads the device's memory (a FakeProbe in tests).
         effective_batch: micro x accumulation x devices to keep; None keeps ``accumulation``.
         accumulation: the configured gradient accumulation when ``effective_batch`` is None.
-        checkpointing: override whether gradient checkpointing is on (default: as the model is).
+        checkpointing: override whether gradient checkpointing is on (default: as the model is);
+            ``"auto"``: off unless the job does not fit without it (at the fixed batch, or at micro
+            batch 1 for ``batch_size: auto``), the choice in ``Plan.checkpointing`` and a note.
         optimizer_states: tensors per trainable parameter the optimizer keeps (AdamW: 2).
         max_batch: the largest micro batch ``auto`` may pick.
         verify: run two real steps at the chosen batch and report the measured peak.
@@ -277,7 +280,11 @@ def plan_batch(
     loss_fn = loss_fn or hf_loss
     reading = probe.memory()  # before the measuring passes, whose blocks the allocator may keep
     memory = model_memory(model, seq_len, precision, make_batch, loss_fn)
-    on = memory.activations.checkpointing if checkpointing is None else checkpointing
+    auto_checkpointing = checkpointing == "auto"
+    if auto_checkpointing:
+        on = False
+    else:
+        on = memory.activations.checkpointing if checkpointing is None else bool(checkpointing)
     baseline = (
         max(0.0, float(reading.rss) - memory.materialized_cpu_bytes) if kind == "cpu" else 0.0
     )
@@ -294,9 +301,22 @@ def plan_batch(
 
     shards = int(profile.get("shards", 1) or 1)
 
-    def estimate(batch: int) -> Estimate:
-        return memory.estimate(batch, seq_len, kind, baseline, optimizer_states, on, shards)
+    def estimate(batch: int, checkpointed: bool | None = None) -> Estimate:
+        ckpt = on if checkpointed is None else checkpointed
+        return memory.estimate(batch, seq_len, kind, baseline, optimizer_states, ckpt, shards)
 
+    notes: list[str] = []
+    if auto_checkpointing and memory.activations.blocks:
+        needed = estimate(1 if is_auto(requested) else int(requested), False)
+        on = needed.total > budget.bytes
+        args["checkpointing"] = on
+        notes.append(
+            f"gradient checkpointing on (model.gradient_checkpointing=auto: without it micro batch "
+            f"{needed.micro_batch} needs {needed.total / GB:.2f} GB > budget {budget.bytes / GB:.2f} GB)"
+            if on
+            else "gradient checkpointing off (model.gradient_checkpointing=auto: the job fits "
+            "without it)"
+        )
     one = estimate(1)
     if one.total > budget.bytes:
         fixes = "; ".join(_fixes(memory, one, budget, args))
@@ -306,7 +326,6 @@ def plan_batch(
         )
     per_sample = estimate(2).total - one.total
     largest_fit = 1 + int((budget.bytes - one.total) // per_sample) if per_sample > 0 else max_batch
-    notes: list[str] = []
     if is_auto(requested) and previous and previous[0] <= largest_fit:
         micro, accum = previous
         notes.append(
@@ -395,6 +414,22 @@ def _correct(
     )
 
 
+def training_length(datamodule: Any) -> tuple[int | None, str | None]:
+    """(tokens per row the preflight sizes by, a note when that is not ``max_length``).
+
+    With length-grouped batches padded per batch, no training batch is wider than the longest
+    example, so that (not ``data.max_length``) bounds the activations."""
+    limit = getattr(datamodule, "max_length", None) or getattr(datamodule, "seq_len", None)
+    if not isinstance(datamodule, KnowsLengths):
+        return limit, None
+    longest = datamodule.longest_example("train")
+    if not longest or (limit and longest >= limit):
+        return limit, None
+    return longest, (
+        f"sized by the longest training example, {longest} tokens (data.max_length {limit})"
+    )
+
+
 def preflight_for_run(
     model: nn.Module,
     datamodule: Any,
@@ -405,12 +440,16 @@ def preflight_for_run(
     verify: bool = False,
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
+    checkpointing: bool | str | None = None,
 ) -> Plan | None:
     """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it.
 
-    Sequence length = the datamodule's ``max_length`` (or ``seq_len``); ``hardware["batch_size"]`` is
-    the batch to check (or ``auto``). A resumed run keeps the batch recorded in its
-    ``preflight.json`` while it fits. The caller (laptrain/plan.py) passes the answer on.
+    Sequence length = the longest tokenized training example (``KnowsLengths``: data tokenized
+    before the plan, so a set of short pairs is not sized at ``max_length``), else the datamodule's
+    ``max_length`` (or ``seq_len``); ``hardware["batch_size"]`` is the batch to check (or ``auto``);
+    ``checkpointing`` as in :func:`plan_batch` (``"auto"`` for ``model.gradient_checkpointing:
+    auto``). A resumed run keeps the batch recorded in its ``preflight.json`` while it fits. The
+    caller (laptrain/plan.py) passes the answer on.
     Returns None (nothing measured) for a model without a transformers model inside when the
     batch is fixed.
 
@@ -422,7 +461,7 @@ def preflight_for_run(
     probe = TorchProbe(str(hardware.get("accelerator", "cpu")))
     # every job, measurable or not, gets the one-line precision check (ProfileError)
     validate_precision(hardware.get("precision", "32-true"), probe.kind, probe.bf16_supported())
-    seq_len = getattr(datamodule, "max_length", None) or getattr(datamodule, "seq_len", None)
+    seq_len, length_note = training_length(datamodule)
     if find_hf_model(model) is None or not seq_len:
         if auto:
             raise PreflightError(
@@ -458,7 +497,10 @@ def preflight_for_run(
         verify=verify,
         previous=previous,
         workers=workers,
+        checkpointing=checkpointing,
     )
+    if length_note:
+        plan.notes.insert(0, length_note)
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(plan.to_json())

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from laptrain.model.checkpointing import is_auto
 from laptrain.preflight.activations import ActivationProfile, Quadratic, measure_activations
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, Estimate, ModelMemory
 
@@ -326,7 +327,8 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
     seq_len = int(data.get("max_length") or 512)
     batch = hw.get("batch_size")
     micro = int(batch) if isinstance(batch, int) else 1
-    checkpointing = bool(model_cfg.get("gradient_checkpointing", False))
+    setting = model_cfg.get("gradient_checkpointing", False)
+    checkpointing = False if is_auto(setting) else bool(setting)
     dtype = str(model_cfg.get("base_dtype", "float32"))
     why = ""
     if dtype == "auto":
@@ -335,13 +337,28 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
     baseline = float(psutil.Process().memory_info().rss) if kind == "cpu" else 0.0
     acts = measure_lora_activations(config, lora)
     vocab = int(config.vocab_size)
-    est = {
-        name: lora_estimate(
-            counts, acts, seq_len, width, kind, micro, checkpointing, baseline, vocab
-        )
-        for name, width in (("float32", 4), ("bfloat16", 2))
-    }
+
+    def estimates(checkpointed: bool) -> dict[str, Estimate]:
+        return {
+            name: lora_estimate(
+                counts, acts, seq_len, width, kind, micro, checkpointed, baseline, vocab
+            )
+            for name, width in (("float32", 4), ("bfloat16", 2))
+        }
+
+    est = estimates(checkpointing)
     chosen = est[dtype if dtype in est else "float32"]
+    auto_note = ""
+    if is_auto(setting):
+        auto_note = " (model.gradient_checkpointing=auto: the job fits without it)"
+        if chosen.total > budget.bytes:
+            auto_note = (
+                f" (model.gradient_checkpointing=auto: without it {chosen.total / GiB:.2f} GiB > "
+                f"budget {budget.bytes / GiB:.2f} GiB)"
+            )
+            checkpointing = True
+            est = estimates(True)
+            chosen = est[dtype if dtype in est else "float32"]
     fits = chosen.total <= budget.bytes
     from laptrain.pretrained import describe_source
 
@@ -355,7 +372,7 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
         f"base weights: fp32 {_gib(counts.base * 4)} / bf16 {_gib(counts.base * 2)}",
         f"base dtype: {dtype}" + (f" ({why})" if why else " (model.base_dtype)"),
         f"job: micro batch {micro} x {seq_len} tokens (data={cfg.hydra.runtime.choices.get('data')}"
-        f" max_length), gradient checkpointing {'on' if checkpointing else 'off'}, {kind} "
+        f" max_length), gradient checkpointing {'on' if checkpointing else 'off'}{auto_note}, {kind} "
         f"calibration; logits B·S·V = {micro}·{seq_len}·{vocab}: "
         f"{logits_bytes(micro, seq_len, vocab) / GiB:.2f} GiB fp32",
     ]
