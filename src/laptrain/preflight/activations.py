@@ -68,6 +68,11 @@ class ActivationProfile:
             return self.total(seq_len)
         return self.outside(seq_len) + self.block_inputs(seq_len) + self.largest_block(seq_len)
 
+    def freed_in_forward(self, seq_len: int) -> float:
+        """Per sample, what gradient checkpointing frees in forward: every block's saved bytes
+        but the largest block's (the one recomputed at a time)."""
+        return max(0.0, self.total(seq_len) - self.outside(seq_len) - self.largest_block(seq_len))
+
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The layers gradient checkpointing would wrap."""
