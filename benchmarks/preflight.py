@@ -11,9 +11,11 @@ The table shows estimate / measured; the goal on CPU is 0.85-1.15 everywhere.
     python benchmarks/preflight.py --real     # the real pretrained presets; about 5 min, 2 cores
 
 ``--real``: the jobs users run, each as ``python train.py`` in a fresh process (3 optimizer steps,
-no validation or test): SmolLM2-135M LoRA (``experiment=lora_smollm2``) and all-MiniLM-L6-v2
-(``experiment=minilm``), each on data with short examples (the preflight sizes by the longest one)
-and on data whose examples reach ``data.max_length``, gradient checkpointing off and on. The
+no validation or test): SmolLM2-135M LoRA (``experiment=lora_smollm2``, batch 16) and
+all-MiniLM-L6-v2 (``experiment=minilm``, batch 16) under ``data.max_length=256``, each on examples
+far shorter than that (40 words: the preflight sizes by the longest) and on examples cut at 256
+tokens, gradient checkpointing off and on. Every row of a set has the same length, so the first
+steps already run the widest batch (with long-tailed data the widest batch may come late). The
 estimate is the one the run prints (``preflight: estimate ...``); the measured peak is the whole
 process's RSS high-water mark (``os.wait4``), so whatever the run holds besides the training step
 (data, tokenizer, Lightning, TensorBoard) counts against the estimate too. The models must be
@@ -123,63 +125,41 @@ WORDS = [
 ]
 
 
-def long_rows(folder: Path) -> tuple[Path, Path]:
-    """Instruction pairs and labelled texts long enough to be cut at any data.max_length <= 512."""
+def write_rows(folder: Path, words: int) -> tuple[Path, Path]:
+    """Instruction pairs and labelled texts whose prompts/texts all have ``words`` words, so that
+    every batch is as wide as the widest (the one the preflight sizes by) within the first steps."""
     import random
 
-    rng = random.Random(0)
-    pairs, texts = folder / "long_pairs.jsonl", folder / "long_texts.csv"
+    rng = random.Random(words)
+    pairs, texts = folder / f"pairs_{words}.jsonl", folder / f"texts_{words}.csv"
     with pairs.open("w") as out:
-        for i in range(200):
-            prompt = " ".join(rng.choice(WORDS) for _ in range(700))
+        for _ in range(200):
+            prompt = " ".join(rng.choice(WORDS) for _ in range(words))
             response = " ".join(rng.choice(WORDS) for _ in range(12))
-            out.write(json.dumps({"prompt": f"{i}: {prompt}", "response": response}) + "\n")
+            out.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
     with texts.open("w") as out:
         out.write("text,label\n")
         for i in range(400):
-            out.write(" ".join(rng.choice(WORDS) for _ in range(700)) + f",{'ab'[i % 2]}\n")
+            out.write(" ".join(rng.choice(WORDS) for _ in range(words)) + f",{'ab'[i % 2]}\n")
     return pairs, texts
 
 
-def short_texts(folder: Path) -> Path:
-    """Labelled texts of 3 to 12 words: a short-example set under data.max_length=256."""
-    import random
-
-    rng = random.Random(1)
-    path = folder / "short_texts.csv"
-    with path.open("w") as out:
-        out.write("text,label\n")
-        for i in range(400):
-            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
-            out.write(f"{words},{'ab'[i % 2]}\n")
-    return path
-
-
 def real_cases(folder: Path) -> list[tuple[str, str, list[str]]]:
-    """(model, data description, train.py overrides) of every --real case."""
-    pairs, long_texts = long_rows(folder)
-    short = short_texts(folder)
-    lora_long = ["data=instructions", f"data.files.train={pairs}", "data.max_length=256"]
-    minilm_short = ["data=text_csv", f"data.files.train={short}", "data.max_length=256"]
-    minilm_long = ["data=text_csv", f"data.files.train={long_texts}", "data.max_length=256"]
+    """(model, data description, train.py overrides) of every --real case: short examples (40
+    words, under data.max_length=256) and examples cut at 256 tokens, every row the same length."""
+    short_pairs, short_texts = write_rows(folder, 40)
+    long_pairs, long_texts = write_rows(folder, 700)
+    lora = ["experiment=lora_smollm2", "data=instructions", "data.max_length=256"]
+    minilm = ["experiment=minilm", "data=text_csv", "data.max_length=256"]
     cases = []
     for ckpt in ("false", "true"):
-        checkpointing = [f"model.gradient_checkpointing={ckpt}"]
+        on = f"model.gradient_checkpointing={ckpt}"
         cases += [
-            ("SmolLM2 LoRA", "stdlib pairs (short), batch 16", ["experiment=lora_smollm2"]),
-            ("SmolLM2 LoRA", "pairs cut at 256, batch 8", ["experiment=lora_smollm2", *lora_long]),
-            (
-                "MiniLM",
-                "short texts, max_length 256, batch 16",
-                ["experiment=minilm", *minilm_short],
-            ),
-            ("MiniLM", "default data (max_length 128), batch 16", ["experiment=minilm"]),
-            ("MiniLM", "texts cut at 256, batch 16", ["experiment=minilm", *minilm_long]),
+            ("SmolLM2 LoRA", "40-word prompts", [*lora, f"data.files.train={short_pairs}", on]),
+            ("SmolLM2 LoRA", "cut at 256", [*lora, f"data.files.train={long_pairs}", on]),
+            ("MiniLM", "40-word texts", [*minilm, f"data.files.train={short_texts}", on]),
+            ("MiniLM", "cut at 256", [*minilm, f"data.files.train={long_texts}", on]),
         ]
-        cases[-5:] = [(m, d, [*o, *checkpointing]) for m, d, o in cases[-5:]]
-    for i, (model, data, overrides) in enumerate(cases):
-        if "batch 8" in data:
-            cases[i] = (model, data, [*overrides, "data.batch_size=8"])
     return cases
 
 

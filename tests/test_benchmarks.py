@@ -52,3 +52,16 @@ def test_run_all_smoke_prints_the_four_tables(tmp_path: Path) -> None:
     assert "| HF group_by_length |" in out
     assert "total to the first optimizer step" in out
     assert "| second (cache warm) |" in out
+
+
+def test_real_lora_smoke_prints_the_three_arms_and_the_mfu_line(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")  # Hugging Face's Trainer needs it (the [dev] extra)
+    out = run("real_lora.py", ["--smoke"], tmp_path)
+    assert "load average" in out and "fp32 matmul peak:" in out
+    table = out.split("\n\n")[1].splitlines()  # the throughput table, after the header lines
+    assert "MFU" in table[0] and len(table) == 5
+    goals = {"laptrain": "| - |", "bare peft loop": "| ≥ 0.97 |"}
+    goals["HF Trainer + peft (group_by_length)"] = "| ≥ 1.1 |"
+    for row, (arm, goal) in zip(table[2:], goals.items(), strict=True):
+        assert row.startswith(f"| {arm} |") and goal in row
+    assert "trained on the same batches" in out  # laptrain's loader fed the bare loop
