@@ -8,6 +8,12 @@ from typing import Any
 import torch
 
 
+def padded_length(length: int, multiple: int | None) -> int:
+    """``length`` rounded up to ``multiple`` (``pad_to_multiple_of``; None or 0: unchanged): the
+    width a batch whose longest row has ``length`` tokens is padded to."""
+    return -(-length // multiple) * multiple if multiple else length
+
+
 @dataclass
 class PadCollator:
     """Stack ``input_ids`` lists into a right-padded batch with an attention mask.
@@ -20,10 +26,7 @@ class PadCollator:
     pad_to_multiple_of: int | None = None
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        longest = max(len(r["input_ids"]) for r in rows)
-        if self.pad_to_multiple_of:
-            m = self.pad_to_multiple_of
-            longest = -(-longest // m) * m
+        longest = padded_length(max(len(r["input_ids"]) for r in rows), self.pad_to_multiple_of)
         ids = torch.full((len(rows), longest), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(rows), longest), dtype=torch.long)
         for i, r in enumerate(rows):

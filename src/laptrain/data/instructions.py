@@ -41,7 +41,7 @@ from laptrain.data.chat_tokenizer import (
     offline_tokenizer_path,
     prepare_chat_tokenizer,
 )
-from laptrain.data.collate import PadCollator
+from laptrain.data.collate import PadCollator, padded_length
 from laptrain.data.instruction_rows import (
     Messages,
     bad_rows_error,
@@ -488,19 +488,17 @@ class InstructionDataModule(TextClassificationDataModule):
         ``pad_to_multiple_of``: the widest batch an epoch can hold
         (``laptrain.data.contracts.KnowsLengths``)."""
         _, lengths = self.items(split)
-        m = self.pad_to_multiple_of or 1
-        return int(-(-max(lengths, default=0) // m) * m)
+        return padded_length(max(lengths, default=0), self.pad_to_multiple_of)
 
     def token_count(self, split: str = "train") -> tuple[int, int]:
         """(real tokens, tokens after padding each batch) for one epoch of ``split`` as batched now."""
         _, lengths = self.items(split)
         loader = self._loader(split)
-        m = self.pad_to_multiple_of or 1
         real = padded = 0
         for batch in loader.batch_sampler:
             ls = [lengths[i] for i in batch]
             real += sum(ls)
-            padded += -(-max(ls) // m) * m * len(ls)
+            padded += padded_length(max(ls), self.pad_to_multiple_of) * len(ls)
         return real, padded
 
     def _loader(self, split: str) -> DataLoader:

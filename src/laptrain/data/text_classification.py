@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from laptrain.data.collate import PadCollator
+from laptrain.data.collate import PadCollator, padded_length
 from laptrain.data.labelled_files import (
     LabelledSplits,
     Table,
@@ -310,10 +310,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         """Tokens in the longest example of ``split`` once padded to ``pad_to_multiple_of``: the
         widest batch a length-grouped epoch can hold (``laptrain.data.contracts.KnowsLengths``)."""
         self.setup()
-        lengths = self.splits[split]["length"]
-        longest = max(lengths, default=0)
-        m = self.pad_to_multiple_of or 1
-        return int(-(-longest // m) * m)
+        return padded_length(max(self.splits[split]["length"], default=0), self.pad_to_multiple_of)
 
     def token_count(self, split: str = "train") -> tuple[int, int]:
         """(real tokens, tokens after padding each batch) for one epoch of ``split`` as batched now."""
