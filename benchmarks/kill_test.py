@@ -94,7 +94,7 @@ def same_weights(a: Path, b: Path) -> bool:
 
 
 def corrupt_files(folder: Path) -> list[str]:
-    from laptrain.checkpoint_files import read_checkpoint
+    from laptrain.checkpoints.files import read_checkpoint
 
     bad = []
     for path in sorted(folder.glob("*.ckpt")):

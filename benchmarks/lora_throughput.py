@@ -42,7 +42,7 @@ from typing import Any
 import psutil
 import torch
 
-from laptrain.model.tiny_llama import masked_token_batches
+from laptrain.model.lora.tiny_llama import masked_token_batches
 from laptrain.preflight.from_config import LLAMA32_3B
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def default_callbacks(folder: Path) -> list[Any]:
     from hydra.utils import instantiate
     from omegaconf import DictConfig, open_dict
 
-    from laptrain.run_dir import register_resolvers
+    from laptrain.run_folder.naming import register_resolvers
 
     register_resolvers()
     overrides = ["hardware=cpu", "model=tiny_llama_lora", "data=stdlib_instructions"]
@@ -155,7 +155,7 @@ def run_laptrain(args: argparse.Namespace, batches: list[dict[str, torch.Tensor]
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from laptrain.model.causal_lm_lora import CausalLMLoRAModule
+    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
 
     ends: list[float] = []
     losses: list[float] = []

@@ -35,7 +35,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from transformers import get_linear_schedule_with_warmup
 
-from laptrain.bench import build_job, job_callbacks, machine_line, make_trainer
+from laptrain.commands.bench import build_job, job_callbacks, machine_line, make_trainer
 
 WARMUP = 3  # untimed steps at the start of each arm (allocator warm-up, first kernels)
 STEP_HOOKS = (

@@ -20,7 +20,7 @@ import yaml
 
 from laptrain.data.stdlib_docstrings import build_stdlib_docstrings
 from laptrain.data.text_classification import TextClassificationDataModule
-from laptrain.model.text_classifier import TextClassifierModule
+from laptrain.model.classifier.text_classifier import TextClassifierModule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ lr 5e-4 without weight decay, the stdlib instruction pairs, batch 16 padded per 
 arms, each a fresh process (so its peak RSS is its own), ``--repeats`` rounds with the arm order
 rotated each round (a load trend favours no arm); the table gives medians:
 
-- laptrain: the job as ``laptrain.bench`` builds it (train.py's composition, ``run.build``, the
+- laptrain: the job as ``laptrain.commands.bench`` builds it (train.py's composition, ``run.build``, the
   plan's trainer arguments, TensorBoard logger, crash-safe checkpoint IO), ``Trainer.fit`` with
   the default callbacks except the progress bar, no validation;
 - bare peft loop: ``peft.get_peft_model`` on the same base with the same LoRA settings, AdamW,
@@ -167,7 +167,7 @@ class Window:
 
 
 def compose(args: argparse.Namespace, folder: Path) -> Any:
-    from laptrain.bench import compose_job
+    from laptrain.commands.bench import compose_job
 
     cfg, _ = compose_job(job_overrides(args), folder, lambda _: None)
     return cfg
@@ -179,7 +179,7 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, tor
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from laptrain.model.causal_lm_lora import load_base
+    from laptrain.model.lora.causal_lm import load_base
 
     cfg = compose(args, folder)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -191,7 +191,7 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, tor
     model = OmegaConf.to_container(cfg.model, resolve=True)
     pretrained = model.get("pretrained")
     if not pretrained and model.get("tiny_base"):
-        from laptrain.model.tiny_llama import tiny_llama
+        from laptrain.model.lora.tiny_llama import tiny_llama
 
         pretrained = str(tiny_llama(datamodule.tokenizer, **model["tiny_base"]))
     base = load_base(pretrained, model.get("backbone"), torch.float32, model.get("revision"))
@@ -229,7 +229,7 @@ def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> torc
     import lightning.pytorch as pl
     from omegaconf import DictConfig
 
-    from laptrain.bench import build_job, make_trainer
+    from laptrain.commands.bench import build_job, make_trainer
 
     class StepEnds(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

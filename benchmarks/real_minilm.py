@@ -5,8 +5,8 @@ The job is ``python train.py experiment=minilm hardware=cpu``: the pretrained al
 under the laptrain cache) with a new classification head, on ``data=stdlib_docstrings`` (which
 family of Python's standard library a docstring comes from), batch 16, AdamW (lr 1e-4, weight
 decay 0.01, biases and norms undecayed, fused), linear schedule with 10 % warm-up. Every arm is a
-fresh process that composes and builds the job as train.py does (``laptrain.bench.build_job``:
-the Hydra config, ``laptrain.run.build``, the model initialised from the job's seed), so the
+fresh process that composes and builds the job as train.py does (``laptrain.commands.bench.build_job``:
+the Hydra config, ``laptrain.job.run.build``, the model initialised from the job's seed), so the
 arms start from the same weights and the same tokenized splits.
 
 Throughput (the default): one epoch per arm (or ``--steps`` optimizer steps), the first
@@ -21,7 +21,7 @@ sampler and 48.6 under HF's, against 44.0 over the epoch for both: a 120-step wi
 credited laptrain with ~17 % more samples/s for nothing.
 
 - laptrain: ``Trainer.fit`` with the job's default callbacks (minus the progress bar) and its
-  TensorBoard logger, no validation (``laptrain.bench.make_trainer``); the periodic checkpoint
+  TensorBoard logger, no validation (``laptrain.commands.bench.make_trainer``); the periodic checkpoint
   (every 250 steps) saves once in the epoch, as in a train.py run;
 - plain loop: the same model and the same batches from laptrain's train loader (same order),
   ``loss.backward(); optimizer.step(); scheduler.step(); zero_grad()`` with the module's own
@@ -46,7 +46,7 @@ Accuracy (``--accuracy``): full runs, per seed (the seed also picks the data spl
 
 - HF: ``transformers.Trainer`` as above, evaluating accuracy on laptrain's validation split after
   each epoch, saving each epoch (at most 2 kept) and ``load_best_model_at_end`` by validation
-  accuracy, because laptrain tests the best-by-``val/acc`` checkpoint (laptrain.run._train:
+  accuracy, because laptrain tests the best-by-``val/acc`` checkpoint (laptrain.job.run._train:
   ``ckpt_path=best_model_path``); test accuracy is then measured on laptrain's test split by
   ``vs_hf.test_accuracy``;
 - laptrain: ``python train.py experiment=minilm hardware=cpu seed=S hydra.run.dir=<tmp>``, test
@@ -120,7 +120,7 @@ def laptrain_arm(job: Any, steps: int, warmup: int) -> dict[str, Any]:
     from lightning.pytorch.callbacks import ProgressBar
     from overhead import timed_hooks
 
-    from laptrain.bench import job_callbacks, make_trainer
+    from laptrain.commands.bench import job_callbacks, make_trainer
 
     spent: dict[str, float] = defaultdict(float)  # each callback's time in its per-batch hooks
 
@@ -292,7 +292,7 @@ def hf_arm(job: Any, steps: int, warmup: int, folder: Path, seed: int) -> dict[s
 
 
 def child(spec: dict[str, Any]) -> None:
-    from laptrain.bench import build_job
+    from laptrain.commands.bench import build_job
 
     folder = Path(spec["folder"])
     seed = int(spec["seed"])
@@ -367,7 +367,7 @@ def throughput(args: argparse.Namespace, overrides: list[str], tmp: Path) -> Non
                 "folder": str(tmp / f"{arm.replace(' ', '_')}-{r}"),
             }
             results[arm].append(run_child(spec))
-    from laptrain.bench import machine_line
+    from laptrain.commands.bench import machine_line
 
     print(machine_line())
     print(
@@ -448,7 +448,7 @@ def accuracy(args: argparse.Namespace, overrides: list[str], tmp: Path) -> None:
             else:
                 rows[seed][arm] = run_train_py(overrides, seed, folder)
             print(f"seed {seed} {arm}: {rows[seed][arm]}", file=sys.stderr, flush=True)
-    from laptrain.bench import machine_line
+    from laptrain.commands.bench import machine_line
 
     print(machine_line())
     print(

@@ -1,7 +1,7 @@
 """Time from ``python train.py`` to the first optimizer step, and where it goes.
 
 Each run is a fresh process that executes train.py as ``python train.py`` would (via runpy), with
-timers wrapped around the steps train.py and laptrain.run take in order: hardware detection,
+timers wrapped around the steps train.py and laptrain.job.run take in order: hardware detection,
 composition, the data-file check, the config check (which imports torch, Lightning and each
 ``_target_``), the device check, then in ``build``: the data module, its ``prepare_data`` and
 ``setup`` (reading the data, training or loading the tokenizer, the tokenized cache), the model,
@@ -48,13 +48,13 @@ def child(marks_file: str, argv: list[str]) -> None:
     def patch(module: Any, name: str, label: str) -> None:
         setattr(module, name, timed(getattr(module, name), label))
 
-    import laptrain.config_check as config_check
-    import laptrain.data.labelled_files as labelled_files
+    import laptrain.config.check as config_check
+    import laptrain.data.precheck as precheck
     import laptrain.hardware.auto as auto
 
     patch(auto, "resolve_hardware_argv", "hardware detection")
     patch(config_check, "compose_argv", "composition (Hydra)")
-    patch(labelled_files, "check_data_config", "data file check")
+    patch(precheck, "check_data_config", "data file check")
     check_composed = config_check.check_composed
 
     def after_imports(cfg: Any) -> None:  # torch may be imported from here on (env applied)
@@ -63,9 +63,11 @@ def child(marks_file: str, argv: list[str]) -> None:
         phases.append(("config check (imports torch, Lightning, targets)", start, time.time()))
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        import laptrain.run as run
+        import laptrain.launch.device as device
 
-        patch(run, "check_device", "device check")
+        patch(device, "check_device", "device check")
+        import laptrain.job.run as run
+
         patch(run, "build_run_plan", "run plan (preflight)")
         instantiate = run.instantiate
 
@@ -159,7 +161,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="laptrain-startup-") as tmp:
         cold = one_run(argv, Path(tmp))
         warm = [one_run(argv, Path(tmp)) for _ in range(args.runs)]
-    from laptrain.bench import machine_line
+    from laptrain.commands.bench import machine_line
 
     print(machine_line())
     print(

@@ -56,7 +56,7 @@ def test_accuracy(model: Any, datamodule: Any) -> float:
 def laptrain_arm(job: Any) -> dict[str, Any]:
     import lightning.pytorch as pl
 
-    from laptrain.bench import job_callbacks, make_trainer
+    from laptrain.commands.bench import job_callbacks, make_trainer
 
     class EpochClock(pl.Callback):
         def on_train_epoch_start(self, *args: Any) -> None:
@@ -123,7 +123,7 @@ def hf_arm(job: Any, grouped: bool, folder: Path, seed: int) -> dict[str, Any]:
 
 
 def child(arm: str, csv: str, seed: int, folder: str, overrides: list[str]) -> None:
-    from laptrain.bench import build_job
+    from laptrain.commands.bench import build_job
 
     argv = ["data=text_csv", f"data.files.train={csv}", f"seed={seed}", *overrides]
     job = build_job(argv, Path(folder), lambda _: None)
@@ -170,7 +170,7 @@ def main() -> None:
             for arm in ARMS[i % 3 :] + ARMS[: i % 3]:  # each arm first once: no order bias
                 folder = Path(tmp) / f"{arm.replace(' ', '_')}-{seed}"
                 results[arm].append(run_child(arm, csv, seed, folder, overrides))
-    from laptrain.bench import machine_line
+    from laptrain.commands.bench import machine_line
 
     print(machine_line())
     print(

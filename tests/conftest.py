@@ -16,8 +16,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from laptrain.model.tiny import tiny_bert_backbone
-from laptrain.run_dir import register_resolvers
+from laptrain.model.classifier.tiny_bert import tiny_bert_backbone
+from laptrain.run_folder.naming import register_resolvers
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -28,7 +28,7 @@ CONF_FIXTURES = ROOT / "tests" / "conf"  # test-only config options (callbacks=f
 TRAIN = ROOT / "train.py"
 register_resolvers()
 
-# A tiny BERT for in-process tests (laptrain.model.tiny), and the same as train.py overrides for
+# A tiny BERT for in-process tests (laptrain.model.classifier.tiny_bert), and the same as train.py overrides for
 # end-to-end runs.
 TINY_BERT = tiny_bert_backbone()
 TINY = [

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra._internal.utils import get_args_parser
 
-from laptrain.argv import (
+from laptrain.config.overrides import (
     INFO_CHOICES,
     OPTIONAL_VALUE_OPTIONS,
     SWITCHES,
@@ -137,7 +137,7 @@ def test_train_py_help_works_after_an_override():
 
 
 def test_the_selected_model_comes_from_the_override_the_experiment_or_the_default():
-    from laptrain.argv import selected_option
+    from laptrain.config.overrides import selected_option
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     assert selected_option(["train.py", "model=scibert"], "model", conf) == "scibert"
@@ -147,7 +147,7 @@ def test_the_selected_model_comes_from_the_override_the_experiment_or_the_defaul
 
 def test_a_model_yaml_names_its_own_command_line_hook(tmp_path):
     """TRM's size=auto runs through the hook its YAML names; train.py knows no model by name."""
-    from laptrain.argv import run_argv_hook
+    from laptrain.config.overrides import run_argv_hook
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     argv = [

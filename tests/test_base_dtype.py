@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laptrain.model.base_dtype import (
+from laptrain.model.lora.base_dtype import (
     GB,
     base_parameter_count,
     choose_base_dtype,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from laptrain.bench import StepStats, advice, bench_main, parse_compare
+from laptrain.commands.bench import StepStats, advice, bench_main, parse_compare
 from tests.conftest import TINY, write_texts
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from laptrain.checkpoint_files import (
+from laptrain.checkpoints.files import (
     AtomicCheckpointIO,
     CheckpointWriteError,
     check_resume_checkpoint,
@@ -47,7 +47,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path,
     child = textwrap.dedent(
         f"""
         import os, signal, torch
-        import laptrain.checkpoint_files as cf
+        import laptrain.checkpoints.files as cf
         moment = {moment!r}
         if moment == "while-writing":
             real = torch.save
@@ -81,7 +81,7 @@ def test_disk_full_names_the_folder_and_its_free_space_and_keeps_the_previous_fi
         f.write(b"x" * 1000)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("laptrain.checkpoint_files.torch.save", full_disk)
+    monkeypatch.setattr("laptrain.checkpoints.files.torch.save", full_disk)
     with pytest.raises(CheckpointWriteError) as err:
         io.save_checkpoint(checkpoint(2), target)
     message = str(err.value)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from laptrain import cli
+from laptrain.commands import cli
 from tests.conftest import ROOT, TINY, write_texts
 
 
@@ -60,7 +60,7 @@ def test_a_run_prints_a_short_true_console_then_runs_and_predict_read_it(tmp_pat
     ]
     env = {**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(
-        [sys.executable, "-m", "laptrain.cli", "train", *args],
+        [sys.executable, "-m", "laptrain.commands.cli", "train", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from laptrain.config_check import ConfigError, check_config, precheck
+from laptrain.config.check import ConfigError, check_config, precheck
 from tests.conftest import CONF, run_train
 
 

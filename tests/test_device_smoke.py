@@ -33,7 +33,7 @@ def test_cpu_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "torch " in out and "lightning " in out and "OS: " in out
     header = next(s for s in out.splitlines() if s.startswith("| family |"))
     assert header == "| family | 32-true | bf16-mixed | 64-true | 16-mixed |"
-    for family in ("text_classifier", "trm"):
+    for family in ("classifier", "trm"):
         cells = row(out, family)
         assert cells[0].startswith("ok (") and cells[2].startswith("ok ("), cells
         assert cells[3].startswith("refused: hardware.precision=16-mixed"), cells

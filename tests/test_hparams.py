@@ -1,4 +1,4 @@
-"""laptrain.hparams: a run returns its best validation value (again when a finished run is rerun)
+"""laptrain.job.hparams: a run returns its best validation value (again when a finished run is rerun)
 and leaves an HPARAMS row with hp/ metrics in its TensorBoard folder."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from omegaconf import DictConfig, open_dict, read_write
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-from laptrain.hparams import final_metrics, hp_keys
+from laptrain.job.hparams import final_metrics, hp_keys
 from tests.conftest import TINY, compose_train, write_texts
 
 
@@ -67,7 +67,7 @@ def job_config(args: list[str], tmp_path: Path) -> DictConfig:
 
 
 def test_a_run_returns_its_best_validation_and_the_same_when_rerun_finished(tmp_path):
-    from laptrain.run import train
+    from laptrain.job.run import train
 
     args = [
         "hardware=cpu",

@@ -1,6 +1,6 @@
 """`python train.py -m hparams_search=optuna` end to end: the study resumes instead of repeating,
 each trial returns its best validation value, and each job's TensorBoard folder holds an HPARAMS
-row with the hp/ metrics (laptrain.hparams). `pytest -m slow tests/test_hparams_search.py`."""
+row with the hp/ metrics (laptrain.job.hparams). `pytest -m slow tests/test_hparams_search.py`."""
 
 from __future__ import annotations
 

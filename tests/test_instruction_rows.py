@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from laptrain.data.instruction_rows import check_instructions
-from laptrain.data.labelled_files import DataError, check_data_config
+from laptrain.data.labelled_files import DataError
+from laptrain.data.precheck import check_data_config
 from tests.conftest import compose_train, run_train
 
 BAD = Path(__file__).resolve().parent / "data" / "bad" / "instructions"

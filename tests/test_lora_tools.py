@@ -8,10 +8,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from laptrain.cli import main
+from laptrain.commands.cli import main
 from laptrain.data.instructions import render_prompt
-from laptrain.lora_tools import evaluate, export_merged, find_adapter, generate, load_for_generation
-from laptrain.model.causal_lm_lora import CausalLMLoRAModule
+from laptrain.model.lora.causal_lm import CausalLMLoRAModule
+from laptrain.model.lora.tools import (
+    evaluate,
+    export_merged,
+    find_adapter,
+    generate,
+    load_for_generation,
+)
 from tests.test_causal_lm_lora import (
     PAIRS,
     _one_thread,  # noqa: F401 - module fixture

@@ -1,4 +1,4 @@
-"""laptrain.model.sources: hub names, folders, GGUF files and wheel members as model.pretrained.
+"""laptrain.pretrained.sources: hub names, folders, GGUF files and wheel members as model.pretrained.
 
 Fast tests are offline: fake wheels are built in tmp_path and handed to the fetch step through its
 ``download`` argument; a tiny llama GGUF is written with gguf's GGUFWriter. The ``slow`` tests
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from laptrain.model import sources
-from laptrain.model.sources import (
+from laptrain.pretrained import sources
+from laptrain.pretrained.sources import (
     ChecksumError,
     CorruptGGUFError,
     IndexUnreachableError,
@@ -618,7 +618,7 @@ def test_real_minilm_wheel(tmp_path: Path) -> None:
 
 
 def test_a_gguf_too_large_for_this_machine_is_refused_before_dequantising(tmp_path: Path) -> None:
-    from laptrain.model.sources import TooLargeError, check_gguf_fits
+    from laptrain.pretrained.sources import TooLargeError, check_gguf_fits
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     check_gguf_fits(gguf, available_bytes=10**9)

@@ -14,8 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from laptrain.callbacks.oom_backoff import OOMBackoff, is_oom
+from laptrain.data.collate import batch_length
 from laptrain.hardware.probe import FakeProbe
-from laptrain.model.chunked_backward import ChunkedBackward, batch_length, slice_batch
+from laptrain.model.chunked_backward import ChunkedBackward, slice_batch
 from tests.conftest import quiet_trainer
 
 # The texts each device raises (docs/hardware.md §7).

@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from laptrain.plan import build_run_plan
-from tests.conftest import compose_train
+from laptrain.job.plan import build_run_plan
+from tests.conftest import TINY, compose_train, run_train, write_texts
 
 
 def fake_preflight(micro: int, accumulation: int, checkpointing: bool = False):
@@ -108,3 +108,21 @@ def test_auto_checkpointing_with_the_preflight_off_is_off_and_says_how_to_force_
         "gradient checkpointing: off (model.gradient_checkpointing=auto with the preflight off: "
         "set it to true to force it)"
     )
+
+
+def test_trainer_precision_on_the_command_line_is_what_the_preflight_sizes(tmp_path):
+    """The Trainer reads ``trainer.precision``; the preflight's estimate follows the same value
+    (it used to read ``hardware.precision`` only), through ``python train.py``."""
+    data = write_texts(tmp_path / "texts.csv")
+    lines = {}
+    for precision in ("32-true", "bf16-mixed"):
+        args = ["hardware=cpu", "data=text_csv", f"data.files.train={data}", *TINY]
+        args += [f"trainer.precision={precision}", "trainer.max_steps=1", "test=false"]
+        done = run_train([*args, f"run_name={precision}"], tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out = done.stdout + done.stderr
+        budget = next(line for line in out.splitlines() if "preflight: budget" in line)
+        estimate = next(line for line in out.splitlines() if "preflight: estimate" in line)
+        assert f"precision {precision}" in budget
+        lines[precision] = estimate
+    assert lines["32-true"] != lines["bf16-mixed"]

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from laptrain.plugin_extras import MissingExtra, check_plugin_extras, plugins_of
+from laptrain.config.plugin_extras import MissingExtra, check_plugin_extras, plugins_of
 from tests.conftest import CONF, run_train
 
 MISSING = 'from laptrain\'s [sweep] extra, which is not installed: pip install -e ".[sweep]"'

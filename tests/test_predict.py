@@ -1,4 +1,4 @@
-"""laptrain.predict: a classifier run's exported model labels texts as transformers alone would."""
+"""laptrain.commands.predict: a classifier run's exported model labels texts as transformers alone would."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
+from laptrain.commands.predict import Classifier, read_texts, write_predictions
 from laptrain.data.tokenizer import train_wordpiece
-from laptrain.model.tiny import tiny_bert_classifier
-from laptrain.predict import Classifier, read_texts, write_predictions
+from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
 from tests.conftest import WORDS
 
 LABELS = sorted(WORDS)

@@ -5,7 +5,7 @@ import torch
 from transformers import BertForSequenceClassification
 
 from laptrain.hardware.probe import FakeProbe, MemoryReading
-from laptrain.model.tiny import tiny_bert_classifier
+from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
 from laptrain.preflight.activations import (
     Quadratic,
     hf_batch_maker,
@@ -88,7 +88,7 @@ def test_the_plan_asks_the_preflight_for_fsdp_shards_only_under_fsdp(tmp_path):
     def preflight(model, datamodule, profile, **kwargs):
         seen.append(profile.get("shards", 1))
 
-    from laptrain.plan import build_run_plan
+    from laptrain.job.plan import build_run_plan
 
     for strategy, shards in (("fsdp", 4), ("ddp", 1)):
         cfg = compose_train(
@@ -264,15 +264,6 @@ def test_run_entry_skips_models_it_cannot_measure_unless_auto_was_asked():
     assert preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4)) is None
     with pytest.raises(PreflightError, match="set hardware.batch_size=<n>"):
         preflight_for_run(plain, _Data(), cpu_profile(None))
-
-
-def test_run_entry_checks_precision_even_for_models_it_cannot_measure():
-    from laptrain.hardware.profile import ProfileError
-    from laptrain.preflight.batch import preflight_for_run
-
-    plain = torch.nn.Linear(4, 2)
-    with pytest.raises(ProfileError, match="set hardware.precision=bf16-mixed"):
-        preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4, precision="16-mixed"))
 
 
 def test_refusal_marks_the_fixes_that_are_enough_on_their_own():

@@ -3,7 +3,7 @@
 import pytest
 from transformers import LlamaConfig
 
-from laptrain.cli import main
+from laptrain.commands.cli import main
 from laptrain.preflight.from_config import LLAMA32_3B
 
 
@@ -74,4 +74,4 @@ def test_an_apple_profile_on_this_linux_box_needs_a_budget(capsys, llama_3b_fold
 def test_classifier_models_are_left_to_the_training_preflight(capsys):
     assert main(["preflight", "model=tiny_classifier", "hardware=cpu"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "estimates causal-LM LoRA models only" in line
+    assert "estimates from the config only the lora family" in line

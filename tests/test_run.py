@@ -6,7 +6,7 @@ import pytest
 
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
-from laptrain.run import check_device
+from laptrain.launch.device import check_device
 from tests.conftest import compose_train, run_train
 
 
@@ -62,7 +62,7 @@ def test_any_profile_can_be_inspected_here_but_not_trained_on_a_device_this_mach
 def test_a_stopped_run_that_started_fresh_names_the_command_that_resumes_it(tmp_path):
     from omegaconf import OmegaConf
 
-    from laptrain.run import resume_hint
+    from laptrain.job.run import resume_hint
 
     run = tmp_path / "tiny_classifier-text_csv-2"
     (run / ".hydra").mkdir(parents=True)

@@ -1,4 +1,4 @@
-from laptrain import run_dir
+from laptrain.run_folder import naming as run_dir
 
 
 def test_resume_keeps_the_folder_and_fresh_runs_never_overwrite(tmp_path, monkeypatch):

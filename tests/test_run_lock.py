@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from laptrain.run_dir import choose_run_dir
-from laptrain.run_lock import (
+from laptrain.run_folder.lock import (
     LOCK_NAME,
     RunFolderBusy,
     hold_run_folder,
     is_locked,
     release_run_folder,
 )
+from laptrain.run_folder.naming import choose_run_dir
 from tests.conftest import TINY, run_train, write_texts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def holder(folder: Path) -> subprocess.Popen:
     """Another process that holds ``folder`` until it is killed."""
     code = (
-        "import sys, time; from laptrain.run_lock import hold_run_folder; "
+        "import sys, time; from laptrain.run_folder.lock import hold_run_folder; "
         f"hold_run_folder({str(folder)!r}, ['python', 'train.py', 'run_name=t']); "
         "print('held', flush=True); time.sleep(600)"
     )

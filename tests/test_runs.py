@@ -1,4 +1,4 @@
-"""laptrain.runs: each run folder's status, step, best score and the command that resumes it."""
+"""laptrain.run_folder.listing: each run folder's status, step, best score and the command that resumes it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from laptrain.runs import find_runs, resume_command, run_state, runs_table
+from laptrain.run_folder.listing import find_runs, resume_command, run_state, runs_table
 
 DEFAULT_NAME = "${hydra:runtime.choices.model}-${hydra:runtime.choices.data}"
 
@@ -118,7 +118,7 @@ def test_a_run_held_by_a_live_process_is_running(tmp_path):
             "-c",
             textwrap.dedent(
                 f"""
-                from laptrain.run_lock import hold_run_folder
+                from laptrain.run_folder.lock import hold_run_folder
                 import sys, time
                 hold_run_folder({str(run)!r}); print("held", flush=True); time.sleep(30)
                 """
@@ -139,7 +139,7 @@ def test_a_run_held_by_a_live_process_is_running(tmp_path):
 def test_listing_finished_runs_does_not_import_torch(tmp_path):
     make_run(tmp_path / "outputs" / "tiny_classifier-text_csv", [])
     code = (
-        "import sys; from laptrain.runs import find_runs, run_state, runs_table; "
+        "import sys; from laptrain.run_folder.listing import find_runs, run_state, runs_table; "
         f"print(runs_table([run_state(f) for f in find_runs({str(tmp_path / 'outputs')!r})], "
         f"__import__('pathlib').Path({str(tmp_path / 'outputs')!r}))); "
         "print('torch' in sys.modules)"

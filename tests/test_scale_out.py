@@ -1,13 +1,15 @@
-"""laptrain.scale_out and the scale-out presets: trainer=ddp / fsdp, launcher=slurm (composed and
+"""laptrain.config.scale_out and the scale-out presets: trainer=ddp / fsdp, launcher=slurm (composed and
 instantiated here; no cluster, no GPU), and -m refused where each rank would re-run the sweep."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hydra.utils import instantiate
 
-from laptrain.config_check import ConfigError, check_config, compose_argv
-from laptrain.scale_out import asks_multirun, check_scale_out, reruns_command
+from laptrain.config.check import ConfigError, check_config, compose_argv
+from laptrain.config.scale_out import asks_multirun, check_scale_out, reruns_command
 from tests.conftest import CONF, TINY
 
 
@@ -89,12 +91,12 @@ def test_slurm_with_fsdp_composes_and_instantiates_without_a_cluster():
 
 
 def test_train_py_refuses_a_ddp_sweep_in_one_line_before_making_a_folder(tmp_path, monkeypatch):
-    from train import precheck  # train.py prints a ValueError as one `error:` line, exit 2
+    from laptrain.launch.prepare import prepare  # train.py prints it as one `error:` line, exit 2
 
     monkeypatch.chdir(tmp_path)
     argv = ["train.py", "-m", "hardware=cpu", *TINY, "trainer=ddp_cpu", "trainer.strategy=ddp"]
     with pytest.raises(ConfigError) as refused:
-        precheck([*argv, "seed=1,2"])
+        prepare([*argv, "seed=1,2"], Path(CONF))
     line = str(refused.value)
     assert "\n" not in line and "ddp_spawn" in line and "launcher=slurm" in line
     assert not (tmp_path / "outputs").exists()

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from laptrain.data.text_classification import TextClassificationDataModule
-from laptrain.model.text_classifier import TextClassifierModule
-from laptrain.model.tiny import tiny_bert_classifier
+from laptrain.model.classifier.text_classifier import TextClassifierModule
+from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
 from tests.conftest import TINY_BERT as BACKBONE
 from tests.conftest import quiet_trainer, write_texts
 

@@ -9,6 +9,7 @@ No torch import here (the launcher reads profiles before torch is imported).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 MARKER = Path("conf") / "train.yaml"
@@ -29,6 +30,12 @@ def project_root(cwd: Path | None = None) -> Path:
         "laptrain's conf/ and train.py were not found: this command runs in a laptrain clone; "
         'cd to it, or install the clone editable (pip install -e ".[dev]")'
     )
+
+
+def default_cache_dir() -> Path:
+    """laptrain's machine-wide cache (model sources, measured worker costs): ``$LAPTRAIN_CACHE``
+    or ``~/.cache/laptrain``."""
+    return Path(os.environ.get("LAPTRAIN_CACHE") or Path.home() / ".cache" / "laptrain")
 
 
 def conf_dir() -> Path:

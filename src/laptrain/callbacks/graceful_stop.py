@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+from laptrain.run_folder.layout import LAST
 
 
 class GracefulStop(Callback):
@@ -31,7 +32,7 @@ class GracefulStop(Callback):
         filename: file name without ``.ckpt``.
     """
 
-    def __init__(self, dirpath: str, filename: str = "last") -> None:
+    def __init__(self, dirpath: str, filename: str = LAST) -> None:
         if not filename:
             raise ValueError("callbacks.graceful_stop.filename must not be empty")
         self.path = Path(dirpath) / f"{filename}.ckpt"

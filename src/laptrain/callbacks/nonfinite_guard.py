@@ -39,20 +39,23 @@ class NonFiniteLoss(ValueError):
 class NonFiniteGuard(Callback):
     """Args:
     action: "stop" or "skip" (see the module doc).
-    ckpt_dir: the run's checkpoint folder, to name the last good checkpoint in the error.
+    last_ckpt: the run's resume checkpoint (``paths.last_ckpt``), named in the error as the last
+        good state.
     check_grads: also check the gradients before each optimizer step (one device sync per step).
     """
 
     STATE_VERSION = 1
     report_section = "nonfinite"
 
-    def __init__(self, action: str = "stop", ckpt_dir: str | None = None, check_grads: bool = True):
+    def __init__(
+        self, action: str = "stop", last_ckpt: str | None = None, check_grads: bool = True
+    ):
         if action not in ACTIONS:
             raise ValueError(
                 f"callbacks.nonfinite_guard.action={action!r}: choose one of {', '.join(ACTIONS)}"
             )
         self.action = action
-        self.ckpt_dir = ckpt_dir
+        self.last_ckpt = last_ckpt
         self.check_grads = check_grads
         self.skipped: list[dict[str, Any]] = []
         self._bad: str | None = None
@@ -110,9 +113,9 @@ class NonFiniteGuard(Callback):
         )
 
     def _last_good(self) -> str:
-        if not self.ckpt_dir:
+        if not self.last_ckpt:
             return "none (no checkpoint folder)"
-        last = Path(self.ckpt_dir) / "last.ckpt"
+        last = Path(self.last_ckpt)
         if not last.is_file():
             return "none yet (rerunning starts over)"
         try:

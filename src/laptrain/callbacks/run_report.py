@@ -27,8 +27,9 @@ from laptrain.callbacks.contracts import (
 )
 from laptrain.callbacks.report_writer import machine_facts, token_count, write_report
 from laptrain.console import best_checkpoint
-from laptrain.model.chunked_backward import batch_length
-from laptrain.runs import resume_command
+from laptrain.data.collate import batch_length
+from laptrain.run_folder.layout import run_last_checkpoint
+from laptrain.run_folder.listing import resume_command
 from laptrain.versions import package_versions
 
 GUARD_SECTIONS = ("memory", "thermal", "oom", "power")
@@ -240,7 +241,7 @@ class RunReport(Callback):
             run["max_steps"] = trainer.max_steps
         run.update({k: v for k, v in scalars.items() if k.startswith("lr-")})
         best = best_checkpoint(trainer)
-        checkpoint = {"last": str(folder / "checkpoints" / "last.ckpt")}
+        checkpoint = {"last": str(run_last_checkpoint(folder))}
         if best:
             checkpoint.update(best=best[0], monitor=best[1], best_score=best[2])
         command = resume_command(folder)

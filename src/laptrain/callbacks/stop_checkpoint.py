@@ -38,6 +38,8 @@ from typing import Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 
+from laptrain.files import fsync_dir
+
 _ENDED: weakref.WeakSet[pl.Trainer] = weakref.WeakSet()
 _QUEUED: weakref.WeakKeyDictionary[pl.Trainer, list[StopCheckpoint]] = weakref.WeakKeyDictionary()
 
@@ -58,20 +60,6 @@ def save_queued_stops(trainer: pl.Trainer) -> None:
         if stop.path not in done:
             stop.save(trainer)
             done.add(stop.path)
-
-
-def fsync_dir(folder: str) -> None:
-    """Make a rename in ``folder`` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class StopCheckpoint:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 
 def padded_length(length: int, multiple: int | None) -> int:
@@ -37,3 +39,19 @@ class PadCollator:
         if "labels" in rows[0]:
             batch["labels"] = torch.tensor([int(r["labels"]) for r in rows], dtype=torch.long)
         return batch
+
+
+def batch_length(batch: Any) -> int:
+    """Number of samples: the first dimension of the first tensor found."""
+    if isinstance(batch, Tensor) and batch.dim():
+        return batch.shape[0]
+    if isinstance(batch, Mapping):
+        values = list(batch.values())
+    else:
+        values = batch if isinstance(batch, (list, tuple)) else []
+    for value in values:
+        try:
+            return batch_length(value)
+        except TypeError:
+            continue
+    raise TypeError(f"no batched tensor in a batch of type {type(batch).__name__}")

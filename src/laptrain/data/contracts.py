@@ -1,12 +1,15 @@
 """What the run may ask of a datamodule beyond Lightning's own hooks, as Protocols.
 
-A datamodule joins by having the members; the preflight asks ``isinstance(dm, KnowsLengths)``
-instead of probing attribute names.
+A datamodule joins by having the members; the run, the plan and the preflight ask
+``isinstance(dm, KnowsLengths)`` and the like instead of probing attribute names.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -18,3 +21,58 @@ class KnowsLengths(Protocol):
     max_length: int
 
     def longest_example(self, split: str = "train") -> int: ...
+
+
+@runtime_checkable
+class SizesTheModel(Protocol):
+    """Knows sizes the model is built with (vocabulary, labels, special token ids) only after
+    ``setup``: the run passes ``model_kwargs()`` to the model's constructor."""
+
+    def model_kwargs(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class SavesArtifacts(Protocol):
+    """Leaves files a prediction needs beside the exported model (tokenizer, label names)."""
+
+    def save_artifacts(self, folder: str | Path) -> None: ...
+
+
+@runtime_checkable
+class LoaderSettings(Protocol):
+    """Builds its own loaders with these settings; the plan reports them instead of the
+    profile's (``data.num_workers`` etc. win over ``hardware.*``)."""
+
+    num_workers: int
+    persistent_workers: bool
+    pin_memory: bool
+
+
+@runtime_checkable
+class EvaluatesInOtherBatches(Protocol):
+    """Validates and tests in batches of ``eval_batch_size`` (None: the training batch)."""
+
+    eval_batch_size: int | None
+
+
+@dataclass(frozen=True)
+class Loader:
+    """The loader settings a run reports: the datamodule's own, else the hardware profile's."""
+
+    num_workers: int
+    persistent_workers: bool
+    pin_memory: bool
+
+
+def loader_settings(datamodule: object, profile: Mapping[str, Any]) -> Loader:
+    """:class:`LoaderSettings` of ``datamodule`` when it has them, else ``hardware.*``."""
+    source: Any = datamodule if isinstance(datamodule, LoaderSettings) else None
+    if source is None:
+        return Loader(
+            int(profile.get("num_workers", 0) or 0),
+            bool(profile.get("persistent_workers", False)),
+            bool(profile.get("pin_memory", False)),
+        )
+    return Loader(
+        int(source.num_workers or 0), bool(source.persistent_workers), bool(source.pin_memory)
+    )

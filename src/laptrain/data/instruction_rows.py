@@ -1,5 +1,5 @@
 """Instruction rows: read, checked and split without torch, so ``train.py`` refuses bad rows
-before the run folder exists (``laptrain.data.labelled_files.check_data_config``) by the same rules
+before the run folder exists (``laptrain.data.precheck.check_data_config``) by the same rules
 ``InstructionDataModule`` applies when it builds its cache.
 
 Rows are ``{prompt, response}``, ``{prompt, completion}`` or ``{messages: [{role, content}, ...]}``;

@@ -49,13 +49,13 @@ from laptrain.data.instruction_rows import (
     split_instruction_rows,
     to_messages,
 )
-from laptrain.data.labelled_files import file_digest
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
 from laptrain.data.text_classification import (
     TextClassificationDataModule,
     publish_entry,
 )
 from laptrain.data.tokenizer import load_tokenizer
+from laptrain.files import file_digest
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ line: the file, the line or row at fault, what is wrong, and the option or edit 
 (docs/data.md lists them).
 
 The rules live only here. ``TextClassificationDataModule`` reads its files through
-:func:`read_labelled`, and ``train.py`` calls :func:`check_data_config` on the composed config
-before Hydra makes the run folder. Why check before the run rather than clean up after a failure:
+:func:`read_labelled`, and the launcher calls
+:func:`laptrain.data.precheck.check_data_config` on the composed config before Hydra makes the run folder. Why check before the run rather than clean up after a failure:
 Hydra creates ``outputs/<run>/`` (with ``.hydra/`` and ``train.log``) before the run starts, and
 the same folder holds an earlier run's checkpoints when resuming, so deleting it after an error
 would have to prove that this run made it and that nothing else is inside; refusing before it
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import hashlib
 import io
 import json
 import math
@@ -43,8 +42,6 @@ INCOMPLETE_ROWS = ("error", "skip")
 # Longer texts are refused: the model reads only data.max_length tokens, and in a CSV such a field
 # is nearly always a quote left open that swallowed the lines after it.
 MAX_TEXT_CHARS = 1_000_000
-DATA_TARGET = "laptrain.data.text_classification.TextClassificationDataModule"
-CHECK_VERSION = 1  # raise when the rules change: files stamped as checked are read again
 _INTEGER = re.compile(r"[+-]?\d+")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -80,14 +77,6 @@ class LabelledSplits:
     labels: dict[str, list[int]]
     label_names: list[str]
     notes: list[str] = field(default_factory=list)
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---- which files -------------------------------------------------------------------------------
@@ -571,64 +560,3 @@ def read_labelled(
         raise DataError("data.files needs a train file: set data.files.train=<file>")
     out = split_rows(named, val_fraction, test_fraction, split_seed, label_names, label_column)
     return LabelledSplits(out.texts, out.labels, out.label_names, notes)
-
-
-# ---- train.py's check ---------------------------------------------------------------------------
-
-_NONE = type(None)
-_SPLIT_ARGS: dict[str, type | tuple[type, ...]] = {
-    "encoding": str,
-    "val_fraction": (int, float),
-    "test_fraction": (int, float),
-    "split_seed": int,
-}
-_LABELLED_ARGS = {
-    **_SPLIT_ARGS,
-    "text_column": str,
-    "label_column": str,
-    "group_column": (str, _NONE),
-    "label_names": (list, _NONE),
-    "incomplete_rows": str,
-}
-_INSTRUCTION_ARGS = {**_SPLIT_ARGS, "group_column": (str, _NONE), "system_prompt": (str, _NONE)}
-INSTRUCTIONS_TARGET = "laptrain.data.instructions.InstructionDataModule"
-
-
-def check_data_config(data: Any) -> None:
-    """``train.py``'s data check on the composed ``data`` config, before the run folder exists:
-    the local files of a text-classification or instruction config are read and checked by the
-    rules their datamodule applies; anything else (a hub dataset, a builder, another datamodule) is
-    checked when the datamodule reads it. A value of the wrong type is left to the config check,
-    which names the argument. Files that passed are stamped under ``<cache_dir>/checked/``."""
-    from omegaconf import OmegaConf
-
-    try:
-        plain = OmegaConf.to_container(data, resolve=True) if data is not None else None
-    except Exception:  # an interpolation that cannot resolve: the config check reports it
-        return
-    if not isinstance(plain, dict):
-        return
-    if plain.get("_target_") == DATA_TARGET:
-        spec, check = _LABELLED_ARGS, read_labelled
-    elif plain.get("_target_") == INSTRUCTIONS_TARGET:
-        from laptrain.data.instruction_rows import check_instructions
-
-        spec, check = _INSTRUCTION_ARGS, check_instructions
-    else:
-        return
-    files = plain.get("files")
-    if not isinstance(files, dict) or not any(v is not None for v in files.values()):
-        return
-    kwargs = {k: plain[k] for k in spec if k in plain}
-    if any(not isinstance(v, spec[k]) or isinstance(v, bool) for k, v in kwargs.items()):
-        return
-    paths = resolve_files(files)
-    stamp = {"version": CHECK_VERSION, "target": plain["_target_"], "options": kwargs}
-    stamp["files"] = {k: file_digest(v) for k, v in paths.items()}
-    key = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:20]
-    done = Path(str(plain.get("cache_dir") or ".cache/laptrain")).expanduser() / "checked" / key
-    if done.exists():
-        return
-    check(files, **kwargs)
-    done.parent.mkdir(parents=True, exist_ok=True)
-    done.touch()

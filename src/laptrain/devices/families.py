@@ -1,8 +1,9 @@
-"""The model families the device smoke test and the device harness run, at tiny sizes.
+"""Each model family at smoke-test size, for the device smoke test and the device harness.
 
-A family is how to build a fresh module and datamodule, how to predict one batch, and which
-precisions it refuses. A new family (e.g. a causal-LM LoRA) joins by adding one entry to
-``FAMILIES`` (or calling :func:`register`); the harness and ``benchmarks/device_smoke.py`` pick it up.
+An entry is how to build a fresh module and datamodule and how to predict one batch; which
+precisions the family refuses comes from the family registry (:mod:`laptrain.model.families`),
+the same rule the launch applies. Entries are keyed by the registry's family names; a new family
+adds its tiny build here (or calls :func:`register`) and ``benchmarks/device_smoke.py`` picks it up.
 """
 
 from __future__ import annotations
@@ -16,12 +17,20 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from laptrain.model.families import FAMILIES as MODEL_FAMILIES
+
 Build = Callable[[int, int], tuple[pl.LightningModule, pl.LightningDataModule]]
 Predict = Callable[[pl.LightningModule, Any], torch.Tensor]
 
 
-def _no_refusal(kind: str, precision: str) -> str | None:
-    return None
+def _registry_refusal(name: str) -> Callable[[str, str], str | None]:
+    """The registry's precision rule of family ``name`` (none for a family it does not know)."""
+
+    def refuse(kind: str, precision: str) -> str | None:
+        family = MODEL_FAMILIES.get(name)
+        return family.refusal(kind, precision) if family else None
+
+    return refuse
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,8 @@ class Family:
         build: ``build(seed, steps)`` -> a fresh (module, datamodule) whose training epoch is
             ``steps`` batches, with validation data; the same seed gives the same weights.
         predict: ``predict(module, batch)`` -> predictions for one validation batch (on the device).
-        refuse: ``refuse(device_kind, precision)`` -> why the family does not run there, or None.
+        refuse: ``refuse(device_kind, precision)`` -> why the family does not run there, or None
+            (default: the registry's rule for ``name``).
         callbacks: extra callbacks the family trains with (its ``configure_callbacks`` are added
             by Lightning itself).
     """
@@ -41,8 +51,12 @@ class Family:
     name: str
     build: Build
     predict: Predict
-    refuse: Callable[[str, str], str | None] = _no_refusal
+    refuse: Callable[[str, str], str | None] | None = None
     callbacks: Callable[[], list[pl.Callback]] = field(default=list)
+
+    def refusal(self, kind: str, precision: str) -> str | None:
+        """Why this family does not run at ``precision`` on ``kind``, or None."""
+        return (self.refuse or _registry_refusal(self.name))(kind, precision)
 
 
 # ----- text classifier ----------------------------------------------------------------------
@@ -79,8 +93,8 @@ class _TokenData(pl.LightningDataModule):
 
 
 def _build_classifier(seed: int, steps: int) -> tuple[pl.LightningModule, pl.LightningDataModule]:
-    from laptrain.model.text_classifier import TextClassifierModule
-    from laptrain.model.tiny import tiny_bert_backbone
+    from laptrain.model.classifier.text_classifier import TextClassifierModule
+    from laptrain.model.classifier.tiny_bert import tiny_bert_backbone
 
     backbone = tiny_bert_backbone(max_position_embeddings=32)
     torch.manual_seed(seed)
@@ -130,19 +144,9 @@ def _predict_trm(module: pl.LightningModule, batch: dict[str, torch.Tensor]) -> 
     return module.solve(batch["inputs"])["pred"]
 
 
-def _refuse_trm(kind: str, precision: str) -> str | None:
-    from laptrain.model.trm.module import check_precision
-
-    try:
-        check_precision(kind, precision)
-    except ValueError as err:
-        return str(err)
-    return None
-
-
 FAMILIES: dict[str, Family] = {
-    "text_classifier": Family("text_classifier", _build_classifier, _predict_classifier),
-    "trm": Family("trm", _build_trm, _predict_trm, refuse=_refuse_trm),
+    "classifier": Family("classifier", _build_classifier, _predict_classifier),
+    "trm": Family("trm", _build_trm, _predict_trm),
 }
 
 
@@ -184,7 +188,7 @@ class _PromptResponseData(_TokenData):
 def _build_causal_lm_lora(
     seed: int, steps: int
 ) -> tuple[pl.LightningModule, pl.LightningDataModule]:
-    from laptrain.model.causal_lm_lora import CausalLMLoRAModule
+    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
 
     backbone = {
         "model_type": "llama",
@@ -214,17 +218,10 @@ def _predict_causal_lm_lora(
     return module(batch["input_ids"], batch["attention_mask"]).argmax(-1)
 
 
-def _refuse_causal_lm_lora(kind: str, precision: str) -> str | None:
-    from laptrain.model.causal_lm_lora import refuse_precision
-
-    return refuse_precision(kind, precision)
-
-
 register(
     Family(
-        "causal_lm_lora",
+        "lora",
         _build_causal_lm_lora,
         _predict_causal_lm_lora,
-        refuse=_refuse_causal_lm_lora,
     )
 )

@@ -184,7 +184,7 @@ def run_cell(family: Family, precision: str, kind: str, steps: int, workdir: Pat
         text = validate_precision(precision, kind, TorchProbe(kind).bf16_supported())
     except ProfileError as err:
         return Cell(family.name, precision, "refused", detail=str(err))
-    reason = family.refuse(kind, text)
+    reason = family.refusal(kind, text)
     if reason:
         return Cell(family.name, precision, "refused", detail=reason)
     start = time.perf_counter()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from laptrain.argv import insert_overrides, override_indices
+from laptrain.config.overrides import insert_overrides, override_indices
 from laptrain.hardware.detect import MachineInfo, detect_machine
 from laptrain.hardware.profile import ProfileError, load_profile, profile_names
 
@@ -165,7 +165,7 @@ def resolve_hardware_argv(
     would have been given another profile (None when they agree, or when no profile fits this
     machine). A CPU profile that leaves ``torch_threads`` null gets the detected physical-core count
     as ``hardware.torch_threads=N``, unless the user set that key. The overrides go where Hydra's
-    parser accepts them (``laptrain.argv.insert_overrides``), so flags may come anywhere.
+    parser accepts them (``laptrain.config.overrides.insert_overrides``), so flags may come anywhere.
     Raises ``UnsupportedMachine`` for ``hardware=auto`` on a machine no profile fits (an Intel Mac).
     """
     args = list(argv)

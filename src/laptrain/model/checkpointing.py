@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import nn
 
-AUTO = "auto"
+from laptrain.config.batch_request import AUTO
 
 
 @runtime_checkable
@@ -41,11 +41,6 @@ def parse_setting(value: Any) -> bool | str:
     if str(value).lower() in ("true", "false"):
         return str(value).lower() == "true"
     raise ValueError(f"model.gradient_checkpointing must be true, false or auto (got {value!r})")
-
-
-def is_auto(value: Any) -> bool:
-    """Whether a ``model.gradient_checkpointing`` value leaves the choice to the preflight."""
-    return str(value).lower() == AUTO
 
 
 def enable_checkpointing(model: nn.Module) -> None:

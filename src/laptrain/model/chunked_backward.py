@@ -31,21 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-
-def batch_length(batch: Any) -> int:
-    """Number of samples: the first dimension of the first tensor found."""
-    if isinstance(batch, Tensor) and batch.dim():
-        return batch.shape[0]
-    if isinstance(batch, Mapping):
-        values = list(batch.values())
-    else:
-        values = batch if isinstance(batch, (list, tuple)) else []
-    for value in values:
-        try:
-            return batch_length(value)
-        except TypeError:
-            continue
-    raise TypeError(f"no batched tensor in a batch of type {type(batch).__name__}")
+from laptrain.data.collate import batch_length
 
 
 def slice_batch(batch: Any, start: int, stop: int, length: int | None = None) -> Any:

@@ -31,15 +31,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from laptrain.data.contracts import KnowsLengths
+from laptrain.config.batch_request import is_auto
+from laptrain.config.scale_out import extra_rank
+from laptrain.data.contracts import KnowsLengths, loader_settings
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
-from laptrain.plan import is_auto
 from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import GB, Estimate, ModelMemory, model_memory
 from laptrain.preflight.worker_memory import WorkerCost, worker_cost
-from laptrain.scale_out import extra_rank
 
 
 class PreflightError(ValueError):
@@ -449,18 +449,15 @@ def preflight_for_run(
     ``max_length`` (or ``seq_len``); ``hardware["batch_size"]`` is the batch to check (or ``auto``);
     ``checkpointing`` as in :func:`plan_batch` (``"auto"`` for ``model.gradient_checkpointing:
     auto``). A resumed run keeps the batch recorded in its ``preflight.json`` while it fits. The
-    caller (laptrain/plan.py) passes the answer on.
+    caller (laptrain/job/plan.py) passes the answer on.
     Returns None (nothing measured) for a model without a transformers model inside when the
     batch is fixed.
 
     Raises:
         PreflightError: nothing fits, or ``auto`` was asked for a model the preflight cannot measure.
-        ProfileError: the profile's precision cannot run on its device.
     """
     auto = is_auto(hardware.get("batch_size"))
     probe = TorchProbe(str(hardware.get("accelerator", "cpu")))
-    # every job, measurable or not, gets the one-line precision check (ProfileError)
-    validate_precision(hardware.get("precision", "32-true"), probe.kind, probe.bf16_supported())
     seq_len, length_note = training_length(datamodule)
     if find_hf_model(model) is None or not seq_len:
         if auto:
@@ -481,11 +478,8 @@ def preflight_for_run(
     if auto and record is not None and record.is_file():
         earlier = json.loads(record.read_text())
         previous = (int(earlier["micro_batch"]), int(earlier["accumulation"]))
-    workers = worker_cost(
-        int(getattr(datamodule, "num_workers", hardware.get("num_workers", 0)) or 0),
-        bool(getattr(datamodule, "persistent_workers", hardware.get("persistent_workers", False))),
-        cache_dir=cache_dir,
-    )
+    loader = loader_settings(datamodule, hardware)
+    workers = worker_cost(loader.num_workers, loader.persistent_workers, cache_dir=cache_dir)
     plan = plan_batch(
         model,
         int(seq_len),

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from laptrain.model.checkpointing import is_auto
+from laptrain.config.batch_request import is_auto
+from laptrain.model.families import FAMILIES, family_of
 from laptrain.preflight.activations import ActivationProfile, Quadratic, measure_activations
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, Estimate, ModelMemory
 
@@ -34,7 +35,6 @@ GB = 1e9
 MEASURED_LAYERS = 2
 MEASURED_SEQ = 32  # measured at 8, 16 and 24 tokens: the quadratic fit is exact in length
 SMALL_TENSOR = 1 << 22
-LORA_TARGET = "laptrain.model.causal_lm_lora.CausalLMLoRAModule"
 # meta-llama/Llama-3.2-3B-Instruct config.json fields that size it (3,212,749,824 parameters).
 LLAMA32_3B = {
     "vocab_size": 128256,
@@ -68,7 +68,7 @@ def causal_lm_config(model_cfg: Mapping[str, Any]) -> Any | None:
     None for a base built from ``tiny_base``. Only ``config.json`` is read."""
     from transformers import AutoConfig
 
-    from laptrain.pretrained import config_from_pretrained
+    from laptrain.pretrained.loading import config_from_pretrained
 
     pretrained, backbone = model_cfg.get("pretrained"), model_cfg.get("backbone")
     if pretrained:
@@ -289,7 +289,7 @@ def fix_list(
 
 
 def _composed(overrides: list[str]) -> Any:
-    from laptrain.config_check import compose_argv
+    from laptrain.config.check import compose_argv
     from laptrain.hardware.auto import resolve_hardware_argv
     from laptrain.project import conf_dir
 
@@ -303,13 +303,16 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
     import psutil
     from omegaconf import OmegaConf
 
-    from laptrain.model.base_dtype import choose_base_dtype
+    from laptrain.model.lora.base_dtype import choose_base_dtype
 
     cfg = _composed(overrides)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
-    if model_cfg.get("_target_") != LORA_TARGET:
+    family = family_of(model_cfg)
+    if family is None or not family.sized_from_config:
+        sized = ", ".join(f.name for f in FAMILIES.values() if f.sized_from_config)
         raise PreflightInputError(
-            f"laptrain preflight estimates causal-LM LoRA models only ({LORA_TARGET}); "
+            f"laptrain preflight estimates from the config only the {sized} family (causal-LM "
+            f"LoRA); "
             f"model {model_cfg.get('_target_')} is measured by train.py's own preflight before "
             "training"
         )
@@ -360,7 +363,7 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
             est = estimates(True)
             chosen = est[dtype if dtype in est else "float32"]
     fits = chosen.total <= budget.bytes
-    from laptrain.pretrained import describe_source
+    from laptrain.pretrained.loading import describe_source
 
     source = model_cfg.get("pretrained")
     pretrained = describe_source(source) if source else "backbone"
@@ -401,7 +404,7 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
 
 def preflight_main(overrides: list[str]) -> int:
     """``laptrain preflight``: 0 fits, 1 does not fit, 2 bad input (one line on stderr)."""
-    from laptrain.config_check import ConfigError
+    from laptrain.config.check import ConfigError
 
     try:
         lines, fits = preflight_report(overrides)

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from laptrain.project import default_cache_dir
+
 GB = 1024**3
 CACHE_FILE = "worker_memory.json"
 
@@ -97,10 +99,6 @@ def _cache_key(start_method: str) -> str:
             start_method,
         )
     )
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("LAPTRAIN_CACHE") or Path.home() / ".cache" / "laptrain")
 
 
 def worker_cost(

@@ -71,9 +71,10 @@ def resolve_size(size: str, presets: Mapping[str, SizePreset]) -> str:
     return size
 
 
-def check_precision(device_type: str, precision: str) -> None:
-    """TRM trains float32 weights: in float32 on CPU and MPS, or bf16-mixed / 16-mixed on CUDA.
+def refuse_precision(device_type: str, precision: str) -> str | None:
+    """Why TRM does not train at ``precision`` on ``device_type``, or None.
 
+    TRM trains float32 weights: in float32 on CPU and MPS, or bf16-mixed / 16-mixed on CUDA.
     Half precision runs only on CUDA (docs/trm.md: a Lightning port of TRM forces float32 on MPS
     to avoid NaNs). ``16-true`` / ``bf16-true`` are refused everywhere: half-precision weights
     round away AdamW's small updates (lr 1e-4 on weights ~0.05 is below bfloat16's step there),
@@ -83,15 +84,23 @@ def check_precision(device_type: str, precision: str) -> None:
     """
     text = str(precision)
     if device_type in ("cpu", "mps") and "16" in text:
-        raise ValueError(
+        return (
             f"TRM runs float32 on {device_type} (precision={precision}): set "
             "hardware.precision=32-true, or train on CUDA for bf16-mixed"
         )
     if text.endswith("16-true"):
-        raise ValueError(
+        return (
             f"TRM keeps float32 weights (precision={precision}): set hardware.precision=bf16-mixed"
             " (what the official code does: float32 weights, a bfloat16 forward) or 32-true"
         )
+    return None
+
+
+def check_precision(device_type: str, precision: str) -> None:
+    """:func:`refuse_precision` as a ValueError (the module checks it again at fit start)."""
+    reason = refuse_precision(device_type, precision)
+    if reason:
+        raise ValueError(reason)
 
 
 class TRMSudokuModule(ChunkedBackward, pl.LightningModule):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from laptrain.argv import override_indices, overrides
+from laptrain.config.overrides import override_indices, overrides
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def resolve_size_argv(argv: list[str], config_path: str) -> tuple[list[str], lis
     explain it. Memory: ``model.memory_gb`` or ``hardware.memory_budget_gb`` from the command line,
     else this machine's total RAM. No torch import. Only Hydra overrides count (not an option's
     value), and the choice replaces the override in place, so options keep their positions
-    (``laptrain.argv``).
+    (``laptrain.config.overrides``).
     """
     import psutil
     import yaml

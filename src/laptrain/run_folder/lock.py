@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-from laptrain.scale_out import extra_rank
+from laptrain.config.scale_out import extra_rank
+from laptrain.files import pid_alive
 
 LOCK_NAME = ".laptrain.lock"
 _held: dict[str, IO[str]] = {}
@@ -50,16 +51,6 @@ def _busy(folder: Path, path: Path) -> RunFolderBusy:
         "it to end, or start a separate run with resume=false (next free folder) or "
         "run_name=<another name>",
     )
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def is_locked(folder: str | Path) -> bool:

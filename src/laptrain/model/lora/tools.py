@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from laptrain.pretrained import from_pretrained
+from laptrain.pretrained.loading import from_pretrained
 
 ADAPTER_CONFIG = "adapter_config.json"
 

@@ -23,7 +23,7 @@ from transformers import (
 
 from laptrain.model.checkpointing import parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
-from laptrain.pretrained import Source, load_pretrained_model
+from laptrain.pretrained.loading import Source, load_pretrained_model
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 
@@ -75,7 +75,7 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
     Args:
         num_labels, label_names, vocab_size, pad_token_id: from the datamodule (``model_kwargs``).
         pretrained: hub name, local folder, ``.gguf`` file or pinned wheel member
-            (``laptrain.model.sources``); wins over ``backbone``.
+            (``laptrain.pretrained.sources``); wins over ``backbone``.
         backbone: transformers config fields incl. ``model_type``, for a from-scratch model.
         optimizer: a factory (Hydra ``_partial_: true``) taking parameter groups.
         warmup_ratio: share of the optimizer steps with a linear warm-up, then linear decay to 0.
@@ -174,6 +174,8 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+    export_folder = "model"  # run.py writes the final model to <run>/model/
 
     def export(self, folder: str | Path) -> None:
         """Write the transformers model with ``save_pretrained`` (loadable without laptrain)."""

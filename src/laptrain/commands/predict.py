@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laptrain.runs import resume_command
+from laptrain.run_folder.listing import resume_command
 
 
 @dataclass(frozen=True)

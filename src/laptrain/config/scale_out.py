@@ -17,8 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.argv import override_indices
-from laptrain.config_check import ConfigError
+from laptrain.config.check import ConfigError
+from laptrain.config.overrides import override_indices
 
 # Registry names (lightning.pytorch.strategies.StrategyRegistry) whose ranks the subprocess
 # launcher starts; ddp_spawn/ddp_fork/ddp_notebook start theirs inside the running process.

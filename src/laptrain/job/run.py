@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,15 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
-from laptrain.checkpoint_files import (
+from laptrain.checkpoints.files import (
     AtomicCheckpointIO,
     check_resume_checkpoint,
     clean_leftovers,
 )
-from laptrain.config_check import LAPTRAIN_KEYS
-from laptrain.config_tree import print_config
+from laptrain.config.batch_request import batch_follows_profile
+from laptrain.config.check import LAPTRAIN_KEYS
+from laptrain.config.scale_out import one_process_tester
+from laptrain.config.tree import print_config
 from laptrain.console import (
     best_checkpoint,
     metric_lines,
@@ -38,17 +39,18 @@ from laptrain.console import (
     quiet_libraries,
     relative,
 )
+from laptrain.data.contracts import SavesArtifacts, SizesTheModel
 from laptrain.hardware.env import EnvReport
-from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
-from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
-from laptrain.hparams import final_metrics, hp_keys, log_hparams
-from laptrain.model.base_dtype import resolve_auto_base_dtype
+from laptrain.hardware.probe import TorchProbe
+from laptrain.job.hparams import final_metrics, hp_keys, log_hparams
+from laptrain.job.plan import RunPlan, build_run_plan, plan_device
+from laptrain.launch.device import check_device
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
-from laptrain.plan import RunPlan, batch_follows_profile, build_run_plan, plan_device
+from laptrain.model.contracts import ExportsModel
+from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
 from laptrain.preflight.budget import device_budget
-from laptrain.run_lock import hold_run_folder, release_run_folder
-from laptrain.runs import resume_command
-from laptrain.scale_out import one_process_tester
+from laptrain.run_folder.listing import resume_command
+from laptrain.run_folder.lock import hold_run_folder, release_run_folder
 from laptrain.versions import package_versions
 
 
@@ -82,7 +84,7 @@ def resume_checkpoint(cfg: DictConfig) -> str | None:
         return str(path)
     if not cfg.resume:
         return None
-    last = Path(cfg.paths.ckpt_dir) / "last.ckpt"
+    last = Path(cfg.paths.last_ckpt)
     return str(last) if last.is_file() else None
 
 
@@ -134,30 +136,6 @@ def write_run_info(folder: Path, plan: RunPlan, lines: list[str], env: EnvReport
     (folder / "run_info.json").write_text(json.dumps(info, indent=1, default=str))
 
 
-def check_device(
-    cfg: DictConfig, probe: DeviceProbe | None = None, say: Callable[[str], None] = rank_zero_info
-) -> str:
-    """The first check of every run, before any data or model work: the device the trainer is
-    asked for exists here and can run the precision asked for (preflight on or off). Returns the
-    precision in Lightning's spelling; a precision that runs but is unmeasured gets one warning."""
-    accelerator = str(cfg.trainer.get("accelerator") or cfg.hardware.get("accelerator") or "cpu")
-    if accelerator in ("gpu", "auto"):  # Lightning's own order: MPS, then CUDA, then CPU
-        accelerator = next((k for k in ("mps", "cuda") if TorchProbe(k).available()), "cpu")
-    kind = accelerator if accelerator in DEVICE_KINDS else "cpu"
-    probe = probe or TorchProbe(kind)
-    if not probe.available():
-        raise ProfileError(
-            f"hardware={cfg.hardware.get('name')} trains on {kind}, which this machine cannot use: "
-            "set hardware=auto (or hardware=cpu)"
-        )
-    precision = cfg.trainer.get("precision") or cfg.hardware.get("precision") or "32-true"
-    text = validate_precision(precision, kind, probe.bf16_supported())
-    warning = precision_warning(text, kind)
-    if warning:
-        say(warning)
-    return text
-
-
 def _single_log_stream() -> None:
     """Lightning adds its own console handler; Hydra's already prints to the console and train.log."""
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
@@ -186,7 +164,7 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
     datamodule = instantiate(cfg.data, _convert_="all", **({"batch_size": None} if follows else {}))
     datamodule.prepare_data()
     datamodule.setup("fit")
-    model_kwargs = datamodule.model_kwargs() if hasattr(datamodule, "model_kwargs") else {}
+    model_kwargs = datamodule.model_kwargs() if isinstance(datamodule, SizesTheModel) else {}
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     for key in LAPTRAIN_KEYS:  # read by the launcher, not arguments of the module
         model_cfg.pop(key, None)
@@ -254,7 +232,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         rank_zero_info(line)
     if trainer.is_global_zero:
         write_run_info(output_dir, plan, lines, env)
-        if hasattr(datamodule, "save_artifacts"):
+        if isinstance(datamodule, SavesArtifacts):
             datamodule.save_artifacts(output_dir)
     for lg in loggers:
         lg.log_hyperparams(
@@ -269,7 +247,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         )
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
-    last = Path(cfg.paths.ckpt_dir) / "last.ckpt"
+    last = Path(cfg.paths.last_ckpt)
     signum = signal_stop(callbacks)
     if signum is not None:
         rank_zero_info(
@@ -292,7 +270,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     best = best_checkpoint(trainer)  # before test, which restores the callbacks' older state
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.best_model_path or None
-        tester = one_process_tester(trainer, cfg, plan, loggers)  # laptrain.scale_out
+        tester = one_process_tester(trainer, cfg, plan, loggers)  # laptrain.config.scale_out
         results = (
             tester.test(
                 model, datamodule=datamodule, ckpt_path=path, weights_only=True, verbose=False
@@ -302,12 +280,12 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
-    # laptrain.hparams: best validation (what sweepers get), HPARAMS row; issue 14
+    # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
     metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
     log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
-    if trainer.is_global_zero and hasattr(model, "export"):
+    if trainer.is_global_zero and isinstance(model, ExportsModel):
         with no_transformers_bars():
-            model.export(output_dir / getattr(model, "export_folder", "model"))
+            model.export(output_dir / model.export_folder)
         (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     for line in closing_lines(trainer, metrics, best, output_dir):
         rank_zero_info(line)

@@ -21,11 +21,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from laptrain.plan import batch_follows_profile
-from laptrain.plugin_extras import MissingExtra, check_plugin_extras
+from laptrain.config.batch_request import batch_follows_profile
+from laptrain.config.plugin_extras import MissingExtra, check_plugin_extras
 
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
-# laptrain's own reserved keys in a model YAML, removed before instantiation (laptrain.argv).
+# laptrain's own reserved keys in a model YAML, removed before instantiation (laptrain.config.overrides).
 LAPTRAIN_KEYS = {"_argv_hook_", "_metric_"}
 
 
@@ -285,7 +285,7 @@ def _first_choice(override: str) -> str:
 
 def _overrides(argv: Sequence[str]) -> tuple[list[str], bool]:
     """The overrides in a ``train.py`` argv, and whether ``-m`` asks for a sweep."""
-    from laptrain.argv import override_indices
+    from laptrain.config.overrides import override_indices
 
     indices = set(override_indices(argv))
     found = [argv[i] for i in sorted(indices)]

@@ -37,7 +37,7 @@ def model_source(name: str, root: Path | None = None) -> object:
 
 def cached_lines() -> list[str]:
     """One line per finished cache entry: kind, source, size, folder."""
-    from laptrain.model.sources import list_cached, models_dir
+    from laptrain.pretrained.sources import list_cached, models_dir
 
     entries = list_cached()
     if not entries:
@@ -46,8 +46,8 @@ def cached_lines() -> list[str]:
 
 
 def fetch_command(args: argparse.Namespace) -> int:
-    from laptrain.model.sources import looks_like_hub_name, tree_size
-    from laptrain.pretrained import describe_source, resolve
+    from laptrain.pretrained.loading import describe_source, resolve
+    from laptrain.pretrained.sources import looks_like_hub_name, tree_size
 
     try:
         for model in args.models:

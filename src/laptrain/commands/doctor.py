@@ -265,7 +265,7 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     import torch
 
     from laptrain.hardware.probe import TorchProbe
-    from laptrain.model.tiny import tiny_bert_classifier
+    from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
     from laptrain.preflight.batch import plan_batch
 
     kind = str(profile.get("accelerator", "cpu"))
@@ -337,8 +337,9 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
     import torch
 
     from laptrain.hardware.probe import TorchProbe
-    from laptrain.model.causal_lm_lora import CausalLMLoRAModule, refuse_precision
-    from laptrain.model.tiny_llama import masked_token_batches
+    from laptrain.model.families import FAMILIES
+    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
+    from laptrain.model.lora.tiny_llama import masked_token_batches
 
     kind = str(profile.get("accelerator", "cpu"))
     try:
@@ -347,7 +348,7 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
         )
     except ProfileError as err:
         return Check("lora training", False, str(err), "fix hardware.precision in the profile")
-    if refuse_precision(kind, precision):
+    if FAMILIES["lora"].refusal(kind, precision):
         precision = "32-true"  # train.py refuses it for LoRA with its own line; test the rest
     torch.manual_seed(0)
     backbone = {
@@ -410,7 +411,7 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
 
 def check_pretrained_cache() -> Check:
     """Which pretrained weights are already in laptrain's cache (a run needs no index for them)."""
-    from laptrain.model.sources import list_cached, models_dir
+    from laptrain.pretrained.sources import list_cached, models_dir
 
     entries = list_cached()
     if not entries:

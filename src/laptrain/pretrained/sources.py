@@ -19,7 +19,7 @@ the fix (all :class:`SourceError`, a ``ValueError``):
 
 Every cache entry is written into a ``.tmp-*`` folder beside it and renamed into place when
 complete, so a killed conversion never leaves a folder that looks finished. The cache is
-``$LAPTRAIN_CACHE`` or ``~/.cache/laptrain`` (:func:`laptrain.preflight.worker_memory.default_cache_dir`)
+``$LAPTRAIN_CACHE`` or ``~/.cache/laptrain`` (:func:`laptrain.project.default_cache_dir`)
 plus ``models/``. docs/model_sources.md has the layout and measured times.
 """
 
@@ -43,9 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laptrain.data.labelled_files import file_digest
-from laptrain.preflight.worker_memory import default_cache_dir
-from laptrain.run_lock import pid_alive
+from laptrain.files import file_digest, pid_alive
+from laptrain.project import default_cache_dir
 
 MANIFEST = "laptrain_source.json"
 TMP_PREFIX = ".tmp-"

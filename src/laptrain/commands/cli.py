@@ -9,8 +9,8 @@
 - ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
   job's memory estimate from config.json alone.
 - ``laptrain export|generate|eval <run or adapter folder>``: LoRA adapters.
-- ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.bench).
-- ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.fetch).
+- ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.commands.bench).
+- ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.commands.fetch).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from laptrain.bench import add_arguments as add_bench_arguments
-from laptrain.bench import bench_command
-from laptrain.fetch import add_arguments as add_fetch_arguments
-from laptrain.fetch import fetch_command
+from laptrain.commands.bench import add_arguments as add_bench_arguments
+from laptrain.commands.bench import bench_command
+from laptrain.commands.fetch import add_arguments as add_fetch_arguments
+from laptrain.commands.fetch import fetch_command
+from laptrain.model.families import family_of_preset
 from laptrain.project import ProjectNotFound, conf_dir, train_script
 
 
@@ -40,7 +41,7 @@ def configured_model_params(overrides: list[str]) -> int | None:
         from hydra import compose, initialize_config_dir
         from hydra.utils import instantiate
 
-        from laptrain.run_dir import register_resolvers
+        from laptrain.run_folder.naming import register_resolvers
 
         register_resolvers()
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
@@ -52,21 +53,8 @@ def configured_model_params(overrides: list[str]) -> int | None:
         return None
 
 
-def is_causal_lm_lora(model: str | None) -> bool:
-    """Whether ``model=<name>`` names a causal-LM LoRA config (conf/model/<name>.yaml)."""
-    if not model:
-        return False
-    path = conf_dir() / "model" / f"{model}.yaml"
-    if not path.is_file():
-        return False
-    from omegaconf import OmegaConf
-
-    target = OmegaConf.load(path).get("_target_")
-    return target == "laptrain.model.causal_lm_lora.CausalLMLoRAModule"
-
-
 def doctor(args: argparse.Namespace) -> int:
-    from laptrain.doctor import run_doctor
+    from laptrain.commands.doctor import run_doctor
     from laptrain.hardware.detect import detect_machine, read_raw_machine
     from laptrain.hardware.env import apply_env
     from laptrain.hardware.profile import ProfileError, load_profile
@@ -97,21 +85,22 @@ def doctor(args: argparse.Namespace) -> int:
     params = configured_model_params(
         [f"model={overrides['model']}"] if "model" in overrides else []
     )
+    family = family_of_preset(overrides.get("model"), conf_dir())  # the family's own check
     report = run_doctor(
         name,
         environ=exported,
         machine=machine,
         params=params,
-        lora=is_causal_lm_lora(overrides.get("model")),
+        lora=family is not None and family.name == "lora",
     )
     print(report.to_json() if args.json else report.text())
     return 0 if report.ready else 1
 
 
 def lora_command(args: argparse.Namespace) -> int:
-    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.lora_tools)."""
-    from laptrain import lora_tools
+    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.model.lora.tools)."""
     from laptrain.console import no_transformers_bars, quiet_libraries
+    from laptrain.model.lora import tools as lora_tools
 
     quiet_libraries()
     try:
@@ -182,8 +171,8 @@ def train(args: argparse.Namespace) -> int:
 
 def predict(args: argparse.Namespace) -> int:
     """Print (or write with ``--out``) the label and probability of each text."""
+    from laptrain.commands.predict import Classifier, read_texts, write_predictions
     from laptrain.console import no_transformers_bars
-    from laptrain.predict import Classifier, read_texts, write_predictions
 
     try:
         if bool(args.texts) == bool(args.file):
@@ -209,7 +198,7 @@ def predict(args: argparse.Namespace) -> int:
 
 def runs(args: argparse.Namespace) -> int:
     """The table of run folders under ``--root``."""
-    from laptrain.runs import find_runs, run_state, runs_table
+    from laptrain.run_folder.listing import find_runs, run_state, runs_table
 
     root = Path(args.root)
     folders = find_runs(root)

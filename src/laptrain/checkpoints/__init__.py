@@ -1,0 +1,1 @@
+"""Checkpoint files: atomic writes, reading one back safely, and the checks before a resume."""

@@ -1,0 +1,26 @@
+"""What the run may ask of a model beyond Lightning's hooks, as Protocols (as
+``laptrain/data/contracts.py`` does for datamodules and ``laptrain/callbacks/contracts.py`` for
+callbacks). A module joins by having the members; the run asks ``isinstance`` instead of probing
+attribute names. ``laptrain/model/checkpointing.py`` holds the gradient-checkpointing one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ExportsModel(Protocol):
+    """Writes what a user keeps after training (``save_pretrained`` folder, adapters) to
+    ``<run>/<export_folder>/`` once the test has run on the best checkpoint."""
+
+    export_folder: str
+
+    def export(self, folder: str | Path) -> None: ...
+
+
+@runtime_checkable
+class ChunksBatches(Protocol):
+    """Runs each loader batch in micro batches of ``micro_batch_size`` rows (None: whole)."""
+
+    micro_batch_size: int | None

@@ -1,0 +1,101 @@
+"""The model families laptrain trains, and what each one brings: the one registry that the launch
+(precision rules), ``laptrain preflight`` (memory from the config alone), ``laptrain doctor``, the
+CLI's adapter tools and the device smoke test ask, instead of comparing ``_target_`` strings.
+
+A family is a package ``laptrain/model/<family>/`` with its LightningModule, one or more presets in
+``conf/model/`` whose ``_target_`` is that module, and one :class:`ModelFamily` entry below
+(docs/model_families.md walks through adding one). Entries name code by dotted path, so asking the
+registry imports neither torch nor the family: the launch asks it before torch is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One model family.
+
+    Attributes:
+        name: the family's package under ``laptrain/model/`` (and its row in the device smoke).
+        module: the LightningModule class its presets instantiate (their ``_target_``).
+        summary: one line for ``laptrain doctor`` and the docs.
+        refuse_precision: ``"module:function"``, ``function(device_kind, precision)`` returning
+            why the family does not train at that precision there, or None.
+        sized_from_config: ``laptrain preflight`` estimates its memory from the YAML alone (no
+            weights loaded); other families are measured by ``train.py``'s own preflight.
+        adapters: the run exports adapters that ``laptrain eval/generate/merge`` read.
+    """
+
+    name: str
+    module: str
+    summary: str
+    refuse_precision: str | None = None
+    sized_from_config: bool = False
+    adapters: bool = False
+
+    def refusal(self, device_kind: str, precision: str) -> str | None:
+        """Why this family does not train at ``precision`` on ``device_kind`` (None: it does)."""
+        if self.refuse_precision is None:
+            return None
+        return _load(self.refuse_precision)(device_kind, precision)
+
+
+FAMILIES: dict[str, ModelFamily] = {
+    family.name: family
+    for family in (
+        ModelFamily(
+            "classifier",
+            "laptrain.model.classifier.text_classifier.TextClassifierModule",
+            "a transformers encoder with a classification head (tiny BERT, MiniLM, SciBERT)",
+        ),
+        ModelFamily(
+            "lora",
+            "laptrain.model.lora.causal_lm.CausalLMLoRAModule",
+            "a pretrained causal LM fine-tuned with peft LoRA adapters on instruction pairs",
+            refuse_precision="laptrain.model.lora.causal_lm:refuse_precision",
+            sized_from_config=True,
+            adapters=True,
+        ),
+        ModelFamily(
+            "trm",
+            "laptrain.model.trm.TRMSudokuModule",
+            "the Tiny Recursive Model on Sudoku (deep supervision, ACT halting, EMA)",
+            refuse_precision="laptrain.model.trm.module:refuse_precision",
+        ),
+    )
+}
+
+
+def _load(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def family_of_target(target: object) -> ModelFamily | None:
+    """The family whose LightningModule is ``target`` (a ``_target_`` string), or None."""
+    return next((f for f in FAMILIES.values() if f.module == str(target)), None)
+
+
+def family_of(model: Mapping[str, Any] | None) -> ModelFamily | None:
+    """The family of a ``model`` config (its ``_target_``), or None for a module of the user's own."""
+    if not isinstance(model, Mapping):
+        return None
+    return family_of_target(model.get("_target_"))
+
+
+def family_of_preset(name: str | None, conf: Path) -> ModelFamily | None:
+    """The family of ``conf/model/<name>.yaml``, or None (no such preset, or not a family)."""
+    if not name:
+        return None
+    path = conf / "model" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return family_of_target(OmegaConf.load(path).get("_target_"))

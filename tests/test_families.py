@@ -1,0 +1,70 @@
+"""The family registry: every model preset belongs to a family, and the launch, the preflight CLI,
+the doctor and the device smoke all ask it instead of comparing ``_target_`` strings."""
+
+from __future__ import annotations
+
+import importlib
+
+import lightning.pytorch as pl
+import pytest
+from omegaconf import OmegaConf
+
+from laptrain.devices.families import FAMILIES as SMOKE_BUILDS
+from laptrain.hardware.probe import FakeProbe
+from laptrain.hardware.profile import ProfileError
+from laptrain.launch.device import check_device
+from laptrain.model.families import FAMILIES, family_of, family_of_preset, family_of_target
+from tests.conftest import CONF, compose_train
+
+PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_model_preset_resolves_to_a_registry_entry(preset):
+    family = family_of_preset(preset, CONF)
+    assert family is not None, f"conf/model/{preset}.yaml: its _target_ is in no registry entry"
+    target = OmegaConf.load(CONF / "model" / f"{preset}.yaml")._target_
+    assert family_of({"_target_": target}) is family is family_of_target(target)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_each_entry_names_a_lightning_module_in_its_own_package(name):
+    family = FAMILIES[name]
+    module, _, cls = family.module.rpartition(".")
+    assert module.startswith(f"laptrain.model.{name}")  # laptrain/model/<family>/
+    assert issubclass(getattr(importlib.import_module(module), cls), pl.LightningModule)
+    assert family.refusal("cpu", "32-true") is None  # every family trains in float32 on CPU
+
+
+def test_every_family_has_a_device_smoke_build_and_no_build_lacks_a_family():
+    assert set(SMOKE_BUILDS) == set(FAMILIES)
+
+
+def test_a_user_module_is_no_family_and_runs_without_family_rules():
+    assert family_of({"_target_": "my_project.MyModule"}) is None
+    assert family_of_preset("no_such_preset", CONF) is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        (["experiment=trm_sudoku", "hardware.precision=bf16-mixed"], "TRM runs float32 on cpu"),
+        (
+            ["model=tiny_llama_lora", "hardware.precision=bf16-true"],
+            "keeps its adapters in float32",
+        ),
+    ],
+)
+def test_the_launch_refuses_a_precision_the_family_cannot_train_at(overrides, refused):
+    """One place decides: the device check asks the family's rule before any data or model."""
+    cfg = compose_train(["hardware=cpu", *overrides])
+    with pytest.raises(ProfileError, match=refused) as err:
+        check_device(cfg, FakeProbe(kind="cpu"))
+    assert "\n" not in str(err.value)
+
+
+def test_the_same_rules_answer_the_device_smoke():
+    assert SMOKE_BUILDS["trm"].refusal("cpu", "bf16-mixed") == FAMILIES["trm"].refusal(
+        "cpu", "bf16-mixed"
+    )
+    assert SMOKE_BUILDS["classifier"].refusal("cuda", "16-true") is None
