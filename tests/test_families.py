@@ -36,8 +36,12 @@ def test_each_entry_names_a_lightning_module_in_its_own_package(name):
     assert family.refusal("cpu", "32-true") is None  # every family trains in float32 on CPU
 
 
-def test_every_family_has_a_device_smoke_build_and_no_build_lacks_a_family():
+def test_every_family_has_its_smoke_build_in_its_own_package():
     assert set(SMOKE_BUILDS) == set(FAMILIES)
+    for name, family in FAMILIES.items():
+        assert family.smoke == f"laptrain.model.{name}.smoke"
+        smoke = importlib.import_module(family.smoke)
+        assert SMOKE_BUILDS[name].build is smoke.build and SMOKE_BUILDS[name].predict is smoke.predict
 
 
 def test_a_user_module_is_no_family_and_runs_without_family_rules():

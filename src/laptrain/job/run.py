@@ -202,6 +202,36 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
 
 
 def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
+    _set_up_process(cfg)
+    datamodule, model, plan = build(cfg, env, output_dir)
+    trainer, callbacks, loggers = _make_trainer(cfg, plan)
+    _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan)
+    ckpt_path = checked_resume_checkpoint(cfg, model)
+    if ckpt_path:
+        step, epoch = checkpoint_step(ckpt_path)
+        rank_zero_info(
+            f"resuming from {ckpt_path} (global step {step}, epoch {epoch}); resume=false starts a new run"
+        )
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    stopped = _stopped(cfg, output_dir, trainer, callbacks)
+    if stopped is not None:
+        return stopped
+    best = best_checkpoint(trainer)  # before test, which restores the callbacks' older state
+    metrics = _test(cfg, trainer, model, datamodule, plan, loggers)
+    # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
+    metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
+    log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
+    if trainer.is_global_zero and isinstance(model, ExportsModel):
+        with no_transformers_bars():
+            model.export(output_dir / model.export_folder)
+        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    for line in closing_lines(trainer, metrics, best, output_dir):
+        rank_zero_info(line)
+    return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))
+
+
+def _set_up_process(cfg: DictConfig) -> None:
+    """One console stream, quiet libraries, the config tree if asked, seeds and threads."""
     if HydraConfig.initialized():
         _single_log_stream()
     quiet_libraries()
@@ -210,8 +240,10 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))
-    datamodule, model, plan = build(cfg, env, output_dir)
 
+
+def _make_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[pl.Trainer, list[Any], list[Any]]:
+    """The Trainer of the config with the plan's arguments, its callbacks and its loggers."""
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
@@ -224,11 +256,23 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         plugins=checkpoint_plugins(_instantiate_list(cfg.trainer.get("plugins"))),
         _convert_="all",
     )
+    return trainer, callbacks, loggers
 
+
+def _announce(
+    cfg: DictConfig,
+    env: EnvReport | None,
+    output_dir: Path,
+    trainer: pl.Trainer,
+    loggers: list[Any],
+    datamodule: Any,
+    model: Any,
+    plan: RunPlan,
+) -> None:
+    """The summary on the console, in run_info and the loggers' hyperparameters; the data's
+    artifacts in the run folder."""
     lines = [parameter_line(model), *summary_lines(plan, env)]
-    for line in (plan.memory or {}).get("lines", []):
-        rank_zero_info(line)
-    for line in lines:
+    for line in [*(plan.memory or {}).get("lines", []), *lines]:
         rank_zero_info(line)
     if trainer.is_global_zero:
         write_run_info(output_dir, plan, lines, env)
@@ -239,14 +283,11 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
             {**OmegaConf.to_container(cfg, resolve=True), "plan": plan.trainer_kwargs()}
         )
 
-    ckpt_path = checked_resume_checkpoint(cfg, model)
-    if ckpt_path:
-        step, epoch = checkpoint_step(ckpt_path)
-        rank_zero_info(
-            f"resuming from {ckpt_path} (global step {step}, epoch {epoch}); resume=false starts a new run"
-        )
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
 
+def _stopped(
+    cfg: DictConfig, output_dir: Path, trainer: pl.Trainer, callbacks: list[Any]
+) -> Outcome | None:
+    """How a fit that ended early ended (a signal, or a callback pausing it), or None."""
     last = Path(cfg.paths.last_ckpt)
     signum = signal_stop(callbacks)
     if signum is not None:
@@ -265,9 +306,19 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
             f"{resume_hint(cfg, output_dir)}."
         )
         return Outcome("paused")
+    return None
 
+
+def _test(
+    cfg: DictConfig,
+    trainer: pl.Trainer,
+    model: Any,
+    datamodule: Any,
+    plan: RunPlan,
+    loggers: list[Any],
+) -> dict[str, float]:
+    """The fit's last metrics, updated by the test on the best checkpoint when ``test`` is on."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    best = best_checkpoint(trainer)  # before test, which restores the callbacks' older state
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.best_model_path or None
         tester = one_process_tester(trainer, cfg, plan, loggers)  # laptrain.config.scale_out
@@ -280,16 +331,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
-    # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
-    metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
-    log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
-    if trainer.is_global_zero and isinstance(model, ExportsModel):
-        with no_transformers_bars():
-            model.export(output_dir / model.export_folder)
-        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    for line in closing_lines(trainer, metrics, best, output_dir):
-        rank_zero_info(line)
-    return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))
+    return metrics
 
 
 def resume_hint(cfg: DictConfig, output_dir: Path) -> str:

@@ -30,11 +30,15 @@ class ModelFamily:
         sized_from_config: ``laptrain preflight`` estimates its memory from the YAML alone (no
             weights loaded); other families are measured by ``train.py``'s own preflight.
         adapters: the run exports adapters that ``laptrain eval/generate/merge`` read.
+        smoke: the module with the family's smoke-test build: ``build(seed, steps)`` and
+            ``predict(module, batch)`` (``laptrain/model/<family>/smoke.py``), which the device
+            smoke test fits, saves, resumes and predicts on every precision.
     """
 
     name: str
     module: str
     summary: str
+    smoke: str
     refuse_precision: str | None = None
     sized_from_config: bool = False
     adapters: bool = False
@@ -53,11 +57,13 @@ FAMILIES: dict[str, ModelFamily] = {
             "classifier",
             "laptrain.model.classifier.text_classifier.TextClassifierModule",
             "a transformers encoder with a classification head (tiny BERT, MiniLM, SciBERT)",
+            "laptrain.model.classifier.smoke",
         ),
         ModelFamily(
             "lora",
             "laptrain.model.lora.causal_lm.CausalLMLoRAModule",
             "a pretrained causal LM fine-tuned with peft LoRA adapters on instruction pairs",
+            "laptrain.model.lora.smoke",
             refuse_precision="laptrain.model.lora.causal_lm:refuse_precision",
             sized_from_config=True,
             adapters=True,
@@ -66,6 +72,7 @@ FAMILIES: dict[str, ModelFamily] = {
             "trm",
             "laptrain.model.trm.TRMSudokuModule",
             "the Tiny Recursive Model on Sudoku (deep supervision, ACT halting, EMA)",
+            "laptrain.model.trm.smoke",
             refuse_precision="laptrain.model.trm.module:refuse_precision",
         ),
     )
