@@ -41,7 +41,9 @@ def test_every_family_has_its_smoke_build_in_its_own_package():
     for name, family in FAMILIES.items():
         assert family.smoke == f"laptrain.model.{name}.smoke"
         smoke = importlib.import_module(family.smoke)
-        assert SMOKE_BUILDS[name].build is smoke.build and SMOKE_BUILDS[name].predict is smoke.predict
+        assert (
+            SMOKE_BUILDS[name].build is smoke.build and SMOKE_BUILDS[name].predict is smoke.predict
+        )
 
 
 def test_a_user_module_is_no_family_and_runs_without_family_rules():

@@ -228,16 +228,7 @@ class LaptrainOptunaSweeper(Sweeper):
             ]
             self.validate_batch_is_legal(batch)
             results = self.launcher.launch(batch, initial_job_idx=trials[0].number)
-            failures = []
-            for trial, ret in zip(trials, results):
-                try:
-                    value = trial_value(ret)
-                except Exception as err:
-                    study.tell(trial, state=_fail_state())
-                    failures.append(f"trial {trial.number}: {err}")
-                    log.warning(f"trial {trial.number} failed: {err}")
-                    continue
-                study.tell(trial, value)
+            failures = tell_results(study, trials, results)
             returns.append(results)
             to_go -= len(trials)
             if failures and len(failures) / len(trials) > self.max_failure_rate:
@@ -245,16 +236,36 @@ class LaptrainOptunaSweeper(Sweeper):
                     f"{'; '.join(failures)} (hydra.sweeper.max_failure_rate="
                     f"{self.max_failure_rate}); rerun the same command to resume the study"
                 )
-        if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)):
-            best = study.best_trial
-            log.info(f"best: trial {best.number}, value {best.value}, {best.params}")
-            OmegaConf.save(
-                OmegaConf.create(
-                    {"number": best.number, "value": best.value, "params": best.params}
-                ),
-                sweep_dir / "optimization_results.yaml",
-            )
+        save_best(study, sweep_dir)
         return returns
+
+
+def tell_results(
+    study: optuna.Study, trials: Sequence[optuna.Trial], results: Sequence[JobReturn]
+) -> list[str]:
+    """Tell the study each job's value, or a failure; returns one line per failed trial."""
+    failures = []
+    for trial, ret in zip(trials, results):
+        try:
+            value = trial_value(ret)
+        except Exception as err:
+            study.tell(trial, state=_fail_state())
+            failures.append(f"trial {trial.number}: {err}")
+            log.warning(f"trial {trial.number} failed: {err}")
+            continue
+        study.tell(trial, value)
+    return failures
+
+
+def save_best(study: optuna.Study, sweep_dir: Path) -> None:
+    """Log the best trial and write it to ``optimization_results.yaml``, once a trial completed."""
+    if any(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False)):
+        best = study.best_trial
+        log.info(f"best: trial {best.number}, value {best.value}, {best.params}")
+        OmegaConf.save(
+            OmegaConf.create({"number": best.number, "value": best.value, "params": best.params}),
+            sweep_dir / "optimization_results.yaml",
+        )
 
 
 def _fail_state() -> Any:

@@ -12,9 +12,12 @@ callback's state with one warning instead of a ``KeyError`` in the middle of a r
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lightning.pytorch.utilities import rank_zero_warn
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
 
 
 @runtime_checkable
@@ -83,6 +86,11 @@ def signal_stop(callbacks: Iterable[object]) -> int | None:
         ),
         None,
     )
+
+
+def stop_requested(trainer: pl.Trainer) -> bool:
+    """A stop was asked for: by Lightning's flag or a signal seen by laptrain's ``GracefulStop``."""
+    return trainer.should_stop or signal_stop(trainer.callbacks) is not None
 
 
 def report_sections(callbacks: Iterable[object]) -> dict[str, dict[str, Any]]:

@@ -96,12 +96,9 @@ class MemoryMonitor(Callback):
             )
         if cleanup_above_percent is not None and not 0 < cleanup_above_percent <= 100:
             raise ValueError("memory_monitor.cleanup_above_percent must be in (0, 100], or null")
-        if on_swap not in ("warn", "stop"):
-            raise ValueError(f"memory_monitor.on_swap must be 'warn' or 'stop', got {on_swap!r}")
-        if on_pressure not in ("warn", "stop"):
-            raise ValueError(
-                f"memory_monitor.on_pressure must be 'warn' or 'stop', got {on_pressure!r}"
-            )
+        for key, value in (("on_swap", on_swap), ("on_pressure", on_pressure)):
+            if value not in ("warn", "stop"):
+                raise ValueError(f"memory_monitor.{key} must be 'warn' or 'stop', got {value!r}")
         self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
         self.cleanup_on_epoch_end, self.cleanup_above = cleanup_on_epoch_end, cleanup_above_percent
         self.cooldown, self.on_swap = cleanup_cooldown_steps, on_swap
@@ -115,11 +112,8 @@ class MemoryMonitor(Callback):
         self.leak_mb_per_100_steps: float | None = None
         self._last_step, self._last_cleanup_step = -1, -(10**9)
         self._warned_swap = False
-        self.on_pressure, self.pressure, self.use_os_pressure = (
-            on_pressure,
-            pressure,
-            use_os_pressure,
-        )
+        self.on_pressure, self.pressure = on_pressure, pressure
+        self.use_os_pressure = use_os_pressure
         self.top_consumers = top_consumers or top_processes
         self.worst_pressure: int | None = None
         self._named_consumers, self._warned_critical = False, False

@@ -32,16 +32,9 @@ class ModelCheckpoint(LightningModelCheckpoint):
     def save_queued_stops(self, trainer: pl.Trainer) -> None:
         save_queued_stops(trainer)
 
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         save_queued_stops(trainer)
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        super().on_train_batch_end(trainer, *args, **kwargs)
 
     def _should_skip_saving_checkpoint(self, trainer: pl.Trainer) -> bool:
         return stopping_on_purpose(trainer) or super()._should_skip_saving_checkpoint(trainer)

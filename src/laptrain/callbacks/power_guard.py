@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from laptrain.callbacks.contracts import check_version, cooling_s, signal_stop
+from laptrain.callbacks.contracts import check_version, cooling_s, stop_requested
 from laptrain.callbacks.stop_checkpoint import StopCheckpoint
 from laptrain.hardware.power import BatteryReading, BatterySource, KeepAwake, PsutilBattery
 
@@ -225,7 +225,7 @@ class PowerGuard(Callback):
         )
         start = last_read = self.clock()
         while True:
-            if _stop_requested(trainer):  # the stopping callback saves and stops at this boundary
+            if stop_requested(trainer):  # the stopping callback saves and stops at this boundary
                 break
             if self.clock() - last_read >= self.pause_check_seconds:
                 last_read = self.clock()
@@ -242,7 +242,7 @@ class PowerGuard(Callback):
         self._event(trainer, "pause", "on battery", taken)
         for logger in trainer.loggers:
             logger.log_metrics({"power/pause_s": taken}, step=trainer.global_step)
-        if not _stop_requested(trainer):
+        if not stop_requested(trainer):
             rank_zero_info(
                 f"power: charger back after a pause of {taken:.0f} s; training resumes at step "
                 f"{trainer.global_step}"
@@ -327,8 +327,3 @@ def _describe(reading: BatteryReading) -> str:
             f", about {hours} h {minutes:02d} min left" if hours else f", about {minutes} min left"
         )
     return text
-
-
-def _stop_requested(trainer: pl.Trainer) -> bool:
-    """A stop was asked for: by Lightning's flag or a signal seen by laptrain's ``GracefulStop``."""
-    return trainer.should_stop or signal_stop(trainer.callbacks) is not None

@@ -130,12 +130,7 @@ class RunReport(Callback):
 
     @override
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any
     ) -> None:
         now = self.clock()
         self.totals, self._batch = self._batch_totals(trainer), None
@@ -225,28 +220,8 @@ class RunReport(Callback):
         train_s = max(t["train_s"], 1e-9)
         folder = Path(self.output_dir or trainer.default_root_dir)
         scalars = _scalars(trainer)
-        run = {
-            "name": folder.name,
-            "status": self.status,
-            "started_at": self.started_at,
-            "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "sessions": t["sessions"],
-            "global_step": trainer.global_step,
-            # 1-based, of the last trained batch (a stop mid-epoch is not "done")
-            "epoch": self._epoch + 1,
-        }
-        if trainer.max_epochs and trainer.max_epochs > 0:
-            run["max_epochs"] = trainer.max_epochs
-        if trainer.max_steps and trainer.max_steps > 0:
-            run["max_steps"] = trainer.max_steps
-        run.update({k: v for k, v in scalars.items() if k.startswith("lr-")})
-        best = best_checkpoint(trainer)
-        checkpoint = {"last": str(run_last_checkpoint(folder))}
-        if best:
-            checkpoint.update(best=best[0], monitor=best[1], best_score=best[2])
-        command = resume_command(folder)
-        if command:
-            checkpoint["resume"] = command
+        run = self._run_section(trainer, folder, scalars)
+        checkpoint = _checkpoint_section(trainer, folder)
         return {
             "run": run,
             "hardware": {
@@ -277,6 +252,27 @@ class RunReport(Callback):
             "history": self.history,
             "val_history": self.val_history,
         }
+
+    def _run_section(
+        self, trainer: pl.Trainer, folder: Path, scalars: Mapping[str, float]
+    ) -> dict[str, Any]:
+        """The report's ``run`` section: name, status, times, step and epoch, limits, learning rates."""
+        run = {
+            "name": folder.name,
+            "status": self.status,
+            "started_at": self.started_at,
+            "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "sessions": self.totals["sessions"],
+            "global_step": trainer.global_step,
+            # 1-based, of the last trained batch (a stop mid-epoch is not "done")
+            "epoch": self._epoch + 1,
+        }
+        if trainer.max_epochs and trainer.max_epochs > 0:
+            run["max_epochs"] = trainer.max_epochs
+        if trainer.max_steps and trainer.max_steps > 0:
+            run["max_steps"] = trainer.max_steps
+        run.update({k: v for k, v in scalars.items() if k.startswith("lr-")})
+        return run
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -311,6 +307,18 @@ class RunReport(Callback):
 
 def _scalars(trainer: pl.Trainer) -> dict[str, float]:
     return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+
+
+def _checkpoint_section(trainer: pl.Trainer, folder: Path) -> dict[str, Any]:
+    """The report's ``checkpoint`` section: the last and best checkpoints, the resume command."""
+    best = best_checkpoint(trainer)
+    checkpoint = {"last": str(run_last_checkpoint(folder))}
+    if best:
+        checkpoint.update(best=best[0], monitor=best[1], best_score=best[2])
+    command = resume_command(folder)
+    if command:
+        checkpoint["resume"] = command
+    return checkpoint
 
 
 def process_memory() -> dict[str, Any]:

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from laptrain.callbacks.contracts import SplitsMicroBatch, check_version, signal_stop
+from laptrain.callbacks.contracts import SplitsMicroBatch, check_version, stop_requested
 from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
 from laptrain.hardware.probe import DeviceProbe, probe_for
 from laptrain.hardware.thermal import LEVEL_NAMES, ThermalSource, thermal_source
@@ -166,7 +166,7 @@ class ThermalGuard(Callback):
         """Sleep in short slices, so that Ctrl-C or SIGTERM ends the break at this batch boundary."""
         start = self.clock()
         while (left := seconds - (self.clock() - start)) > 0:
-            if _stop_requested(trainer):  # the stopping callback saves and stops at this boundary
+            if stop_requested(trainer):  # the stopping callback saves and stops at this boundary
                 break
             self.sleep(min(1.0, left))
         taken = self.clock() - start
@@ -236,8 +236,3 @@ class ThermalGuard(Callback):
             state_dict["max_drift_pct"],
         )
         self.drift.load_state_dict(state_dict["drift"])
-
-
-def _stop_requested(trainer: pl.Trainer) -> bool:
-    """A stop was asked for: by Lightning's flag or a signal seen by laptrain's ``GracefulStop``."""
-    return trainer.should_stop or signal_stop(trainer.callbacks) is not None

@@ -89,6 +89,16 @@ class StepStats:
         """CPU time of this process over wall time x the threads torch may use (0..~1)."""
         return self.cpu_s / max(self.wall_s * self.threads, 1e-9)
 
+    def add_step(
+        self, step_s: float, data_s: float, samples: int, real: int, computed: int
+    ) -> None:
+        """Count one timed step: ``step_s`` long, ``data_s`` of it waiting for its batch."""
+        self.step_s.append(step_s)
+        self.data_s.append(data_s)
+        self.samples += samples
+        self.real_tokens += real
+        self.computed_tokens += computed
+
     def percentile(self, q: float) -> float:
         times = sorted(self.step_s)
         return times[min(len(times) - 1, int(q * len(times)))] if times else 0.0
@@ -134,12 +144,7 @@ def _make_clock_class() -> type:
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
             now = time.perf_counter()
             if self._start is not None and self._pending is not None:
-                self.stats.step_s.append(now - self._start)
-                self.stats.data_s.append(now - (self._end or now))
-                samples, real, computed = self._pending
-                self.stats.samples += samples
-                self.stats.real_tokens += real
-                self.stats.computed_tokens += computed
+                self.stats.add_step(now - self._start, now - (self._end or now), *self._pending)
             self._pending = None
             if trainer.global_step == self.warmup:
                 self._cpu0, self._wall0 = _cpu_seconds(), now
@@ -153,12 +158,7 @@ def _make_clock_class() -> type:
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             if self._start is not None and self._pending is not None and self._end:
-                self.stats.step_s.append(self._end - self._start)
-                self.stats.data_s.append(0.0)
-                samples, real, computed = self._pending
-                self.stats.samples += samples
-                self.stats.real_tokens += real
-                self.stats.computed_tokens += computed
+                self.stats.add_step(self._end - self._start, 0.0, *self._pending)
                 self._pending = None
             self.stats.wall_s += (self._end or time.perf_counter()) - self._wall0
             self.stats.cpu_s += _cpu_seconds() - self._cpu0

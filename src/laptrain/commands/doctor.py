@@ -259,21 +259,29 @@ def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
     return params * 12.0 * kept + GB, f"{kept} checkpoints of a {params / 1e6:.1f} M model + 1 GB"
 
 
-def check_training(profile: Mapping[str, Any]) -> Check:
-    """Three real optimizer steps of a tiny BERT classifier on the profile's device and precision."""
+def _trainer(kind: str, precision: str, **kw: Any) -> Any:
+    """A Trainer for 3 steps on one device, with no logger, checkpoints, progress bar or summary."""
+    import lightning.pytorch as pl
+
+    return pl.Trainer(
+        accelerator=kind,
+        devices=1,
+        precision=precision,
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kw,
+    )
+
+
+def _tiny_bert() -> Any:
+    """A 2-layer BERT classifier as a LightningModule that keeps its training losses."""
     import lightning.pytorch as pl
     import torch
 
-    from laptrain.hardware.probe import TorchProbe
     from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
-    from laptrain.preflight.batch import plan_batch
-
-    kind = str(profile.get("accelerator", "cpu"))
-    probe = TorchProbe(kind)
-    try:
-        precision = validate_precision(profile.get("precision"), kind, probe.bf16_supported())
-    except ProfileError as err:
-        return Check("training", False, str(err), "fix hardware.precision in the profile")
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -291,8 +299,24 @@ def check_training(profile: Mapping[str, Any]) -> Check:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
+    return Tiny()
+
+
+def check_training(profile: Mapping[str, Any]) -> Check:
+    """Three real optimizer steps of a tiny BERT classifier on the profile's device and precision."""
+    import torch
+
+    from laptrain.hardware.probe import TorchProbe
+    from laptrain.preflight.batch import plan_batch
+
+    kind = str(profile.get("accelerator", "cpu"))
+    probe = TorchProbe(kind)
+    try:
+        precision = validate_precision(profile.get("precision"), kind, probe.bf16_supported())
+    except ProfileError as err:
+        return Check("training", False, str(err), "fix hardware.precision in the profile")
     torch.manual_seed(0)
-    module = Tiny()
+    module = _tiny_bert()
     plan = plan_batch(module, 32, {**profile, "batch_size": 4, "precision": precision}, probe)
     data = [
         {
@@ -302,16 +326,7 @@ def check_training(profile: Mapping[str, Any]) -> Check:
         }
         for i in range(12)
     ]
-    trainer = pl.Trainer(
-        accelerator=kind,
-        devices=1,
-        precision=precision,
-        max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = _trainer(kind, precision)
     with lightning_quiet():
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=plan.micro_batch))
     if len(module.losses) < 3 or not all(math.isfinite(x) for x in module.losses):
@@ -324,6 +339,46 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     )
 
 
+def _tiny_lora() -> Any:
+    """A 2-layer Llama of 64 wide with LoRA on every linear layer and gradient checkpointing."""
+    from functools import partial
+
+    import torch
+
+    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
+
+    backbone = {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "tie_word_embeddings": False,
+    }
+    return CausalLMLoRAModule(
+        backbone=backbone,
+        lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
+        gradient_checkpointing=True,
+        optimizer=partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.0),
+        scheduler="constant",
+        save_adapters=False,
+    )
+
+
+def _losses(losses: list[float]) -> Any:
+    """A callback that appends each training step's loss to ``losses``."""
+    import lightning.pytorch as pl
+
+    class Losses(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            losses.append(float(outputs["loss"]))
+
+    return Losses()
+
+
 def check_lora_training(profile: Mapping[str, Any]) -> Check:
     """Three LoRA steps of a tiny Llama with gradient checkpointing on the profile's device.
 
@@ -331,14 +386,10 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
     adapters: transformers#26377, #42489), so besides finite losses every lora_B matrix (zeros at
     init) must have moved.
     """
-    from functools import partial
-
-    import lightning.pytorch as pl
     import torch
 
     from laptrain.hardware.probe import TorchProbe
     from laptrain.model.families import FAMILIES
-    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
     from laptrain.model.lora.tiny_llama import masked_token_batches
 
     kind = str(profile.get("accelerator", "cpu"))
@@ -351,43 +402,10 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
     if FAMILIES["lora"].refusal(kind, precision):
         precision = "32-true"  # train.py refuses it for LoRA with its own line; test the rest
     torch.manual_seed(0)
-    backbone = {
-        "model_type": "llama",
-        "vocab_size": 256,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 64,
-        "tie_word_embeddings": False,
-    }
-    module = CausalLMLoRAModule(
-        backbone=backbone,
-        lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
-        gradient_checkpointing=True,
-        optimizer=partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.0),
-        scheduler="constant",
-        save_adapters=False,
-    )
+    module = _tiny_lora()
     losses: list[float] = []
-
-    class Losses(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            losses.append(float(outputs["loss"]))
-
-    trainer = pl.Trainer(
-        accelerator=kind,
-        devices=1,
-        precision=precision,
-        max_steps=3,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[Losses()],
+    trainer = _trainer(
+        kind, precision, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[_losses(losses)]
     )
     loader = torch.utils.data.DataLoader(masked_token_batches(3), batch_size=None)
     with lightning_quiet():

@@ -154,6 +154,23 @@ def _user_sets(args: list[str], key: str) -> bool:
     return any(args[i].split("=", 1)[0].lstrip("+~") == key for i in override_indices(args))
 
 
+def _explicit_note(explicit: str, detect: Callable[[], MachineInfo]) -> str | None:
+    """The note for an explicit ``hardware=<name>`` when this machine would get another profile."""
+    if explicit not in profile_names():
+        return None  # no such profile: the config check names the choices
+    try:
+        choice = choose_profile(detect())
+    except UnsupportedMachine:
+        return None  # the user chose a profile; torch itself will say what it lacks
+    if explicit == choice.profile:
+        return None
+    why = f" ({choice.why})" if choice.why else ""
+    return (
+        f"note: hardware={explicit} was chosen, but this machine ({choice.machine.summary()}, "
+        f"{choice.device}) would get hardware={choice.profile}{why}"
+    )
+
+
 def resolve_hardware_argv(
     argv: list[str],
     detect: Callable[[], MachineInfo] = detect_machine,
@@ -174,19 +191,7 @@ def resolve_hardware_argv(
     ]
     explicit = args[positions[-1]].split("=", 1)[1] if positions else "auto"
     if explicit != "auto":
-        if explicit not in profile_names():
-            return args, None  # no such profile: the config check names the choices
-        try:
-            choice = choose_profile(detect())
-        except UnsupportedMachine:
-            return args, None  # the user chose a profile; torch itself will say what it lacks
-        if explicit == choice.profile:
-            return args, None
-        why = f" ({choice.why})" if choice.why else ""
-        return args, (
-            f"note: hardware={explicit} was chosen, but this machine ({choice.machine.summary()}, "
-            f"{choice.device}) would get hardware={choice.profile}{why}"
-        )
+        return args, _explicit_note(explicit, detect)
     choice = choose_profile(detect())
     try:
         profile = profile_loader(choice.profile)

@@ -17,7 +17,7 @@ import platform
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -321,17 +321,8 @@ def detect_machine() -> MachineInfo:
         return machine
     import psutil
 
-    return MachineInfo(
-        system=machine.system,
-        arch=machine.arch,
-        cpu=machine.cpu,
+    return replace(
+        machine,
         memory_bytes=machine.memory_bytes or psutil.virtual_memory().total,
         physical_cores=machine.physical_cores or psutil.cpu_count(logical=False) or 1,
-        performance_cores=machine.performance_cores,
-        efficiency_cores=machine.efficiency_cores,
-        gpus=machine.gpus,
-        macos_version=machine.macos_version,
-        rosetta=machine.rosetta,
-        torch_version=machine.torch_version,
-        torch_cuda=machine.torch_cuda,
     )

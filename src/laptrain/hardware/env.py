@@ -69,15 +69,15 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def resolve_watermarks(
-    profile_env: Mapping[str, object] | None, exported: Mapping[str, str]
-) -> Watermarks:
-    """Check the MPS watermark ratios torch will see: the user's exports, else the profile's, else
-    torch's defaults. LOW that did not come from the user is lowered to ``LOW_OF_HIGH`` x HIGH when
-    it exceeds HIGH; a bad combination the user exported is a ``problem``."""
-    profile = {k: str(v) for k, v in (profile_env or {}).items() if v is not None}
-    sources = {}
-    values = {}
+# how a message names where a ratio came from
+ORIGIN = {"you": "your", "profile": "the profile's", "default": "torch's default"}
+
+
+def _ratios(
+    profile: Mapping[str, str], exported: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Where HIGH and LOW come from ("you", "profile", "default") and their values (NaN: not a number)."""
+    sources, values = {}, {}
     for key, default in ((HIGH, DEFAULT_HIGH), (LOW, DEFAULT_LOW)):
         if key in exported:
             sources[key], values[key] = "you", _number(exported[key])
@@ -85,19 +85,42 @@ def resolve_watermarks(
             sources[key], values[key] = "profile", _number(profile[key])
         else:
             sources[key], values[key] = "default", default
-    high, low = values[HIGH], values[LOW]
-    origin = {"you": "your", "profile": "the profile's", "default": "torch's default"}
+    return sources, values
+
+
+def _out_of_range(
+    sources: Mapping[str, str],
+    values: Mapping[str, float],
+    profile: Mapping[str, str],
+    exported: Mapping[str, str],
+) -> Watermarks | None:
+    """The refusal for the first ratio that is not a number in [0, RATIO_MAX]; None when both are."""
     for key in (HIGH, LOW):
         if math.isnan(values[key]) or not 0.0 <= values[key] <= RATIO_MAX:
             raw = exported.get(key, profile.get(key))
             return Watermarks(
-                high,
-                low,
-                problem=f"{origin[sources[key]]} {key}={raw} is not a number between 0 and "
+                values[HIGH],
+                values[LOW],
+                problem=f"{ORIGIN[sources[key]]} {key}={raw} is not a number between 0 and "
                 f"{_fmt(RATIO_MAX)} (torch's MPS allocator refuses others and reads text as 0.0, "
                 "no cap)",
                 fix=f"set it to e.g. 0.8 (HIGH) / 0.7 (LOW), or unset {key}",
             )
+    return None
+
+
+def resolve_watermarks(
+    profile_env: Mapping[str, object] | None, exported: Mapping[str, str]
+) -> Watermarks:
+    """Check the MPS watermark ratios torch will see: the user's exports, else the profile's, else
+    torch's defaults. LOW that did not come from the user is lowered to ``LOW_OF_HIGH`` x HIGH when
+    it exceeds HIGH; a bad combination the user exported is a ``problem``."""
+    profile = {k: str(v) for k, v in (profile_env or {}).items() if v is not None}
+    sources, values = _ratios(profile, exported)
+    high, low = values[HIGH], values[LOW]
+    bad = _out_of_range(sources, values, profile, exported)
+    if bad is not None:
+        return bad
     notes = []
     if sources[HIGH] == "you" and high == 0.0:
         notes.append(
@@ -113,14 +136,14 @@ def resolve_watermarks(
             high,
             low,
             notes=tuple(notes),
-            problem=f"you exported {LOW}={_fmt(low)}, above {origin[sources[HIGH]]} "
+            problem=f"you exported {LOW}={_fmt(low)}, above {ORIGIN[sources[HIGH]]} "
             f"{HIGH}={_fmt(high)}: torch's MPS allocator refuses LOW > HIGH at its first allocation",
             fix=f"export {LOW} <= {HIGH} (e.g. 0.7 and 0.8), or unset {LOW}",
         )
     new = _fmt(high * LOW_OF_HIGH)
     notes.append(
-        f"env {LOW}={new}: lowered from {origin[sources[LOW]]} {_fmt(low)} to {LOW_OF_HIGH} x "
-        f"{origin[sources[HIGH]]} {HIGH}={_fmt(high)}, because torch's MPS allocator refuses LOW > HIGH"
+        f"env {LOW}={new}: lowered from {ORIGIN[sources[LOW]]} {_fmt(low)} to {LOW_OF_HIGH} x "
+        f"{ORIGIN[sources[HIGH]]} {HIGH}={_fmt(high)}, because torch's MPS allocator refuses LOW > HIGH"
     )
     return Watermarks(high, float(new), set_low=new, notes=tuple(notes))
 

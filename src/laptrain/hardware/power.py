@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from laptrain.hardware.probe import next_scripted
+
 # kern.memorystatus_vm_pressure_level answers with XNU's dispatch levels (bsd/sys/event.h)
 PRESSURE_NORMAL, PRESSURE_WARNING, PRESSURE_CRITICAL = 1, 2, 4
 PRESSURE_NAMES = {
@@ -95,12 +97,7 @@ class FakeBattery:
 
     def read(self) -> BatteryReading | None:
         self.calls += 1
-        if not self.readings:
-            return None
-        reading = self.readings[0]
-        if len(self.readings) > 1:
-            self.readings.pop(0)
-        return reading
+        return next_scripted(self.readings)
 
 
 @runtime_checkable
@@ -145,12 +142,7 @@ class FakePressure:
     name: str = "fake"
 
     def read(self) -> int | None:
-        if not self.levels:
-            return None
-        level = self.levels[0]
-        if len(self.levels) > 1:
-            self.levels.pop(0)
-        return level
+        return next_scripted(self.levels)
 
 
 def pressure_source(platform: str = sys.platform) -> PressureSource | None:

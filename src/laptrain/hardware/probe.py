@@ -13,9 +13,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
+
+T = TypeVar("T")
+
+
+def next_scripted(script: list[T]) -> T | None:
+    """The next of a test fake's scripted answers: in order, the last one repeats; None when empty."""
+    if not script:
+        return None
+    answer = script[0]
+    if len(script) > 1:
+        script.pop(0)
+    return answer
 
 
 @dataclass(frozen=True)
@@ -178,13 +190,11 @@ class FakeProbe:
 
     def memory(self) -> MemoryReading:
         self.calls.append("memory")
-        if not self.readings:
+        reading = next_scripted(self.readings)
+        if reading is None:
             return MemoryReading(
                 rss=0, system_total=0, system_available=0, system_percent=0.0, swap_used=0
             )
-        reading = self.readings[0]
-        if len(self.readings) > 1:
-            self.readings.pop(0)
         return replace(reading)
 
     def empty_cache(self) -> None:

@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from laptrain.hardware.probe import next_scripted
+
 LEVEL_NAMES = ("nominal", "fair", "serious", "critical")
 
 
@@ -103,12 +105,7 @@ class FakeThermal:
 
     def read(self) -> ThermalReading | None:
         self.calls += 1
-        if not self.readings:
-            return None
-        reading = self.readings[0]
-        if len(self.readings) > 1:
-            self.readings.pop(0)
-        return reading
+        return next_scripted(self.readings)
 
 
 def thermal_source(hot_celsius: float = 85.0) -> ThermalSource | None:

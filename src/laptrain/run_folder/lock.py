@@ -2,29 +2,31 @@
 
 Gap filled: a rerun of the same command resumes in the same folder, so the command typed twice (or a
 sweep rerun while the first is alive) has two processes writing one ``last.ckpt``, and neither Hydra
-nor Lightning notices. The lock is ``<run folder>/.laptrain.lock`` held with ``fcntl.flock``: the
-kernel drops it when the process ends, however it ends, so a lock left by a killed run is never
-stale. Where the filesystem has no ``flock`` (some network mounts), the pid written in the file is
-checked instead (same host only). Imported by the launcher before torch.
+nor Lightning notices. The lock is ``<run folder>/.laptrain.lock``, held with filelock's
+``FileLock`` (``fcntl.flock``: the kernel drops it when the process ends, however it ends, so a lock
+left by a killed run is never stale; where the filesystem has no ``flock``, filelock falls back on
+a pid marker it checks itself). What this module adds is the line a refused run prints: the
+holder's pid, host, start time and command, written into the lock file when it is taken. Imported
+by the launcher before torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+
+from filelock import FileLock, Timeout
 
 from laptrain.config.scale_out import extra_rank
-from laptrain.files import pid_alive
 
 LOCK_NAME = ".laptrain.lock"
-_held: dict[str, IO[str]] = {}
+_held: dict[str, FileLock] = {}
 
 
 class RunFolderBusy(OSError):
@@ -59,25 +61,37 @@ def is_locked(folder: str | Path) -> bool:
     path = folder / LOCK_NAME
     if str(folder.resolve()) in _held or not path.is_file():
         return False
-    import fcntl
-
-    with path.open("r") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return _pid_holder_alive(path)
-        fcntl.flock(f, fcntl.LOCK_UN)
+    probe = FileLock(path, timeout=0)
+    try:
+        probe.acquire()
+    except Timeout:
+        return True
+    probe.release()
     return False
 
 
-def _pid_holder_alive(path: Path) -> bool:
-    try:
-        info = json.loads(path.read_text() or "{}")
-    except (OSError, ValueError):
-        return False
-    return info.get("host") == socket.gethostname() and pid_alive(int(info.get("pid", -1)))
+def _record_holder(command: list[str] | None) -> Callable[[int], None]:
+    """filelock's ``on_acquired``: write who holds the folder into the lock file, for the line a
+    second process prints. Only into a native lock's descriptor (re-locking it succeeds): with
+    filelock's pid-marker fallback the file is filelock's own record and is left alone."""
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+        "command": " ".join(command if command is not None else sys.argv)[:300],
+    }
+
+    def write(fd: int) -> None:
+        import fcntl  # POSIX only; no run-folder lock on Windows (hold_run_folder)
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+
+    return write
 
 
 def hold_run_folder(folder: str | Path, command: list[str] | None = None) -> bool:
@@ -89,37 +103,19 @@ def hold_run_folder(folder: str | Path, command: list[str] | None = None) -> boo
     key = str(folder.resolve())
     if key in _held:
         return False
-    import fcntl
-
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
-    f = path.open("a+")
+    lock = FileLock(path, timeout=0, on_acquired=_record_holder(command))
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
+        lock.acquire()
+    except Timeout:
         raise _busy(folder, path) from None
-    except OSError:  # no flock here (network filesystem): fall back on the recorded pid
-        if _pid_holder_alive(path):
-            f.close()
-            raise _busy(folder, path) from None
-    info = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "started": time.time(),
-        "command": " ".join(command if command is not None else sys.argv)[:300],
-    }
-    f.seek(0)
-    f.truncate()
-    f.write(json.dumps(info))
-    f.flush()
-    _held[key] = f
+    _held[key] = lock
     return True
 
 
 def release_run_folder(folder: str | Path) -> None:
     """Give ``folder`` back (sweep jobs run one after another in one process)."""
-    f = _held.pop(str(Path(folder).resolve()), None)
-    if f is not None:
-        with contextlib.suppress(OSError):
-            f.close()
+    lock = _held.pop(str(Path(folder).resolve()), None)
+    if lock is not None:
+        lock.release()
