@@ -135,3 +135,36 @@ def check_version(name: str, state: Mapping[str, Any], expected: int, resets: st
         category=StateVersionWarning,
     )
     return False
+
+
+class VersionedState:
+    """A callback's checkpointed state, with the layout version it was written in.
+
+    Gap filled: Lightning saves a callback's ``state_dict`` into the checkpoint and hands it back
+    as it is; a checkpoint written by an older layout would be read into the wrong fields or fail
+    with a KeyError mid-resume. A subclass (listed before ``Callback``) says what it saves
+    (:meth:`saved_state`), how it takes it back (:meth:`restore_state`) and what it resets to when
+    the version differs (:meth:`reset_state`); the version check and its one warning are here.
+    """
+
+    STATE_VERSION = 1
+    STATE_NAME = "callback"  # the callback's config name, in the warning
+    STATE_RESETS = "its state"  # what is reset instead of loaded, in the warning
+
+    def saved_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def restore_state(self, state: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def reset_state(self) -> None:
+        """What a checkpoint of another version leaves (default: the state as constructed)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.STATE_VERSION, **self.saved_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if check_version(self.STATE_NAME, state_dict, self.STATE_VERSION, self.STATE_RESETS):
+            self.restore_state(state_dict)
+        else:
+            self.reset_state()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from laptrain.callbacks.contracts import check_version
+from laptrain.callbacks.contracts import VersionedState
 from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
 from laptrain.callbacks.stop_checkpoint import StopCheckpoint
 from laptrain.hardware.power import (
@@ -32,7 +32,7 @@ SWAP_HINT = (
 )
 
 
-class MemoryMonitor(Callback):
+class MemoryMonitor(VersionedState, Callback):
     """Log MPS/CUDA allocator figures, RSS, system memory and swap under ``memory/``.
 
     Lightning's ``DeviceStatsMonitor`` on MPS reports only psutil percentages; this reads the MPS
@@ -71,6 +71,8 @@ class MemoryMonitor(Callback):
 
     report_section = "memory"
     STATE_VERSION = 1
+    STATE_NAME = "memory_monitor"
+    STATE_RESETS = "peaks and cleanup counts"
 
     def __init__(
         self,
@@ -294,21 +296,16 @@ class MemoryMonitor(Callback):
             out["worst_pressure"] = pressure_name(self.worst_pressure)
         return out
 
-    @override
-    def state_dict(self) -> dict[str, Any]:
+    def saved_state(self) -> dict[str, Any]:
         return {
-            "version": self.STATE_VERSION,
             "peaks": dict(self.peaks),
             "cleanups": self.cleanups,
             "freed_mb": self.freed_mb,
         }
 
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not check_version(
-            "memory_monitor", state_dict, self.STATE_VERSION, "peaks and cleanup counts"
-        ):
-            self.peaks, self.cleanups, self.freed_mb = {}, 0, 0.0
-            return
+    def reset_state(self) -> None:
+        self.peaks, self.cleanups, self.freed_mb = {}, 0, 0.0
+
+    def restore_state(self, state_dict: Mapping[str, Any]) -> None:
         self.peaks = dict(state_dict["peaks"])
         self.cleanups, self.freed_mb = state_dict["cleanups"], state_dict["freed_mb"]

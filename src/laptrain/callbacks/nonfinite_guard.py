@@ -19,6 +19,7 @@ the gradients are not checked there; the loss still is.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from laptrain.callbacks.contracts import check_version
+from laptrain.callbacks.contracts import VersionedState
 
 ACTIONS = ("stop", "skip")
 
@@ -36,7 +37,7 @@ class NonFiniteLoss(ValueError):
     """The loss or the gradients of a step are NaN or infinite; nothing of that step was saved."""
 
 
-class NonFiniteGuard(Callback):
+class NonFiniteGuard(VersionedState, Callback):
     """Args:
     action: "stop" or "skip" (see the module doc).
     last_ckpt: the run's resume checkpoint (``paths.last_ckpt``), named in the error as the last
@@ -45,6 +46,8 @@ class NonFiniteGuard(Callback):
     """
 
     STATE_VERSION = 1
+    STATE_NAME = "nonfinite_guard"
+    STATE_RESETS = "the skip count"
     report_section = "nonfinite"
 
     def __init__(
@@ -127,12 +130,11 @@ class NonFiniteGuard(Callback):
     def summary(self) -> dict[str, Any]:
         return {"action": self.action, "skipped_steps": len(self.skipped), "skipped": self.skipped}
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": self.STATE_VERSION, "skipped": list(self.skipped)}
+    def saved_state(self) -> dict[str, Any]:
+        return {"skipped": list(self.skipped)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if check_version("nonfinite_guard", state_dict, self.STATE_VERSION, "the skip count"):
-            self.skipped = list(state_dict.get("skipped", []))
+    def restore_state(self, state_dict: Mapping[str, Any]) -> None:
+        self.skipped = list(state_dict.get("skipped", []))
 
 
 def _kind(t: torch.Tensor) -> str:

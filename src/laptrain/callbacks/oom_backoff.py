@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from laptrain.callbacks.contracts import check_version
+from laptrain.callbacks.contracts import VersionedState
 from laptrain.hardware.probe import DeviceProbe, probe_for
 
 # What each device really raises (docs/hardware.md §7): CUDA torch.OutOfMemoryError; MPS a plain
@@ -33,7 +34,7 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
 
 
-class OOMBackoff(Callback):
+class OOMBackoff(VersionedState, Callback):
     """Halve the micro-batch on OOM and redo the same optimizer step with more accumulation.
 
     Lightning lets an OOM end the run (its batch-size finder only runs before training). With this
@@ -55,6 +56,8 @@ class OOMBackoff(Callback):
 
     report_section = "oom"
     STATE_VERSION = 1
+    STATE_NAME = "oom_backoff"
+    STATE_RESETS = "the micro-batch (full batch) and events"
 
     def __init__(
         self,
@@ -164,20 +167,15 @@ class OOMBackoff(Callback):
             "events": self.events,
         }
 
-    @override
-    def state_dict(self) -> dict[str, Any]:
+    def saved_state(self) -> dict[str, Any]:
         return {
-            "version": self.STATE_VERSION,
             "micro_batch": self.micro_batch,
             "events": self.events,
         }
 
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not check_version(
-            "oom_backoff", state_dict, self.STATE_VERSION, "the micro-batch (full batch) and events"
-        ):
-            self.micro_batch, self.events = None, []
-            return
+    def reset_state(self) -> None:
+        self.micro_batch, self.events = None, []
+
+    def restore_state(self, state_dict: Mapping[str, Any]) -> None:
         self.micro_batch = state_dict["micro_batch"]
         self.events = list(state_dict["events"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from laptrain.callbacks.contracts import check_version, cooling_s, stop_requested
+from laptrain.callbacks.contracts import VersionedState, cooling_s, stop_requested
 from laptrain.callbacks.stop_checkpoint import StopCheckpoint
 from laptrain.hardware.power import BatteryReading, BatterySource, KeepAwake, PsutilBattery
 
@@ -19,7 +19,7 @@ from laptrain.hardware.power import BatteryReading, BatterySource, KeepAwake, Ps
 MIN_TIMED_STEPS = 5
 
 
-class PowerGuard(Callback):
+class PowerGuard(VersionedState, Callback):
     """Hold off idle sleep during fit; watch the battery; stop or pause before it runs flat.
 
     No trainer in Lightning, HF, litgpt, torchtune or mlx-lm looks at power: macOS idle-sleeps a
@@ -61,6 +61,8 @@ class PowerGuard(Callback):
 
     report_section = "power"
     STATE_VERSION = 1
+    STATE_NAME = "power_guard"
+    STATE_RESETS = "battery time, pauses and step times"
 
     def __init__(
         self,
@@ -295,10 +297,8 @@ class PowerGuard(Callback):
             "events": self.events,
         }
 
-    @override
-    def state_dict(self) -> dict[str, Any]:
+    def saved_state(self) -> dict[str, Any]:
         return {
-            "version": self.STATE_VERSION,
             "battery_s": self.battery_s,
             "pauses": self.pauses,
             "paused_s": self.paused_s,
@@ -307,12 +307,7 @@ class PowerGuard(Callback):
             "step_time": {k: list(v) for k, v in self.step_time.items()},
         }
 
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not check_version(
-            "power_guard", state_dict, self.STATE_VERSION, "battery time, pauses and step times"
-        ):
-            return
+    def restore_state(self, state_dict: Mapping[str, Any]) -> None:
         self.battery_s, self.pauses = state_dict["battery_s"], state_dict["pauses"]
         self.paused_s, self.events = state_dict["paused_s"], list(state_dict["events"])
         self.lowest_percent = state_dict["lowest_percent"]

@@ -10,24 +10,28 @@ own: ``torch.mps.get_rng_state``) and restores them when training resumes.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from laptrain.callbacks.contracts import check_version
+from laptrain.callbacks.contracts import VersionedState
 
 
-class RNGState(Callback):
+class RNGState(VersionedState, Callback):
     """Save and restore python / numpy / torch RNG states with the checkpoint."""
 
     STATE_VERSION = 1
+    STATE_NAME = "rng_state"
+    STATE_RESETS = (
+        "the random generators (they keep this run's seed, so the resume is not bit-identical)"
+    )
 
-    def state_dict(self) -> dict[str, Any]:
+    def saved_state(self) -> dict[str, Any]:
         kind, keys, pos, has_gauss, gauss = np.random.get_state()
         state = {
-            "version": self.STATE_VERSION,
             "python": random.getstate(),
             # numpy arrays are not loadable with weights_only=True: store the key as a tensor.
             "numpy": [
@@ -45,14 +49,7 @@ class RNGState(Callback):
             state["mps"] = torch.mps.get_rng_state()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not check_version(
-            "rng_state",
-            state,
-            self.STATE_VERSION,
-            "the random generators (they keep this run's seed, so the resume is not bit-identical)",
-        ):
-            return
+    def restore_state(self, state: Mapping[str, Any]) -> None:
         random.setstate(_tuples(state["python"]))
         kind, keys, pos, has_gauss, gauss = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))

@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from laptrain.callbacks.contracts import (
     PlotsPoints,
-    check_version,
+    VersionedState,
     cooling_s,
     report_sections,
     signal_stop,
@@ -35,7 +35,7 @@ from laptrain.versions import package_versions
 GUARD_SECTIONS = ("memory", "thermal", "oom", "power")
 
 
-class RunReport(Callback):
+class RunReport(VersionedState, Callback):
     """Write ``report.json``, ``report.md`` and ``report.png`` in the run folder.
 
     Lightning leaves a run's story spread over logger files; this gathers it in one place: hardware
@@ -59,6 +59,10 @@ class RunReport(Callback):
     """
 
     STATE_VERSION = 1
+    STATE_NAME = "run_report"
+    STATE_RESETS = (
+        "the earlier sessions' totals and plot history (this report covers this session only)"
+    )
 
     def __init__(
         self,
@@ -274,12 +278,10 @@ class RunReport(Callback):
         run.update({k: v for k, v in scalars.items() if k.startswith("lr-")})
         return run
 
-    @override
-    def state_dict(self) -> dict[str, Any]:
+    def saved_state(self) -> dict[str, Any]:
         # a checkpoint saved by an earlier callback's on_train_batch_end (a stop) includes this batch
         totals = {**_settled(self._batch_totals(self._trainer)), "wall_s": self.wall_s()}
         return {
-            "version": self.STATE_VERSION,
             "totals": totals,
             "history": self.history,
             "val_history": self.val_history,
@@ -287,16 +289,10 @@ class RunReport(Callback):
             "epoch": self._trainer.current_epoch if self._batch else self._epoch,
         }
 
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not check_version(
-            "run_report",
-            state_dict,
-            self.STATE_VERSION,
-            "the earlier sessions' totals and plot history (this report covers this session only)",
-        ):
-            self._reset_totals()
-            return
+    def reset_state(self) -> None:
+        self._reset_totals()
+
+    def restore_state(self, state_dict: Mapping[str, Any]) -> None:
         self.totals = dict(state_dict["totals"])
         self._wall_before = self.totals["wall_s"]
         self.history = list(state_dict["history"])

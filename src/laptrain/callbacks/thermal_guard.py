@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,13 +11,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from laptrain.callbacks.contracts import SplitsMicroBatch, check_version, stop_requested
+from laptrain.callbacks.contracts import SplitsMicroBatch, VersionedState, stop_requested
 from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
 from laptrain.hardware.probe import DeviceProbe, probe_for
 from laptrain.hardware.thermal import LEVEL_NAMES, ThermalSource, thermal_source
 
 
-class ThermalGuard(Callback):
+class ThermalGuard(VersionedState, Callback):
     """Pause training between steps while the machine is hot.
 
     Lightning has no thermal awareness at all: a fanless MacBook Air throttles and the run just
@@ -51,6 +51,8 @@ class ThermalGuard(Callback):
 
     report_section = "thermal"
     STATE_VERSION = 1
+    STATE_NAME = "thermal_guard"
+    STATE_RESETS = "cooling breaks, worst state and the step-time baseline"
 
     def __init__(
         self,
@@ -203,10 +205,8 @@ class ThermalGuard(Callback):
             "events": self.events,
         }
 
-    @override
-    def state_dict(self) -> dict[str, Any]:
+    def saved_state(self) -> dict[str, Any]:
         return {
-            "version": self.STATE_VERSION,
             "breaks": self.breaks,
             "cooling_s": self.cooling_s,
             "events": self.events,
@@ -215,20 +215,14 @@ class ThermalGuard(Callback):
             "drift": self.drift.state_dict(),
         }
 
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not check_version(
-            "thermal_guard",
-            state_dict,
-            self.STATE_VERSION,
-            "cooling breaks, worst state and the step-time baseline",
-        ):
-            self.breaks, self.cooling_s, self.events = 0, 0.0, []
-            self.worst_level, self.max_drift_pct = None, None
-            self.drift = ThroughputDrift(
-                self.drift.warmup, self.drift.baseline_size, self.drift.window_size
-            )
-            return
+    def reset_state(self) -> None:
+        self.breaks, self.cooling_s, self.events = 0, 0.0, []
+        self.worst_level, self.max_drift_pct = None, None
+        self.drift = ThroughputDrift(
+            self.drift.warmup, self.drift.baseline_size, self.drift.window_size
+        )
+
+    def restore_state(self, state_dict: Mapping[str, Any]) -> None:
         self.breaks, self.cooling_s = state_dict["breaks"], state_dict["cooling_s"]
         self.events = list(state_dict["events"])
         self.worst_level, self.max_drift_pct = (

@@ -19,6 +19,7 @@ from laptrain.data.labelled_files import (
     SPLIT_ALIASES,
     DataError,
     check_fractions,
+    check_train_and_val,
     read_text,
     resolve_files,
 )
@@ -177,14 +178,7 @@ def split_instruction_rows(
     else:
         splits["train"] = base
     source = base[0][0].rsplit(":", 1)[0] if base else "the train file"
-    if not splits["train"]:
-        raise DataError(f"{source} has no row left for training: add rows")
-    if not splits["val"]:
-        raise DataError(
-            f"no rows for validation: {source} has {len(base)} rows and "
-            f"data.val_fraction={val_fraction}: add rows, raise data.val_fraction, or give "
-            "data.files.validation=<file>"
-        )
+    check_train_and_val(splits, source, f"{len(base)} rows", val_fraction)
     return splits
 
 

@@ -49,7 +49,6 @@ from laptrain.data.instruction_rows import (
     split_instruction_rows,
     to_messages,
 )
-from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
 from laptrain.data.text_classification import (
     TextClassificationDataModule,
     publish_entry,
@@ -329,8 +328,7 @@ class InstructionDataModule(TextClassificationDataModule):
             seed=seed,
             cache_dir=cache_dir,
         )
-        self.system_prompt = system_prompt
-        self.packing = bool(packing)
+        self.system_prompt, self.packing = system_prompt, bool(packing)
         self.truncated: dict[str, int] = {}
         self._items: dict[str, tuple[Any, list[int]]] = {}
 
@@ -502,31 +500,11 @@ class InstructionDataModule(TextClassificationDataModule):
         return real, padded
 
     def _loader(self, split: str) -> DataLoader:
-        if self.batch_size is None:
-            raise ValueError(
-                "this datamodule has no batch size yet: build it through the run plan "
-                "(with_batch_sizes), or set data.batch_size=<n>"
-            )
+        self._need_batch_size()  # before items(), which may build the cache
         ds, lengths = self.items(split)
-        train = split == "train"
-        sampler = LengthGroupedBatchSampler(
-            lengths,
-            self.batch_size if train else (self.eval_batch_size or self.batch_size),
-            seed=self.seed,
-            shuffle=train,
-            mega_batches=50 if self.group_by_length else 0,
+        return self._grouped_loader(split, ds, lengths)
+
+    def _collate(self) -> CausalLMCollator:
+        return CausalLMCollator(
+            int(self.tokenizer.pad_token_id), self.pad_to_multiple_of, self.packing
         )
-        workers = int(self.num_workers or 0)
-        kwargs: dict[str, Any] = {
-            "batch_sampler": sampler,
-            "collate_fn": CausalLMCollator(
-                int(self.tokenizer.pad_token_id), self.pad_to_multiple_of, self.packing
-            ),
-            "num_workers": workers,
-            "pin_memory": bool(self.pin_memory),
-            "generator": torch.Generator().manual_seed(self.seed),  # leaves the global RNG alone
-        }
-        if workers > 0:  # both are errors with workers == 0
-            kwargs["persistent_workers"] = bool(self.persistent_workers)
-            kwargs["prefetch_factor"] = self.prefetch_factor
-        return (ResumableDataLoader if train else DataLoader)(ds, **kwargs)

@@ -327,14 +327,9 @@ def _columns_error(table: Table, column: str, key: str) -> DataError:
     )
 
 
-def check_rows(
-    table: Table,
-    text_column: str,
-    label_column: str,
-    group_column: str | None = None,
-    incomplete_rows: str = "error",
-) -> tuple[list[Row], list[str]]:
-    """The usable rows of ``table`` and the notes to log (rows skipped), or a :class:`DataError`."""
+def _check_columns(
+    table: Table, text_column: str, label_column: str, group_column: str | None
+) -> None:
     for key, col in (("text_column", text_column), ("label_column", label_column)):
         if col not in table.columns:
             raise _columns_error(table, col, key)
@@ -343,6 +338,21 @@ def check_rows(
             f"group column {group_column!r} not in {table.source} (columns: "
             f"{', '.join(table.columns)}): set data.group_column=<one of them> or null"
         )
+
+
+@dataclass(frozen=True)
+class _Sorted:
+    """A table's rows sorted: usable, without a label, without a text, with a non-text text."""
+
+    rows: list[Row]
+    no_label: list[str]
+    no_text: list[str]
+    not_text: list[tuple[str, Any]]
+
+
+def _sort_rows(
+    table: Table, text_column: str, label_column: str, group_column: str | None
+) -> _Sorted:
     rows: list[Row] = []
     no_label: list[str] = []
     no_text: list[str] = []
@@ -363,35 +373,59 @@ def check_rows(
         if table.untyped:
             label = label.strip()
         rows.append(Row(where, text, label, record.get(group_column) if group_column else None))
+    return _Sorted(rows, no_label, no_text, not_text)
+
+
+def _check_texts(table: Table, text_column: str, found: _Sorted) -> None:
     columns = ", ".join(table.columns)
-    if not_text:
-        where, value = not_text[0]
+    if found.not_text:
+        where, value = found.not_text[0]
         raise DataError(
             f"{where}: data.text_column={text_column!r} holds {type(value).__name__} "
-            f"{str(value)[:40]!r}, not text ({_rows(len(not_text))}): set data.text_column=<the "
-            f"column with the texts> (columns: {columns})"
+            f"{str(value)[:40]!r}, not text ({_rows(len(found.not_text))}): set "
+            f"data.text_column=<the column with the texts> (columns: {columns})"
         )
+    rows = found.rows
     if table.untyped and rows and all(_NUMBER.fullmatch(r.text.strip()) for r in rows):
         raise DataError(
             f"{table.source}: data.text_column={text_column!r} holds only numbers, not text "
             f"(e.g. {rows[0].where}): set data.text_column=<the column with the texts> "
             f"(columns: {columns})"
         )
+
+
+def _incomplete_note(
+    table: Table, found: _Sorted, text_column: str, label_column: str, incomplete_rows: str
+) -> str:
+    """The note on rows left out under ``incomplete_rows=skip``, or the error that refuses them."""
+    parts = [
+        f"{_rows(len(wheres))} with an empty or null {col!r} ({_first(wheres)})"
+        for col, wheres in ((label_column, found.no_label), (text_column, found.no_text))
+        if wheres
+    ]
+    what = f"{table.source}: {' and '.join(parts)}, of {_rows(len(table.rows))}"
+    if incomplete_rows != "skip":
+        raise DataError(f"{what}: fill them in, or set data.incomplete_rows=skip to leave them out")
+    if not found.rows:
+        raise DataError(f"{what}: no row is left (check data.label_column, data.text_column)")
+    return f"skipped {what} (data.incomplete_rows=skip)"
+
+
+def check_rows(
+    table: Table,
+    text_column: str,
+    label_column: str,
+    group_column: str | None = None,
+    incomplete_rows: str = "error",
+) -> tuple[list[Row], list[str]]:
+    """The usable rows of ``table`` and the notes to log (rows skipped), or a :class:`DataError`."""
+    _check_columns(table, text_column, label_column, group_column)
+    found = _sort_rows(table, text_column, label_column, group_column)
+    _check_texts(table, text_column, found)
     notes: list[str] = []
-    if no_label or no_text:
-        parts = [
-            f"{_rows(len(wheres))} with an empty or null {col!r} ({_first(wheres)})"
-            for col, wheres in ((label_column, no_label), (text_column, no_text))
-            if wheres
-        ]
-        what = f"{table.source}: {' and '.join(parts)}, of {_rows(len(table.rows))}"
-        if incomplete_rows != "skip":
-            raise DataError(
-                f"{what}: fill them in, or set data.incomplete_rows=skip to leave them out"
-            )
-        if not rows:
-            raise DataError(f"{what}: no row is left (check data.label_column, data.text_column)")
-        notes.append(f"skipped {what} (data.incomplete_rows=skip)")
+    if found.no_label or found.no_text:
+        notes.append(_incomplete_note(table, found, text_column, label_column, incomplete_rows))
+    rows = found.rows
     if table.untyped and rows and all(_INTEGER.fullmatch(r.label) for r in rows):
         rows = [Row(r.where, r.text, int(r.label), r.group) for r in rows]
     return rows, notes
@@ -436,22 +470,30 @@ def _label_names(train: Sequence[Row]) -> list[str]:
     return sorted({str(v) for v in values})
 
 
-def split_rows(
-    named: Mapping[str, tuple[str, list[Row]]],
-    val_fraction: float,
-    test_fraction: float,
-    seed: int,
-    label_names: Sequence[str] | None = None,
-    label_column: str = "label",
-) -> LabelledSplits:
-    """Split off val / test where no file gives them (stratified, seeded), then give every row
-    its label id; refuses labels the model could not learn or that ``label_names`` lacks."""
-    base_name = "train" if "train" in named else "all"
-    source, base = named[base_name]
+def check_train_and_val(
+    splits: Mapping[str, Sequence[Any]], source: str, held: str, val_fraction: float
+) -> None:
+    """Refuse splits without a training or a validation row; ``held``: what ``source`` holds
+    (``"120 rows"``), for the message."""
+    if not splits["train"]:
+        raise DataError(f"{source} has no row left for training: add rows")
+    if not splits["val"]:
+        raise DataError(
+            f"no rows for validation: {source} has {held} and "
+            f"data.val_fraction={val_fraction}: add rows, raise data.val_fraction, or give "
+            "data.files.validation=<file>"
+        )
+
+
+def _split_off(
+    named: Mapping[str, tuple[str, list[Row]]], fractions: Mapping[str, float], seed: int
+) -> tuple[dict[str, list[Row]], dict[str, str]]:
+    """Rows and source per split: val / test split off train (stratified, seeded) where no file
+    gives them."""
+    source, base = named["train" if "train" in named else "all"]
     sources = {"train": source}
     splits: dict[str, list[Row]] = {"train": base}
     missing = [s for s in ("val", "test") if s not in named]
-    fractions = {"val": val_fraction, "test": test_fraction}
     if missing:
         groups = [r.group for r in base] if any(r.group is not None for r in base) else None
         where = assign_splits(
@@ -466,25 +508,33 @@ def split_rows(
     for split in ("val", "test"):
         if split not in splits:
             sources[split], splits[split] = named[split]
-    every = [r for rows in splits.values() for r in rows]
-    mixed = _mixed_kinds_error(every, label_column)
-    if mixed:
-        raise mixed
-    if not splits["train"]:
-        raise DataError(f"{source} has no row left for training: add rows")
-    if not splits["val"]:
-        raise DataError(
-            f"no rows for validation: {source} has {len(base)} usable rows and "
-            f"data.val_fraction={val_fraction}: add rows, raise data.val_fraction, or give "
-            "data.files.validation=<file>"
+    return splits, sources
+
+
+def _unknown_label_error(
+    value: str, wheres: list[str], in_source: str, source: str, base: Sequence[Row]
+) -> DataError:
+    """A label of ``in_source`` that training never sees (no ``data.label_names`` given)."""
+    if in_source == source:  # split off train by us: too few rows of that label
+        total = sum(1 for r in base if str(r.label) == value)
+        return DataError(
+            f"label {value!r} has only {_rows(total)} in {source} ({_first(wheres)}), too "
+            "few to split validation and test off train and keep one to train on: add "
+            "rows with that label, remove them, or give data.files.validation=<file> and "
+            "data.files.test=<file>"
         )
-    fixed = list(label_names) if label_names else None
-    names = fixed or _label_names(splits["train"])
-    if len({str(r.label) for r in splits["train"]}) < 2:
-        raise DataError(
-            f"{source}: every training row has the label {splits['train'][0].label!r}; a "
-            f"classifier needs two or more (check data.label_column={label_column!r})"
-        )
+    return DataError(
+        f"label {value!r} in {in_source} ({_rows(len(wheres))}: {_first(wheres)}) never occurs "
+        f"in {source}: add training rows with it, correct the label, or list every label in "
+        "data.label_names=[...] to evaluate it anyway"
+    )
+
+
+def _label_ids(
+    splits: Mapping[str, list[Row]], names: Sequence[str], fixed: bool
+) -> tuple[dict[str, list[int]], tuple[str, str, list[str]] | None]:
+    """Label ids per split (-1: unknown), and the first split with an unknown label: ``(split,
+    label, places)``. Without ``fixed`` names a label training lacks is unknown too."""
     index = {name: i for i, name in enumerate(names)}
     in_train = {str(r.label) for r in splits["train"]}
 
@@ -500,32 +550,48 @@ def split_rows(
         ids, unknown = [], {}
         for r in rows:
             i = label_id(r.label)
-            unseen = not fixed and str(r.label) not in in_train
-            if i is None or unseen:
+            if i is None or (not fixed and str(r.label) not in in_train):
                 unknown.setdefault(str(r.label), []).append(r.where)
             ids.append(-1 if i is None else i)
         if unknown:
             value, wheres = next(iter(unknown.items()))
-            count = f"{_rows(len(wheres))}: {_first(wheres)}"
-            if fixed:
-                raise DataError(
-                    f"label {value!r} ({count}) is not in data.label_names "
-                    f"({', '.join(names)}): add it there or correct those rows"
-                )
-            if sources[split] == source:  # split off train by us: too few rows of that label
-                total = sum(1 for r in base if str(r.label) == value)
-                raise DataError(
-                    f"label {value!r} has only {_rows(total)} in {source} ({_first(wheres)}), too "
-                    "few to split validation and test off train and keep one to train on: add "
-                    "rows with that label, remove them, or give data.files.validation=<file> and "
-                    "data.files.test=<file>"
-                )
-            raise DataError(
-                f"label {value!r} in {sources[split]} ({count}) never occurs in {source}: add "
-                "training rows with it, correct the label, or list every label in "
-                "data.label_names=[...] to evaluate it anyway"
-            )
+            return labels, (split, value, wheres)
         labels[split] = ids
+    return labels, None
+
+
+def split_rows(
+    named: Mapping[str, tuple[str, list[Row]]],
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    label_names: Sequence[str] | None = None,
+    label_column: str = "label",
+) -> LabelledSplits:
+    """Split off val / test where no file gives them (stratified, seeded), then give every row
+    its label id; refuses labels the model could not learn or that ``label_names`` lacks."""
+    source, base = named["train" if "train" in named else "all"]
+    splits, sources = _split_off(named, {"val": val_fraction, "test": test_fraction}, seed)
+    mixed = _mixed_kinds_error([r for rows in splits.values() for r in rows], label_column)
+    if mixed:
+        raise mixed
+    check_train_and_val(splits, source, f"{len(base)} usable rows", val_fraction)
+    fixed = list(label_names) if label_names else None
+    names = fixed or _label_names(splits["train"])
+    if len({str(r.label) for r in splits["train"]}) < 2:
+        raise DataError(
+            f"{source}: every training row has the label {splits['train'][0].label!r}; a "
+            f"classifier needs two or more (check data.label_column={label_column!r})"
+        )
+    labels, unknown = _label_ids(splits, names, bool(fixed))
+    if unknown:
+        split, value, wheres = unknown
+        if fixed:
+            raise DataError(
+                f"label {value!r} ({_rows(len(wheres))}: {_first(wheres)}) is not in "
+                f"data.label_names ({', '.join(names)}): add it there or correct those rows"
+            )
+        raise _unknown_label_error(value, wheres, sources[split], source, base)
     texts = {s: [r.text for r in rows] for s, rows in splits.items()}
     return LabelledSplits(texts, labels, names)
 

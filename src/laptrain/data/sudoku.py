@@ -52,6 +52,60 @@ def _generate_chunk(args: tuple[int, tuple[int, int], str | None, str]) -> list[
     return out
 
 
+def _split_rows(
+    split: str,
+    want: int,
+    task: tuple[int, tuple[int, int], str | None, int],
+    seen: set[bytes],
+    workers: int,
+    pool: ProcessPoolExecutor | None,
+) -> list[tuple]:
+    """``want`` puzzles of ``split`` none of which is in ``seen`` (up to symmetry); their
+    fingerprints are added to ``seen``. ``task``: board size, givens, technique and seed."""
+    board_size, givens, technique, seed = task
+    rows: list[tuple] = []
+    prints: list[bytes] = []
+    chunk, dropped, start = 0, 0, time.perf_counter()
+    while len(rows) < want:
+        if chunk > 20 + 5 * (want // CHUNK + 1):
+            raise ValueError(
+                f"data: only {len(rows)}/{want} {split} puzzles differ from the other splits "
+                f"for board {board_size} with givens {list(givens)}; lower data.{split}_size"
+            )
+        batch = max(1, workers) * 2
+        tasks = [
+            (board_size, givens, technique, f"{seed}-{split}-{chunk + i}") for i in range(batch)
+        ]
+        chunks = pool.map(_generate_chunk, tasks) if pool else map(_generate_chunk, tasks)
+        chunk += batch
+        for part in chunks:
+            for row in part:
+                if len(rows) >= want:
+                    break
+                if row[4] in seen:
+                    dropped += 1
+                    continue
+                rows.append(row)
+                prints.append(row[4])
+        rate = len(rows) / max(time.perf_counter() - start, 1e-9)
+        rank_zero_info(
+            f"sudoku: {split} {len(rows)}/{want} puzzles ({rate:.0f}/s, {dropped} dropped "
+            "as symmetric to an earlier split)"
+        )
+    seen.update(prints)
+    return rows
+
+
+def _split_arrays(rows: list[tuple]) -> dict[str, np.ndarray]:
+    return {
+        "inputs": np.array([r[0] for r in rows], dtype=np.uint8) + 1,
+        "labels": np.array([r[1] for r in rows], dtype=np.uint8) + 1,
+        "givens": np.array([sum(1 for d in r[0] if d) for r in rows], dtype=np.int16),
+        "technique": np.array([r[2] for r in rows], dtype=np.int8),
+        "guesses": np.array([r[3] for r in rows], dtype=np.int32),
+    }
+
+
 def generate_splits(
     board_size: int,
     givens: tuple[int, int],
@@ -70,45 +124,9 @@ def generate_splits(
     pool = ProcessPoolExecutor(max_workers=workers) if workers > 0 else None
     try:
         for split in SPLITS:
-            want = counts[split]
-            rows: list[tuple] = []
-            prints: list[bytes] = []
-            chunk, dropped, start = 0, 0, time.perf_counter()
-            while len(rows) < want:
-                if chunk > 20 + 5 * (want // CHUNK + 1):
-                    raise ValueError(
-                        f"data: only {len(rows)}/{want} {split} puzzles differ from the other splits "
-                        f"for board {board_size} with givens {list(givens)}; lower data.{split}_size"
-                    )
-                batch = max(1, workers) * 2
-                tasks = [
-                    (board_size, givens, technique, f"{seed}-{split}-{chunk + i}")
-                    for i in range(batch)
-                ]
-                chunks = pool.map(_generate_chunk, tasks) if pool else map(_generate_chunk, tasks)
-                chunk += batch
-                for part in chunks:
-                    for row in part:
-                        if len(rows) >= want:
-                            break
-                        if row[4] in seen:
-                            dropped += 1
-                            continue
-                        rows.append(row)
-                        prints.append(row[4])
-                rate = len(rows) / max(time.perf_counter() - start, 1e-9)
-                rank_zero_info(
-                    f"sudoku: {split} {len(rows)}/{want} puzzles ({rate:.0f}/s, {dropped} dropped "
-                    "as symmetric to an earlier split)"
-                )
-            seen.update(prints)
-            result[split] = {
-                "inputs": np.array([r[0] for r in rows], dtype=np.uint8) + 1,
-                "labels": np.array([r[1] for r in rows], dtype=np.uint8) + 1,
-                "givens": np.array([sum(1 for d in r[0] if d) for r in rows], dtype=np.int16),
-                "technique": np.array([r[2] for r in rows], dtype=np.int8),
-                "guesses": np.array([r[3] for r in rows], dtype=np.int32),
-            }
+            task = (board_size, givens, technique, seed)
+            rows = _split_rows(split, counts[split], task, seen, workers, pool)
+            result[split] = _split_arrays(rows)
     finally:
         if pool is not None:
             pool.shutdown()

@@ -66,6 +66,24 @@ def _masks(grid: Sequence[int], g: Geometry) -> tuple[list[int], list[int], list
     return rm, cm, bm
 
 
+def _fewest_candidates(
+    grid: list[int], empty: list[int], g: Geometry, rm: list[int], cm: list[int], bm: list[int]
+) -> tuple[int, int, int]:
+    """(cell, candidate bitmask, candidate count) of the first blank cell of ``empty`` with the
+    fewest candidates (MRV); cell -1 when no cell is blank."""
+    best, best_free, best_n = -1, 0, g.n + 1
+    for i in empty:
+        if grid[i]:
+            continue
+        free = g.full & ~(rm[g.rows[i]] | cm[g.cols[i]] | bm[g.boxes[i]])
+        k = free.bit_count()
+        if k < best_n:
+            best, best_free, best_n = i, free, k
+            if k <= 1:
+                break
+    return best, best_free, best_n
+
+
 def _search(
     grid: list[int], g: Geometry, limit: int, rng: random.Random | None, stats: list[int]
 ) -> int:
@@ -84,16 +102,7 @@ def _search(
 
     def recurse() -> None:
         nonlocal count
-        best, best_free, best_n = -1, 0, g.n + 1
-        for i in empty:
-            if grid[i]:
-                continue
-            free = g.full & ~(rm[g.rows[i]] | cm[g.cols[i]] | bm[g.boxes[i]])
-            k = free.bit_count()
-            if k < best_n:
-                best, best_free, best_n = i, free, k
-                if k <= 1:
-                    break
+        best, best_free, best_n = _fewest_candidates(grid, empty, g, rm, cm, bm)
         if best < 0:
             count += 1
             if not solution:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,6 +52,26 @@ def _check_batch_size(batch_size: int | None) -> None:
             f"batch size must be >= 1 (got {batch_size}): set hardware.batch_size=<n> "
             "or pick another hardware profile"
         )
+
+
+def _batch_sizes(
+    batch_size: int | None, eval_batch_size: int | None
+) -> tuple[int | None, int | None]:
+    """(train, eval) batch sizes, checked; eval defaults to train. A train size of None is
+    decided by the run plan, which passes it through ``with_batch_sizes``."""
+    _check_batch_size(batch_size)
+    if batch_size is None:
+        return None, int(eval_batch_size) if eval_batch_size else None
+    return int(batch_size), int(eval_batch_size or batch_size)
+
+
+def _check_reading(
+    max_length: int, val_fraction: float, test_fraction: float, train_fraction: float
+) -> None:
+    if max_length < 8:
+        raise ValueError(f"data.max_length must be >= 8 (got {max_length})")
+    check_fractions(val_fraction, test_fraction)
+    check_train_fraction(train_fraction)
 
 
 class TextClassificationDataModule(pl.LightningDataModule):
@@ -109,40 +129,21 @@ class TextClassificationDataModule(pl.LightningDataModule):
         cache_dir: str = ".cache/laptrain",
     ) -> None:
         super().__init__()
-        _check_batch_size(batch_size)
-        if max_length < 8:
-            raise ValueError(f"data.max_length must be >= 8 (got {max_length})")
-        check_fractions(val_fraction, test_fraction)
+        self.batch_size, self.eval_batch_size = _batch_sizes(batch_size, eval_batch_size)
+        _check_reading(max_length, val_fraction, test_fraction, train_fraction)
         self.files = dict(files) if files else None
         self.hub_name, self.hub_config, self.builder = hub_name, hub_config, builder
-        self.text_column, self.label_column, self.group_column = (
-            text_column,
-            label_column,
-            group_column,
-        )
+        self.text_column, self.label_column = text_column, label_column
+        self.group_column = group_column
         self.fixed_label_names = list(label_names) if label_names else None
         self.tokenizer_name, self.vocab_size, self.max_length = tokenizer, vocab_size, max_length
-        self.val_fraction, self.test_fraction, self.split_seed = (
-            val_fraction,
-            test_fraction,
-            split_seed,
-        )
-        self.encoding, self.incomplete_rows = encoding, incomplete_rows
-        check_train_fraction(train_fraction)
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.split_seed, self.encoding, self.incomplete_rows = split_seed, encoding, incomplete_rows
         self.train_fraction = float(train_fraction)
-        # None: decided by the run plan, which passes it through with_batch_sizes
-        self.batch_size = int(batch_size) if batch_size is not None else None
-        self.eval_batch_size = (
-            int(eval_batch_size or batch_size) if (eval_batch_size or batch_size) else None
-        )
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers, self.prefetch_factor = persistent_workers, prefetch_factor
-        self.group_by_length, self.pad_to_multiple_of, self.seed = (
-            group_by_length,
-            pad_to_multiple_of,
-            seed,
-        )
-        self.cache_dir = Path(cache_dir)
+        self.group_by_length, self.pad_to_multiple_of = group_by_length, pad_to_multiple_of
+        self.seed, self.cache_dir = seed, Path(cache_dir)
         self.entry: Path | None = None
         self.splits: dict[str, Any] = {}
         self.label_names: list[str] = []
@@ -325,15 +326,26 @@ class TextClassificationDataModule(pl.LightningDataModule):
 
     def _loader(self, split: str) -> DataLoader:
         ds = self.splits[split]
-        train = split == "train"
+        return self._grouped_loader(split, ds, ds["length"])
+
+    def _need_batch_size(self) -> None:
         if self.batch_size is None:
             raise ValueError(
                 "this datamodule has no batch size yet: build it through the run plan "
                 "(with_batch_sizes), or set data.batch_size=<n>"
             )
+
+    def _collate(self) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
+        return PadCollator(int(self.tokenizer.pad_token_id), self.pad_to_multiple_of)
+
+    def _grouped_loader(self, split: str, ds: Any, lengths: Sequence[int]) -> DataLoader:
+        """``ds`` in batches of similar ``lengths`` (seeded; resumable for train), collated by
+        :meth:`_collate`."""
+        self._need_batch_size()
+        train = split == "train"
         sampler = LengthGroupedBatchSampler(
-            ds["length"],
-            self.batch_size if train else self.eval_batch_size,
+            lengths,
+            self.batch_size if train else (self.eval_batch_size or self.batch_size),
             seed=self.seed,
             shuffle=train,
             mega_batches=50 if self.group_by_length else 0,
@@ -341,7 +353,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         workers = int(self.num_workers or 0)
         kwargs: dict[str, Any] = {
             "batch_sampler": sampler,
-            "collate_fn": PadCollator(int(self.tokenizer.pad_token_id), self.pad_to_multiple_of),
+            "collate_fn": self._collate(),
             "num_workers": workers,
             "pin_memory": bool(self.pin_memory),
             # Each new iterator draws a base seed; from a private generator it leaves the global

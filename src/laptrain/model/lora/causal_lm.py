@@ -122,6 +122,20 @@ def base_name(
 PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
 
 
+def _fingerprint(
+    base: torch.nn.Module,
+    pretrained: Source | None,
+    backbone: dict[str, Any] | None,
+    revision: str | None,
+) -> dict[str, Any]:
+    """What a checkpoint records of its base, and a resume must find again."""
+    return {
+        "name": base_name(pretrained, backbone, revision),
+        "revision": revision,
+        "config_sha256": config_hash(base.config),
+    }
+
+
 def response_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     """(decoder, output head) of a causal LM (peft-wrapped or not) whose logits are the head applied
     to the decoder's last hidden state, so the head can run on chosen positions only; None for other
@@ -182,6 +196,28 @@ def load_base(
     return AutoModelForCausalLM.from_config(config).to(dtype)
 
 
+def _check_options(scheduler: str, warmup_ratio: float, quantization: str | None) -> None:
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"model.scheduler must be one of {', '.join(SCHEDULERS)}")
+    if not 0 <= warmup_ratio < 1:
+        raise ValueError(f"model.warmup_ratio must be in [0, 1) (got {warmup_ratio})")
+    check_quantization(quantization)
+
+
+def _with_tiny_base(
+    pretrained: Source | None, tiny_base: dict[str, Any] | None, tokenizer: Any
+) -> Source | None:
+    """``pretrained``, or when it is null and ``tiny_base`` is set the offline tiny Llama's folder
+    (built once from ``tokenizer``)."""
+    if pretrained or not tiny_base:
+        return pretrained
+    from laptrain.model.lora.tiny_llama import tiny_llama
+
+    if tokenizer is None:
+        raise ValueError("model.tiny_base needs the datamodule's tokenizer")
+    return str(tiny_llama(tokenizer, **tiny_base))
+
+
 class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
     """LoRA (or DoRA / rsLoRA) fine-tuning of a frozen causal LM on masked instruction batches.
 
@@ -230,28 +266,15 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         save_adapters: bool = True,
     ) -> None:
         super().__init__()
-        if scheduler not in SCHEDULERS:
-            raise ValueError(f"model.scheduler must be one of {', '.join(SCHEDULERS)}")
-        if not 0 <= warmup_ratio < 1:
-            raise ValueError(f"model.warmup_ratio must be in [0, 1) (got {warmup_ratio})")
-        check_quantization(quantization)
+        _check_options(scheduler, warmup_ratio, quantization)
         self.save_hyperparameters(ignore=["optimizer", "tokenizer"])
         self.tokenizer = tokenizer
         self.strict_loading = False  # checkpoints hold the adapters only
         dtype = resolve_base_dtype(base_dtype)
-        if not pretrained and tiny_base:
-            from laptrain.model.lora.tiny_llama import tiny_llama
-
-            if tokenizer is None:
-                raise ValueError("model.tiny_base needs the datamodule's tokenizer")
-            pretrained = str(tiny_llama(tokenizer, **tiny_base))
+        pretrained = _with_tiny_base(pretrained, tiny_base, tokenizer)
         base = load_base(pretrained, backbone, dtype, revision, quantization)
         self._check_vocabulary(base)
-        self.fingerprint = {
-            "name": base_name(pretrained, backbone, revision),
-            "revision": revision,
-            "config_sha256": config_hash(base.config),
-        }
+        self.fingerprint = _fingerprint(base, pretrained, backbone, revision)
         self.checkpointing_setting = parse_setting(gradient_checkpointing)
         on = self.checkpointing_setting is True  # auto: off until the preflight says otherwise
         self.model = self._wrap(base, dict(lora or {}), on, quantization)
@@ -268,6 +291,9 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self._window_tokens = 0
         self._window_ref: int | None = None
         self._adapter_step: int | None = None
+        self._report_sizes(dtype, quantization)
+
+    def _report_sizes(self, dtype: torch.dtype, quantization: str | None) -> None:
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in self.model.parameters())
         rank_zero_info(

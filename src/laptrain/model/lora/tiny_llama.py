@@ -145,8 +145,6 @@ def tiny_llama(
     on one free CPU thread (loss 10.5 -> about 5.9; measured): more threads than free cores make it
     several times slower.
     """
-    from transformers import LlamaForCausalLM
-
     modules = tuple(modules)
     arch = {
         "hidden_size": hidden_size,
@@ -165,14 +163,25 @@ def tiny_llama(
             "sources): set model.pretrained=<a causal LM folder or hub name>"
         )
     folder = Path(cache_dir) / "tiny_llama" / tiny_llama_key(tokenizer, spec, texts)
-    if (folder / "config.json").is_file():
-        return folder
+    if not (folder / "config.json").is_file():
+        _build(tokenizer, folder, arch, spec, texts)
+    return folder
+
+
+def _build(
+    tokenizer: Any, folder: Path, arch: dict[str, Any], spec: dict[str, Any], texts: list[str]
+) -> None:
+    """Pretrain the base ``spec`` describes and save it (with the tokenizer) as ``folder``."""
+    from transformers import LlamaForCausalLM
+
+    seq_len, seed = spec["seq_len"], spec["seed"]
     config = tiny_llama_config(tokenizer, **arch, max_position_embeddings=max(1024, seq_len))
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-        losses = pretrain(model, _blocks(tokenizer, texts, seq_len), steps, batch_size, lr, seed)
+        blocks = _blocks(tokenizer, texts, seq_len)
+        losses = pretrain(model, blocks, spec["steps"], spec["batch_size"], spec["lr"], seed)
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp))
@@ -188,7 +197,6 @@ def tiny_llama(
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.rename(folder)
-    return folder
 
 
 def masked_token_batches(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from functools import partial
 from typing import Any
 
@@ -103,6 +104,31 @@ def check_precision(device_type: str, precision: str) -> None:
         raise ValueError(reason)
 
 
+def _checked_preset(
+    sizes: Mapping[str, Mapping[str, Any]] | None, size: str, loss: str, exploration_prob: float
+) -> tuple[str, SizePreset]:
+    """The preset ``size`` names and its name, once the module's arguments are checked."""
+    if not sizes:
+        raise ValueError("model.sizes is empty; use model=trm_sudoku, which defines them")
+    if loss not in LOSSES:
+        raise ValueError(f"model.loss={loss!r}: choose one of {LOSSES}")
+    if not 0.0 <= exploration_prob <= 1.0:
+        raise ValueError(f"model.exploration_prob={exploration_prob} must be in [0, 1]")
+    presets = parse_presets(sizes)
+    name = resolve_size(size, presets)
+    micro = presets[name].micro_batch_size
+    if micro is not None and micro < 1:
+        raise ValueError(f"model.sizes.{name}.micro_batch_size must be >= 1 or null")
+    return name, presets[name]
+
+
+def _arch(vocab_size: int, seq_len: int, p: SizePreset) -> TRMArch:
+    """The network shape of preset ``p``: every field of it that :class:`TRMArch` has."""
+    given = {f.name for f in fields(p)}
+    shape = {f.name: getattr(p, f.name) for f in fields(TRMArch) if f.name in given}
+    return TRMArch(vocab_size=vocab_size, seq_len=seq_len, **shape)
+
+
 class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
     """Tiny Recursive Model trained on Sudoku with deep supervision, ACT halting and an EMA.
 
@@ -143,52 +169,18 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if not sizes:
-            raise ValueError("model.sizes is empty; use model=trm_sudoku, which defines them")
-        if loss not in LOSSES:
-            raise ValueError(f"model.loss={loss!r}: choose one of {LOSSES}")
-        if not 0.0 <= exploration_prob <= 1.0:
-            raise ValueError(f"model.exploration_prob={exploration_prob} must be in [0, 1]")
-        presets = parse_presets(sizes)
-        name = resolve_size(size, presets)
-        self.save_hyperparameters(
-            {
-                "vocab_size": vocab_size,
-                "seq_len": seq_len,
-                "size": size,
-                "chosen_size": name,
-                "sizes": {k: dict(v) for k, v in sizes.items()},
-                "memory_gb": memory_gb,
-                "time_budget_min": time_budget_min,
-                "auto_target_samples": auto_target_samples,
-                "loss": loss,
-                "halting": halting,
-                "halt_at_eval": halt_at_eval,
-                "exploration_prob": exploration_prob,
-                "betas": [float(b) for b in betas],
-                "compile": compile,
-                "grad_checkpoint": grad_checkpoint,
-                "seed": seed,
-            }
-        )
-        self.preset = presets[name]
+        name, self.preset = _checked_preset(sizes, size, loss, exploration_prob)
+        hparams = {
+            "vocab_size": vocab_size, "seq_len": seq_len, "size": size, "chosen_size": name,
+            "sizes": {k: dict(v) for k, v in sizes.items()}, "memory_gb": memory_gb,
+            "time_budget_min": time_budget_min, "auto_target_samples": auto_target_samples,
+            "loss": loss, "halting": halting, "halt_at_eval": halt_at_eval,
+            "exploration_prob": exploration_prob, "betas": [float(b) for b in betas],
+            "compile": compile, "grad_checkpoint": grad_checkpoint, "seed": seed,
+        }  # fmt: skip
+        self.save_hyperparameters(hparams)
         p = self.preset
-        if p.micro_batch_size is not None and p.micro_batch_size < 1:
-            raise ValueError(f"model.sizes.{name}.micro_batch_size must be >= 1 or null")
-        self.arch = TRMArch(
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            hidden_size=p.hidden_size,
-            num_heads=p.num_heads,
-            layers=p.layers,
-            expansion=p.expansion,
-            swiglu_multiple=p.swiglu_multiple,
-            mixer=p.mixer,
-            positions=p.positions,
-            prefix_len=p.prefix_len,
-            cycles=p.cycles,
-            latent_steps=p.latent_steps,
-        )
+        self.arch = _arch(vocab_size, seq_len, p)
         self.model = TinyRecursiveModel(self.arch, grad_checkpoint=grad_checkpoint)
         if compile:
             self.model.set_net_call(EagerFallback(torch.compile(self.model.net), self.model.net))
@@ -317,12 +309,7 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         optimizer.step()
         scheduler.step()
 
-        c.y, c.z = new_y, new_z
-        c.steps = c.steps + 1
-        halted = c.steps >= self.n_sup
-        if self.halting:
-            halted = halted | ((halt_logit > 0) & (c.steps >= c.min_steps))
-        c.halted = halted
+        self._advance(c, new_y, new_z, halt_logit)
         self.log("train/loss", total, prog_bar=True, on_step=True, on_epoch=False)
         # The other metrics cost a few ms per step: compute them only when the trainer writes logs.
         if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
@@ -330,6 +317,18 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         else:
             self._last_step_end = time.perf_counter()
         return total
+
+    def _advance(
+        self, c: Carry, y: torch.Tensor, z: torch.Tensor, halt_logit: torch.Tensor
+    ) -> None:
+        """The carry after a step: new states, one more step, halted at ``n_sup`` steps (or, with
+        ``halting``, where the halt head says so once the slot's minimum is reached)."""
+        c.y, c.z = y, z
+        c.steps = c.steps + 1
+        halted = c.steps >= self.n_sup
+        if self.halting:
+            halted = halted | ((halt_logit > 0) & (c.steps >= c.min_steps))
+        c.halted = halted
 
     def _log_train(
         self,
