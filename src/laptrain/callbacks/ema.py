@@ -6,7 +6,9 @@ on the same Trainer restores the *raw* weights, because its ``on_load_checkpoint
 ``current_model_state`` whenever an averaged model exists, so the test would not use the EMA; and it
 has no decay warm-up, which short runs need (docs/trm.md: a plain 0.99/0.999 EMA stayed useless
 for the first few hundred steps). It also deep-copies the whole LightningModule; this one keeps a
-copy of the trainable parameters only, in float32 (float64 for float64 weights).
+copy of the trainable parameters only, in float32 (float64 for float64 weights). The averaging
+step itself is torch's (``torch.optim.swa_utils.get_ema_multi_avg_fn``: one foreach lerp), at the
+warmed-up decay of each update; this callback adds where the copy lives and the test-time swap.
 
 When the copy is made matters. Lightning 2.6.6 calls ``Callback.setup`` and restores a checkpoint
 (``on_load_checkpoint``, ``load_state_dict``) *before* ``strategy.setup`` converts the module to the
@@ -24,6 +26,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import check_version
@@ -114,11 +117,11 @@ class EMA(Callback):
             return
         names = list(self.shadow)
         params = self._params()
-        weight = 1.0 - self.current_decay()
-        torch._foreach_lerp_(
+        average = get_ema_multi_avg_fn(self.current_decay())  # torch's EMA step (foreach lerp)
+        average(
             [self.shadow[n] for n in names],
             [params[n].detach().to(self.shadow[n].dtype) for n in names],
-            weight,
+            None,
         )
         self.updates += 1
         self.last_step = trainer.global_step

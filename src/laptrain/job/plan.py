@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.batch_request import AUTO, batch_follows_profile, is_auto
+from laptrain.config.scale_out import shards_model_state
 from laptrain.data.contracts import EvaluatesInOtherBatches, loader_settings
 from laptrain.model.contracts import ChunksBatches
 
@@ -144,13 +145,69 @@ def build_run_plan(
         ValueError: ``auto`` with the preflight disabled, or settings that contradict each other.
         PreflightError: the job does not fit (from the preflight).
     """
-    hw = cfg.hardware
-    options = cfg.get("preflight") or {}
-    trainer = cfg.trainer
+    hw, trainer = cfg.hardware, cfg.trainer
+    reasons: dict[str, str] = {}
+    asked = _asked(cfg, datamodule, reasons)
+    batch = _checked_batch(
+        cfg, model, datamodule, asked, precision, reasons, preflight, output_dir, cache_dir
+    )
+    loading = _loading(model, datamodule, hw, asked.follows, batch.loader_batch, reasons)
+    return RunPlan(
+        profile=str(hw.get("name")),
+        device=_device_kind(asked.accelerator),
+        accelerator=asked.accelerator,
+        devices=asked.devices,
+        precision=precision,
+        batch_from_profile=asked.follows,
+        reasons=reasons,
+        nodes=int(trainer.get("num_nodes") or 1),
+        **asdict(batch),
+        **asdict(loading),
+    )
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What the config asks before the preflight: device, devices, batch and accumulation."""
+
+    accelerator: str
+    devices: int
+    follows: bool  # the data's batch_size is from_profile
+    auto: bool  # and the profile's is auto
+    loader_batch: int
+    accumulation: int
+    auto_checkpointing: bool
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The plan's batch fields after the preflight: loader batch, accumulation, its record."""
+
+    loader_batch: int
+    accumulation: int
+    memory: dict[str, Any] | None = None
+    gradient_checkpointing: bool | None = None
+
+
+@dataclass(frozen=True)
+class _Loading:
+    """The plan's loading fields: micro batch, eval batch, workers and threads."""
+
+    micro_batch: int
+    eval_batch: int
+    workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    threads: int | None
+
+
+def _asked(cfg: DictConfig, datamodule: Any, reasons: dict[str, str]) -> _Asked:
+    """The accelerator, devices, accumulation and batch the config asks for (the trainer's
+    settings win over the hardware profile's; the data's batch unless it follows the profile)."""
+    hw, trainer = cfg.hardware, cfg.trainer
     follows = batch_follows_profile(cfg)
     profile_batch = hw.get("batch_size")
     auto = follows and is_auto(profile_batch)
-    reasons: dict[str, str] = {}
     accelerator = str(trainer.get("accelerator") or hw.get("accelerator") or "cpu")
     devices = trainer.get("devices") if isinstance(trainer.get("devices"), int) else None
     devices = int(devices or hw.get("devices") or 1)
@@ -161,71 +218,109 @@ def build_run_plan(
     else:
         loader_batch = int(datamodule.batch_size)
         reasons["batch"] = "data.batch_size"
-    memory = None
     auto_checkpointing = is_auto(cfg.model.get("gradient_checkpointing"))
-    checkpointing = False if auto_checkpointing else None
+    return _Asked(
+        accelerator, devices, follows, auto, loader_batch, accumulation, auto_checkpointing
+    )
+
+
+def _checked_batch(
+    cfg: DictConfig,
+    model: Any,
+    datamodule: Any,
+    asked: _Asked,
+    precision: str,
+    reasons: dict[str, str],
+    preflight: Any,
+    output_dir: Path | None,
+    cache_dir: Path | None,
+) -> _Batch:
+    """The batch the preflight picks (``auto``) or checks (fixed), or as asked when it is off."""
+    options = cfg.get("preflight") or {}
+    asked_batch = _Batch(
+        asked.loader_batch, asked.accumulation, None, False if asked.auto_checkpointing else None
+    )
     if not options.get("enabled", True):
-        if auto:
+        if asked.auto:
             raise ValueError(
                 "hardware.batch_size=auto needs preflight.enabled=true (or set hardware.batch_size=<n>)"
             )
-        if auto_checkpointing:
+        if asked.auto_checkpointing:
             reasons["checkpointing"] = (
                 "model.gradient_checkpointing=auto with the preflight off: set it to true to force it"
             )
-    else:
-        if preflight is None:
-            from laptrain.preflight.batch import preflight_for_run as preflight
-        profile = OmegaConf.to_container(hw, resolve=True)
-        assert isinstance(profile, dict)
-        profile["devices"] = devices
-        profile["precision"] = (
-            precision  # the Trainer's (trainer.precision wins over the profile's)
-        )
-        profile["accelerator"] = accelerator
-        from laptrain.config.scale_out import shards_model_state  # (scale_out imports config_check)
+        return asked_batch
+    if preflight is None:
+        from laptrain.preflight.batch import preflight_for_run as preflight
+    found = preflight(
+        model,
+        datamodule,
+        _preflight_profile(cfg, asked, precision),
+        accumulation=asked.accumulation,
+        effective_batch=options.get("effective_batch_size"),
+        max_batch=int(options.get("max_batch_size") or 256),
+        verify=bool(options.get("verify", False)),
+        output_dir=output_dir,
+        cache_dir=cache_dir,
+        **({"checkpointing": AUTO} if asked.auto_checkpointing else {}),
+    )
+    return _answered(found, asked, asked_batch, reasons)
 
-        if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
-            profile["shards"] = devices * int(trainer.get("num_nodes") or 1)
-        profile["batch_size"] = AUTO if auto else loader_batch
-        found = preflight(
-            model,
-            datamodule,
-            profile,
-            accumulation=accumulation,
-            effective_batch=options.get("effective_batch_size"),
-            max_batch=int(options.get("max_batch_size") or 256),
-            verify=bool(options.get("verify", False)),
-            output_dir=output_dir,
-            cache_dir=cache_dir,
-            **({"checkpointing": AUTO} if auto_checkpointing else {}),
-        )
-        if found is not None:
-            if auto_checkpointing:
-                checkpointing = found.checkpointing
-            if auto:
-                loader_batch = found.micro_batch
-                reasons["batch"] = "batch_size auto: the largest that fits the memory budget"
-            if found.accumulation != accumulation:
-                reasons["accumulation"] = (
-                    f"keeps preflight.effective_batch_size={found.effective_target}"
-                )
-            accumulation = found.accumulation
-            memory = {
-                "estimate_gb": found.estimate.total / 1024**3,
-                "budget_gb": found.budget.bytes / 1024**3,
-                "budget_source": found.budget.source,
-                "lines": found.summary_lines(batch=False),
-            }
-        elif auto:
+
+def _preflight_profile(cfg: DictConfig, asked: _Asked, precision: str) -> dict[Any, Any]:
+    """The hardware profile the preflight checks, with the trainer's devices and precision."""
+    profile = OmegaConf.to_container(cfg.hardware, resolve=True)
+    assert isinstance(profile, dict)
+    profile["devices"] = asked.devices
+    profile["precision"] = precision  # the Trainer's (trainer.precision wins over the profile's)
+    profile["accelerator"] = asked.accelerator
+    trainer = cfg.trainer
+    if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
+        profile["shards"] = asked.devices * int(trainer.get("num_nodes") or 1)
+    profile["batch_size"] = AUTO if asked.auto else asked.loader_batch
+    return profile
+
+
+def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str, str]) -> _Batch:
+    """How the preflight's answer (None: nothing measured) changes the batch and accumulation."""
+    if found is None:
+        if asked.auto:
             raise ValueError(
                 "hardware.batch_size=auto needs a model the preflight can measure: set "
                 "hardware.batch_size=<n>"
             )
-        else:
-            reasons["memory"] = "not estimated: the preflight measures transformers models only"
-            if auto_checkpointing:
-                reasons["checkpointing"] = "model.gradient_checkpointing=auto, nothing measured"
+        reasons["memory"] = "not estimated: the preflight measures transformers models only"
+        if asked.auto_checkpointing:
+            reasons["checkpointing"] = "model.gradient_checkpointing=auto, nothing measured"
+        return asked_batch
+    if asked.auto:
+        reasons["batch"] = "batch_size auto: the largest that fits the memory budget"
+    if found.accumulation != asked.accumulation:
+        reasons["accumulation"] = f"keeps preflight.effective_batch_size={found.effective_target}"
+    return _Batch(
+        loader_batch=found.micro_batch if asked.auto else asked.loader_batch,
+        accumulation=found.accumulation,
+        memory={
+            "estimate_gb": found.estimate.total / 1024**3,
+            "budget_gb": found.budget.bytes / 1024**3,
+            "budget_source": found.budget.source,
+            "lines": found.summary_lines(batch=False),
+        },
+        gradient_checkpointing=(
+            found.checkpointing if asked.auto_checkpointing else asked_batch.gradient_checkpointing
+        ),
+    )
+
+
+def _loading(
+    model: Any,
+    datamodule: Any,
+    hw: DictConfig,
+    follows: bool,
+    loader_batch: int,
+    reasons: dict[str, str],
+) -> _Loading:
+    """The micro batch (a model's own chunks), the eval batch, loader workers and torch threads."""
     chunk = model.micro_batch_size if isinstance(model, ChunksBatches) else None
     micro_batch = min(int(chunk), loader_batch) if chunk else loader_batch
     if chunk:
@@ -240,24 +335,12 @@ def build_run_plan(
     if threads:
         reasons["threads"] = "hardware.torch_threads"
     loader = loader_settings(datamodule, hw)
-    workers, persistent = loader.num_workers, loader.persistent_workers
-    return RunPlan(
-        profile=str(hw.get("name")),
-        device=_device_kind(accelerator),
-        accelerator=accelerator,
-        devices=devices,
-        precision=precision,
-        loader_batch=loader_batch,
+    workers = loader.num_workers
+    return _Loading(
         micro_batch=micro_batch,
         eval_batch=eval_batch,
-        accumulation=accumulation,
         workers=workers,
         pin_memory=loader.pin_memory,
-        persistent_workers=persistent and workers > 0,
+        persistent_workers=loader.persistent_workers and workers > 0,
         threads=int(threads) if threads else None,
-        batch_from_profile=follows,
-        memory=memory,
-        reasons=reasons,
-        nodes=int(trainer.get("num_nodes") or 1),
-        gradient_checkpointing=checkpointing,
     )

@@ -24,7 +24,7 @@ import math
 import resource
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,10 @@ def choose_micro_batch(largest_fit: int, effective: int | None, multiple: int) -
     return micro, effective // micro
 
 
-def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, Any]) -> list[str]:
-    """Changes that would make micro batch 1 fit, largest saving first."""
+def _fix_options(
+    memory: ModelMemory, est: Estimate, args: dict[str, Any]
+) -> list[tuple[float, str]]:
+    """Each change that could make micro batch 1 fit, with the bytes it would save."""
     seq_len, kind = est.seq_len, args["kind"]
     options: list[tuple[float, str]] = []
     for fraction in (2, 4):
@@ -163,6 +165,12 @@ def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, A
             "a smaller model (model=..., half the parameters halves weights/grads/optimizer)",
         )
     )
+    return options
+
+
+def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, Any]) -> list[str]:
+    """Changes that would make micro batch 1 fit, largest saving first."""
+    options = _fix_options(memory, est, args)
     options.sort(key=lambda item: -item[0])
     need = est.total - budget.bytes
     fixes = [
@@ -266,20 +274,107 @@ def plan_batch(
         PreflightError: the job does not fit even at micro batch 1 (or the fixed batch does not fit).
         ProfileError: the profile's precision cannot run on this device.
     """
+    asked = _Request.read(profile, probe, effective_batch, accumulation, max_batch, previous)
+    job = _measure(
+        model, seq_len, probe, asked, checkpointing, optimizer_states, workers, make_batch, loss_fn
+    )
+    plan = _choose(job, asked)
+    if verify:
+        _verify(plan, model, probe, job, asked)
+    return plan
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the profile and the caller ask of the plan: precision, devices, budget and batch."""
+
+    precision: str
+    devices: int
+    requested: int | str
+    multiple: int
+    memory_fraction: float
+    memory_budget_gb: Any
+    shards: int
+    effective_batch: int | None
+    accumulation: int
+    max_batch: int
+    previous: tuple[int, int] | None
+
+    @property
+    def auto(self) -> bool:
+        return is_auto(self.requested)
+
+    @classmethod
+    def read(
+        cls,
+        profile: Mapping[str, Any],
+        probe: DeviceProbe,
+        effective_batch: int | None,
+        accumulation: int,
+        max_batch: int,
+        previous: tuple[int, int] | None,
+    ) -> _Request:
+        """The profile's settings, the precision checked against the device first."""
+        return cls(
+            precision=validate_precision(
+                profile.get("precision", "32-true"), probe.kind, probe.bf16_supported()
+            ),
+            devices=int(profile.get("devices", 1) or 1),
+            requested=profile.get("batch_size", "auto"),
+            multiple=int(profile.get("batch_multiple", 1) or 1),
+            memory_fraction=float(profile.get("memory_fraction", 0.8)),
+            memory_budget_gb=profile.get("memory_budget_gb"),
+            shards=int(profile.get("shards", 1) or 1),
+            effective_batch=effective_batch,
+            accumulation=accumulation,
+            max_batch=max_batch,
+            previous=previous,
+        )
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The job measured on this device: the estimate of any micro batch and the budget to fit."""
+
+    memory: ModelMemory
+    seq_len: int
+    kind: str
+    baseline: float
+    optimizer_states: int
+    shards: int
+    checkpointing: bool
+    budget: Budget
+    make_batch: MakeBatch
+    loss_fn: LossFn
+    notes: tuple[str, ...] = ()
+    fix_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def estimate(self, batch: int, checkpointed: bool | None = None) -> Estimate:
+        """The peak of micro batch ``batch``, checkpointing as decided unless ``checkpointed``."""
+        ckpt = self.checkpointing if checkpointed is None else checkpointed
+        return self.memory.estimate(
+            batch, self.seq_len, self.kind, self.baseline, self.optimizer_states, ckpt, self.shards
+        )
+
+
+def _measure(
+    model: nn.Module,
+    seq_len: int,
+    probe: DeviceProbe,
+    request: _Request,
+    checkpointing: bool | str | None,
+    optimizer_states: int,
+    workers: WorkerCost | None,
+    make_batch: MakeBatch | None,
+    loss_fn: LossFn | None,
+) -> _Job:
+    """The budget, the model's memory measured on this device, and whether checkpointing is on."""
     kind = probe.kind
-    precision = validate_precision(
-        profile.get("precision", "32-true"), kind, probe.bf16_supported()
-    )
-    devices = int(profile.get("devices", 1) or 1)
-    requested = profile.get("batch_size", "auto")
-    multiple = int(profile.get("batch_multiple", 1) or 1)
-    budget = device_budget(
-        probe, float(profile.get("memory_fraction", 0.8)), profile.get("memory_budget_gb"), workers
-    )
+    budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)
     make_batch = make_batch or hf_batch_maker(model)
     loss_fn = loss_fn or hf_loss
     reading = probe.memory()  # before the measuring passes, whose blocks the allocator may keep
-    memory = model_memory(model, seq_len, precision, make_batch, loss_fn)
+    memory = model_memory(model, seq_len, request.precision, make_batch, loss_fn)
     auto_checkpointing = checkpointing == "auto"
     if auto_checkpointing:
         on = False
@@ -288,89 +383,133 @@ def plan_batch(
     baseline = (
         max(0.0, float(reading.rss) - memory.materialized_cpu_bytes) if kind == "cpu" else 0.0
     )
-    args = {
-        "kind": kind,
-        "baseline": baseline,
-        "optimizer_states": optimizer_states,
-        "checkpointing": on,
-        "precision": precision,
+    shards = request.shards
+    job = _Job(
+        memory, seq_len, kind, baseline, optimizer_states, shards, on, budget, make_batch, loss_fn
+    )
+    if auto_checkpointing and memory.activations.blocks:
+        job = _settle_checkpointing(job, request.requested)
+    return replace(job, fix_args=_fix_args(model, probe, job, request, workers))
+
+
+def _fix_args(
+    model: nn.Module, probe: DeviceProbe, job: _Job, request: _Request, workers: WorkerCost | None
+) -> dict[str, Any]:
+    """What the fixes of a refusal need to know besides the estimate."""
+    return {
+        "kind": job.kind,
+        "baseline": job.baseline,
+        "optimizer_states": job.optimizer_states,
+        "checkpointing": job.checkpointing,
+        "precision": request.precision,
         "bf16": probe.bf16_supported(),
         "checkpointing_option": "gradient_checkpointing" in (getattr(model, "hparams", None) or {}),
-        "workers": workers if kind != "cuda" else None,
+        "workers": workers if job.kind != "cuda" else None,
     }
 
-    shards = int(profile.get("shards", 1) or 1)
 
-    def estimate(batch: int, checkpointed: bool | None = None) -> Estimate:
-        ckpt = on if checkpointed is None else checkpointed
-        return memory.estimate(batch, seq_len, kind, baseline, optimizer_states, ckpt, shards)
+def _settle_checkpointing(job: _Job, requested: int | str) -> _Job:
+    """``checkpointing: auto``: on only when the asked batch does not fit without it (with a note)."""
+    needed = job.estimate(1 if is_auto(requested) else int(requested), False)
+    budget = job.budget
+    on = needed.total > budget.bytes
+    note = (
+        f"gradient checkpointing on (model.gradient_checkpointing=auto: without it micro batch "
+        f"{needed.micro_batch} needs {needed.total / GB:.2f} GB > budget {budget.bytes / GB:.2f} GB)"
+        if on
+        else "gradient checkpointing off (model.gradient_checkpointing=auto: the job fits "
+        "without it)"
+    )
+    return replace(job, checkpointing=on, notes=(*job.notes, note))
 
-    notes: list[str] = []
-    if auto_checkpointing and memory.activations.blocks:
-        needed = estimate(1 if is_auto(requested) else int(requested), False)
-        on = needed.total > budget.bytes
-        args["checkpointing"] = on
-        notes.append(
-            f"gradient checkpointing on (model.gradient_checkpointing=auto: without it micro batch "
-            f"{needed.micro_batch} needs {needed.total / GB:.2f} GB > budget {budget.bytes / GB:.2f} GB)"
-            if on
-            else "gradient checkpointing off (model.gradient_checkpointing=auto: the job fits "
-            "without it)"
-        )
-    one = estimate(1)
+
+def _largest_fit(job: _Job, max_batch: int) -> int:
+    """The largest micro batch the budget holds; refuses the job when not even 1 fits."""
+    one = job.estimate(1)
+    budget = job.budget
     if one.total > budget.bytes:
-        fixes = "; ".join(_fixes(memory, one, budget, args))
+        fixes = "; ".join(_fixes(job.memory, one, budget, dict(job.fix_args)))
         raise PreflightError(
             f"this job does not fit even at micro batch 1: estimate {one.total / GB:.2f} GB > budget "
             f"{budget.bytes / GB:.2f} GB ({budget.source}). Fixes, largest first: {fixes}"
         )
-    per_sample = estimate(2).total - one.total
-    largest_fit = 1 + int((budget.bytes - one.total) // per_sample) if per_sample > 0 else max_batch
-    if is_auto(requested) and previous and previous[0] <= largest_fit:
+    per_sample = job.estimate(2).total - one.total
+    return 1 + int((budget.bytes - one.total) // per_sample) if per_sample > 0 else max_batch
+
+
+def _auto_batch(request: _Request, largest_fit: int, notes: list[str]) -> tuple[int, int]:
+    """``batch_size: auto``: the earlier session's batch while it fits, else the largest that fits
+    (dividing the effective batch when there is one)."""
+    previous = request.previous
+    if previous and previous[0] <= largest_fit:
         micro, accum = previous
         notes.append(
             f"kept micro batch {micro} x accumulation {accum} of this run's earlier session"
         )
-    elif is_auto(requested):
-        micro, accum = choose_micro_batch(min(largest_fit, max_batch), effective_batch, multiple)
-        if effective_batch is None:
-            accum = accumulation  # no target: keep trainer.accumulate_grad_batches as configured
-    else:
-        micro = int(requested)
-        if micro > largest_fit:
-            raise PreflightError(
-                f"hardware.batch_size={micro} does not fit: estimate {estimate(micro).total / GB:.2f} GB > "
-                f"budget {budget.bytes / GB:.2f} GB ({budget.source}); the largest that fits is "
-                f"{largest_fit}: set hardware.batch_size=auto (or <= {largest_fit})"
+        return micro, accum
+    micro, accum = choose_micro_batch(
+        min(largest_fit, request.max_batch), request.effective_batch, request.multiple
+    )
+    if request.effective_batch is None:
+        # no target: keep trainer.accumulate_grad_batches as configured
+        accum = request.accumulation
+    return micro, accum
+
+
+def _fixed_batch(
+    job: _Job, request: _Request, largest_fit: int, notes: list[str]
+) -> tuple[int, int]:
+    """A fixed batch: refused when it does not fit; accumulation keeps the effective batch."""
+    micro = int(request.requested)
+    budget = job.budget
+    if micro > largest_fit:
+        raise PreflightError(
+            f"hardware.batch_size={micro} does not fit: estimate {job.estimate(micro).total / GB:.2f} GB > "
+            f"budget {budget.bytes / GB:.2f} GB ({budget.source}); the largest that fits is "
+            f"{largest_fit}: set hardware.batch_size=auto (or <= {largest_fit})"
+        )
+    accum = request.accumulation
+    effective_batch, devices = request.effective_batch, request.devices
+    if effective_batch:
+        accum = max(1, math.ceil(effective_batch / (micro * devices)))
+        if micro * accum * devices != effective_batch:
+            notes.append(
+                f"effective batch {micro * accum * devices} instead of {effective_batch} "
+                f"(micro batch {micro} does not divide it; batch_size=auto would)"
             )
-        accum = accumulation
-        if effective_batch:
-            accum = max(1, math.ceil(effective_batch / (micro * devices)))
-            if micro * accum * devices != effective_batch:
-                notes.append(
-                    f"effective batch {micro * accum * devices} instead of {effective_batch} "
-                    f"(micro batch {micro} does not divide it; batch_size=auto would)"
-                )
-    plan = Plan(
+    return micro, accum
+
+
+def _choose(job: _Job, request: _Request) -> Plan:
+    """The plan at the micro batch chosen (auto) or checked (fixed) against the budget."""
+    largest_fit = _largest_fit(job, request.max_batch)
+    notes = list(job.notes)
+    if request.auto:
+        micro, accum = _auto_batch(request, largest_fit, notes)
+    else:
+        micro, accum = _fixed_batch(job, request, largest_fit, notes)
+    return Plan(
         micro_batch=micro,
         accumulation=accum,
-        devices=devices,
-        seq_len=seq_len,
-        precision=precision,
-        device=kind,
-        budget=budget,
-        estimate=estimate(micro),
-        requested_batch=requested if is_auto(requested) else int(requested),
-        effective_target=effective_batch,
-        checkpointing=on,
+        estimate=job.estimate(micro),
+        devices=request.devices,
+        seq_len=job.seq_len,
+        precision=request.precision,
+        device=job.kind,
+        budget=job.budget,
+        requested_batch=request.requested if request.auto else int(request.requested),
+        effective_target=request.effective_batch,
+        checkpointing=job.checkpointing,
         notes=notes,
     )
-    if verify:
-        plan.measured_peak = measure_peak(
-            model, micro, seq_len, probe, precision, make_batch, loss_fn
-        )
-        _correct(plan, estimate, budget, is_auto(requested), max_batch, multiple)
-    return plan
+
+
+def _verify(plan: Plan, model: nn.Module, probe: DeviceProbe, job: _Job, request: _Request) -> None:
+    """Two real steps at the planned batch: their peak goes into the plan, which it corrects."""
+    plan.measured_peak = measure_peak(
+        model, plan.micro_batch, job.seq_len, probe, request.precision, job.make_batch, job.loss_fn
+    )
+    _correct(plan, job.estimate, job.budget, request.auto, request.max_batch, request.multiple)
 
 
 def _correct(
@@ -459,27 +598,12 @@ def preflight_for_run(
     auto = is_auto(hardware.get("batch_size"))
     probe = TorchProbe(str(hardware.get("accelerator", "cpu")))
     seq_len, length_note = training_length(datamodule)
-    if find_hf_model(model) is None or not seq_len:
-        if auto:
-            raise PreflightError(
-                "hardware.batch_size=auto needs a transformers model and the datamodule's "
-                "max_length, which this job lacks: set hardware.batch_size=<n>"
-            )
+    if not _measurable(model, seq_len, auto):
         return None
     record = output_dir / "preflight.json" if output_dir is not None else None
-    if record is not None and record.is_file() and extra_rank():
-        # Ranks that Lightning's subprocess launcher (or torchrun, srun) starts run this before the
-        # trainer pins their GPU, so they would all measure device 0 beside rank 0's model: they
-        # take rank 0's plan, written just before it launched them.
-        shared = Plan.from_json(record.read_text())
-        shared.notes.append("the plan of rank 0 (preflight.json), not measured on this rank")
+    shared = _rank_0_plan(record)
+    if shared is not None:
         return shared
-    previous = None
-    if auto and record is not None and record.is_file():
-        earlier = json.loads(record.read_text())
-        previous = (int(earlier["micro_batch"]), int(earlier["accumulation"]))
-    loader = loader_settings(datamodule, hardware)
-    workers = worker_cost(loader.num_workers, loader.persistent_workers, cache_dir=cache_dir)
     plan = plan_batch(
         model,
         int(seq_len),
@@ -489,13 +613,58 @@ def preflight_for_run(
         accumulation=accumulation,
         max_batch=max_batch,
         verify=verify,
-        previous=previous,
-        workers=workers,
+        previous=_previous_batch(record) if auto else None,
+        workers=_loader_workers(datamodule, hardware, cache_dir),
         checkpointing=checkpointing,
     )
+    _record(plan, record, length_note)
+    return plan
+
+
+def _measurable(model: nn.Module, seq_len: int | None, auto: bool) -> bool:
+    """Whether the preflight can measure the job; ``auto`` is refused when it cannot."""
+    if find_hf_model(model) is not None and seq_len:
+        return True
+    if auto:
+        raise PreflightError(
+            "hardware.batch_size=auto needs a transformers model and the datamodule's "
+            "max_length, which this job lacks: set hardware.batch_size=<n>"
+        )
+    return False
+
+
+def _rank_0_plan(record: Path | None) -> Plan | None:
+    """On a rank other than 0, the plan rank 0 recorded; else None (this rank measures)."""
+    if record is None or not record.is_file() or not extra_rank():
+        return None
+    # Ranks that Lightning's subprocess launcher (or torchrun, srun) starts run this before the
+    # trainer pins their GPU, so they would all measure device 0 beside rank 0's model: they
+    # take rank 0's plan, written just before it launched them.
+    shared = Plan.from_json(record.read_text())
+    shared.notes.append("the plan of rank 0 (preflight.json), not measured on this rank")
+    return shared
+
+
+def _previous_batch(record: Path | None) -> tuple[int, int] | None:
+    """(micro batch, accumulation) an earlier session of this run recorded, if any."""
+    if record is None or not record.is_file():
+        return None
+    earlier = json.loads(record.read_text())
+    return int(earlier["micro_batch"]), int(earlier["accumulation"])
+
+
+def _loader_workers(
+    datamodule: Any, hardware: Mapping[str, Any], cache_dir: Path | None
+) -> WorkerCost | None:
+    """The host memory the job's DataLoader workers will hold (None without workers)."""
+    loader = loader_settings(datamodule, hardware)
+    return worker_cost(loader.num_workers, loader.persistent_workers, cache_dir=cache_dir)
+
+
+def _record(plan: Plan, record: Path | None, length_note: str | None) -> None:
+    """Put the sequence-length note first and write the plan to ``preflight.json``."""
     if length_note:
         plan.notes.insert(0, length_note)
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(plan.to_json())
-    return plan

@@ -297,15 +297,56 @@ def _composed(overrides: list[str]) -> Any:
     return compose_argv(argv, str(conf_dir()))
 
 
-def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
-    """The lines ``laptrain preflight`` prints, and whether the job fits. Raises
-    ``PreflightInputError``/``ConfigError``/``OSError`` with one line."""
-    import psutil
+@dataclass(frozen=True)
+class _LoRAJob:
+    """The job the report sizes: the base and its adapters, the batch, the base dtype, the budget."""
+
+    config: Any
+    lora: Mapping[str, Any]
+    counts: LoRACounts
+    budget: BudgetChoice
+    seq_len: int
+    micro: int
+    setting: Any  # model.gradient_checkpointing as configured (true, false or auto)
+    dtype: str
+    why: str  # why base_dtype=auto chose ``dtype``; empty when it was set
+    kind: str
+    baseline: float
+    acts: ActivationProfile
+    vocab: int
+
+    def estimates(self, checkpointed: bool) -> dict[str, Estimate]:
+        """The step's peak with an fp32 and with a bf16 base."""
+        return {
+            name: lora_estimate(
+                self.counts,
+                self.acts,
+                self.seq_len,
+                width,
+                self.kind,
+                self.micro,
+                checkpointed,
+                self.baseline,
+                self.vocab,
+            )
+            for name, width in (("float32", 4), ("bfloat16", 2))
+        }
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """The estimates, the one of the chosen base dtype, and whether checkpointing is on (why)."""
+
+    estimates: dict[str, Estimate]
+    chosen: Estimate
+    checkpointing: bool
+    auto_note: str
+
+
+def _lora_config(cfg: Any) -> tuple[Any, Any]:
+    """The model config and its base's transformers config; refuses a model this cannot size."""
     from omegaconf import OmegaConf
 
-    from laptrain.model.lora.base_dtype import choose_base_dtype
-
-    cfg = _composed(overrides)
     model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
     family = family_of(model_cfg)
     if family is None or not family.sized_from_config:
@@ -322,6 +363,16 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
             "this model builds a tiny base from model.tiny_base (a few MB): nothing to estimate "
             "before a download; train.py's preflight measures it"
         )
+    return model_cfg, config
+
+
+def _size_job(cfg: Any, model_cfg: Any, config: Any) -> _LoRAJob:
+    """The budget, the parameter counts, the batch, the base dtype and the measured activations."""
+    import psutil
+    from omegaconf import OmegaConf
+
+    from laptrain.model.lora.base_dtype import choose_base_dtype
+
     hw = OmegaConf.to_container(cfg.hardware, resolve=True)
     budget = choose_budget(hw)
     lora = model_cfg.get("lora") or {}
@@ -331,7 +382,6 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
     batch = hw.get("batch_size")
     micro = int(batch) if isinstance(batch, int) else 1
     setting = model_cfg.get("gradient_checkpointing", False)
-    checkpointing = False if is_auto(setting) else bool(setting)
     dtype = str(model_cfg.get("base_dtype", "float32"))
     why = ""
     if dtype == "auto":
@@ -339,66 +389,104 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
     kind = str(hw.get("accelerator", "cpu"))
     baseline = float(psutil.Process().memory_info().rss) if kind == "cpu" else 0.0
     acts = measure_lora_activations(config, lora)
-    vocab = int(config.vocab_size)
+    return _LoRAJob(
+        config,
+        lora,
+        counts,
+        budget,
+        seq_len,
+        micro,
+        setting,
+        dtype,
+        why,
+        kind,
+        baseline,
+        acts,
+        int(config.vocab_size),
+    )
 
-    def estimates(checkpointed: bool) -> dict[str, Estimate]:
-        return {
-            name: lora_estimate(
-                counts, acts, seq_len, width, kind, micro, checkpointed, baseline, vocab
-            )
-            for name, width in (("float32", 4), ("bfloat16", 2))
-        }
 
-    est = estimates(checkpointing)
-    chosen = est[dtype if dtype in est else "float32"]
+def _chosen_estimate(job: _LoRAJob) -> _Choice:
+    """The estimate of the chosen base dtype; ``gradient_checkpointing: auto`` turns checkpointing
+    on only when the job does not fit without it."""
+    checkpointing = False if is_auto(job.setting) else bool(job.setting)
+    est = job.estimates(checkpointing)
+    chosen = est[job.dtype if job.dtype in est else "float32"]
     auto_note = ""
-    if is_auto(setting):
+    if is_auto(job.setting):
         auto_note = " (model.gradient_checkpointing=auto: the job fits without it)"
-        if chosen.total > budget.bytes:
+        if chosen.total > job.budget.bytes:
             auto_note = (
                 f" (model.gradient_checkpointing=auto: without it {chosen.total / GiB:.2f} GiB > "
-                f"budget {budget.bytes / GiB:.2f} GiB)"
+                f"budget {job.budget.bytes / GiB:.2f} GiB)"
             )
             checkpointing = True
-            est = estimates(True)
-            chosen = est[dtype if dtype in est else "float32"]
-    fits = chosen.total <= budget.bytes
+            est = job.estimates(True)
+            chosen = est[job.dtype if job.dtype in est else "float32"]
+    return _Choice(est, chosen, checkpointing, auto_note)
+
+
+def _job_lines(cfg: Any, model_cfg: Any, job: _LoRAJob, choice: _Choice) -> list[str]:
+    """The report's lines on the model, its parameters, the base dtype and the job."""
     from laptrain.pretrained.loading import describe_source
 
+    config, counts, lora = job.config, job.counts, job.lora
+    micro, seq_len, vocab = job.micro, job.seq_len, job.vocab
     source = model_cfg.get("pretrained")
     pretrained = describe_source(source) if source else "backbone"
-    lines = [
+    return [
         f"model: {pretrained} ({type(config).__name__}, {config.num_hidden_layers} layers x "
         f"{config.hidden_size}, vocab {vocab}); counted on the meta device, no weights loaded",
         f"parameters: {counts.base / 1e9:.2f} B base + {counts.trainable / 1e6:.1f} M trainable "
         f"(LoRA r {lora.get('r', 8)}, targets {_targets(lora)})",
         f"base weights: fp32 {_gib(counts.base * 4)} / bf16 {_gib(counts.base * 2)}",
-        f"base dtype: {dtype}" + (f" ({why})" if why else " (model.base_dtype)"),
+        f"base dtype: {job.dtype}" + (f" ({job.why})" if job.why else " (model.base_dtype)"),
         f"job: micro batch {micro} x {seq_len} tokens (data={cfg.hydra.runtime.choices.get('data')}"
-        f" max_length), gradient checkpointing {'on' if checkpointing else 'off'}{auto_note}, {kind} "
+        f" max_length), gradient checkpointing {'on' if choice.checkpointing else 'off'}"
+        f"{choice.auto_note}, {job.kind} "
         f"calibration; logits B·S·V = {micro}·{seq_len}·{vocab}: "
         f"{logits_bytes(micro, seq_len, vocab) / GiB:.2f} GiB fp32",
     ]
-    for name, e in est.items():
-        adapters = e.grads + e.optimizer + counts.trainable * 4
+
+
+def _estimate_lines(job: _LoRAJob, choice: _Choice) -> list[str]:
+    """One line per base dtype: the estimate and its parts, the chosen one marked."""
+    lines = []
+    base = job.counts.base
+    for name, e in choice.estimates.items():
+        adapters = e.grads + e.optimizer + job.counts.trainable * 4
         lines.append(
             f"estimate ({'fp32' if name == 'float32' else 'bf16'} base): {e.total / GiB:.2f} GiB = "
-            f"base {counts.base * (4 if name == 'float32' else 2) / GiB:.2f} + "
+            f"base {base * (4 if name == 'float32' else 2) / GiB:.2f} + "
             f"adapters/grads/AdamW {adapters / GiB:.2f} + activations {e.activations / GiB:.2f} + "
             f"backward transient {e.transient / GiB:.2f} + overhead {e.overhead / GiB:.2f}"
-            + ("  <- chosen" if e is chosen else "")
+            + ("  <- chosen" if e is choice.chosen else "")
         )
+    return lines
+
+
+def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
+    """The lines ``laptrain preflight`` prints, and whether the job fits. Raises
+    ``PreflightInputError``/``ConfigError``/``OSError`` with one line."""
+    cfg = _composed(overrides)
+    model_cfg, config = _lora_config(cfg)
+    job = _size_job(cfg, model_cfg, config)
+    choice = _chosen_estimate(job)
+    budget, chosen = job.budget, choice.chosen
+    fits = chosen.total <= budget.bytes
+    lines = _job_lines(cfg, model_cfg, job, choice) + _estimate_lines(job, choice)
     lines.append(f"budget: {budget.bytes / GiB:.2f} GiB from {budget.source}")
     verdict = "fits" if fits else "does not fit"
     lines.append(
         f"{verdict}: {chosen.total / GiB:.2f} GiB of {budget.bytes / GiB:.2f} GiB "
-        f"({dtype} base). Units: GiB = 2^30 bytes (GB = 10^9 in brackets). All figures are "
+        f"({job.dtype} base). Units: GiB = 2^30 bytes (GB = 10^9 in brackets). All figures are "
         f"estimates (activations measured on a {MEASURED_LAYERS}-layer full-width copy on CPU, "
         "extrapolated)"
     )
     if not fits:
         lines.append("to fit, try:")
-        lines.extend(f"  - {f}" for f in fix_list(model_cfg, seq_len, dtype, checkpointing))
+        fixes = fix_list(model_cfg, job.seq_len, job.dtype, choice.checkpointing)
+        lines.extend(f"  - {f}" for f in fixes)
     return lines, fits
 
 
