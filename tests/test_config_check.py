@@ -49,6 +49,10 @@ def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_closest_argument(tmp_pa
             "model.gradient_checkpointing=maybe",
             "model.gradient_checkpointing='maybe' must be bool or 'auto'",
         ),
+        ("run_name=../../x", "run_name='../../x' must name one folder under outputs/"),
+        ("run_name=a/b", "run_name='a/b' must name one folder under outputs/"),
+        ("run_name=", "run_name='' must name one folder under outputs/"),
+        ("run_name=..", "set run_name=<name>"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_key_and_the_fix(override, expected):
@@ -91,6 +95,7 @@ def test_values_the_run_passes_itself_replace_the_config_placeholder():
         (["model.optimizer.lr=abc"], "model.optimizer.lr"),
         (["hardware=m9"], "hardware=m9"),
         (["data.files.nope=1"], "+data.files.nope=1"),
+        (["run_name=../escaped"], "run_name='../escaped'"),
     ],
 )
 def test_train_py_refuses_bad_input_in_one_line_before_any_work_and_writes_no_run_folder(
@@ -102,3 +107,4 @@ def test_train_py_refuses_bad_input_in_one_line_before_any_work_and_writes_no_ru
     assert len(errors) == 1 and names in errors[0]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
+    assert not (tmp_path / "escaped").exists()  # run_name=../escaped: nothing beside outputs/

@@ -178,6 +178,21 @@ def check_trainer_values(trainer: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def check_run_name(value: object) -> list[str]:
+    """``run_name`` is one folder under ``outputs/``: a path (``../../x`` would write outside it,
+    ``a/b`` would be a run ``laptrain runs`` never lists) or an empty name (``outputs/`` itself as
+    the run folder) is refused before Hydra makes any folder."""
+    if value is None:
+        return []
+    name = str(value)
+    if name.strip() in ("", ".", "..") or "/" in name or "\\" in name:
+        return [
+            f"run_name={name!r} must name one folder under outputs/ (not empty, no '/' or '\\', "
+            "not '.' or '..'): set run_name=<name>, e.g. run_name=my_run"
+        ]
+    return []
+
+
 def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` listing every problem of the composed config, or return.
 
@@ -195,7 +210,7 @@ def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -
             parent = parent.get(head) if isinstance(parent, dict) else None
         if isinstance(parent, dict) and last in parent:
             parent[last] = value
-    problems = check_targets(plain)
+    problems = check_targets(plain) + check_run_name(plain.get("run_name"))
     if isinstance(plain.get("trainer"), Mapping):
         problems += check_trainer_values(plain["trainer"])
     if problems:
