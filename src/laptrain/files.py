@@ -3,6 +3,8 @@
 - :func:`file_digest`: a file's sha256, streamed (data-file stamps, model-cache manifests).
 - :func:`fsync_dir`: make a rename in a folder durable (checkpoints, adapter folders, caches).
 - :func:`pid_alive`: whether a process id is alive on this host (run-folder lock, stale caches).
+- :func:`write_text_atomic`: a run folder's records (``preflight.json``, ``run_info.json``,
+  ``metrics.json``, the report) replaced whole, never left half-written by a kill.
 """
 
 from __future__ import annotations
@@ -44,3 +46,16 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a reader (or a kill) sees the old file or the new one, never
+    half of one: a temporary file in the same folder (``os.replace`` is atomic only within one
+    filesystem), then the rename. A symlink at ``path`` is replaced, not followed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

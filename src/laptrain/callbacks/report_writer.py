@@ -16,6 +16,8 @@ from typing import Any
 import psutil
 from torch import Tensor
 
+from laptrain.files import write_text_atomic
+
 PLOT_NAME = "report.png"
 PLOT_ALT = "loss, validation metrics, throughput, memory and thermal state"
 
@@ -48,15 +50,9 @@ def write_report(folder: str | os.PathLike[str], report: dict[str, Any]) -> Path
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     plot_history(report.get("history", []), report, folder / PLOT_NAME)
-    _atomic_write(folder / "report.md", render_markdown(report))
-    _atomic_write(folder / "report.json", json.dumps(report, indent=2, default=str) + "\n")
+    write_text_atomic(folder / "report.md", render_markdown(report))
+    write_text_atomic(folder / "report.json", json.dumps(report, indent=2, default=str) + "\n")
     return folder / "report.json"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _fmt(value: Any) -> str:

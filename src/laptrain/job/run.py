@@ -40,6 +40,7 @@ from laptrain.console import (
     relative,
 )
 from laptrain.data.contracts import SavesArtifacts, SizesTheModel
+from laptrain.files import write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
 from laptrain.job.hparams import final_metrics, hp_keys, log_hparams
@@ -133,7 +134,7 @@ def write_run_info(folder: Path, plan: RunPlan, lines: list[str], env: EnvReport
         "versions": package_versions(),
     }
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "run_info.json").write_text(json.dumps(info, indent=1, default=str))
+    write_text_atomic(folder / "run_info.json", json.dumps(info, indent=1, default=str))
 
 
 def _single_log_stream() -> None:
@@ -224,7 +225,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     if trainer.is_global_zero and isinstance(model, ExportsModel):
         with no_transformers_bars():
             model.export(output_dir / model.export_folder)
-        (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=1))
     for line in closing_lines(trainer, metrics, best, output_dir):
         rank_zero_info(line)
     return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))

@@ -34,6 +34,7 @@ from torch import nn
 from laptrain.config.batch_request import is_auto
 from laptrain.config.scale_out import extra_rank
 from laptrain.data.contracts import KnowsLengths, loader_settings
+from laptrain.files import write_text_atomic
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
 from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
@@ -667,4 +668,4 @@ def _record(plan: Plan, record: Path | None, length_note: str | None) -> None:
         plan.notes.insert(0, length_note)
     if record is not None:
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(plan.to_json())
+        write_text_atomic(record, plan.to_json())
