@@ -126,3 +126,18 @@ def test_trainer_precision_on_the_command_line_is_what_the_preflight_sizes(tmp_p
         assert f"precision {precision}" in budget
         lines[precision] = estimate
     assert lines["32-true"] != lines["bf16-mixed"]
+
+
+def test_a_trainer_accelerator_of_auto_reaches_the_preflight_as_the_device_kind(tmp_path):
+    """Lightning takes ``auto``/``gpu``; the preflight probes a kind (cpu, cuda, mps)."""
+    seen = {}
+    preflight = fake_preflight(micro=8, accumulation=1)
+
+    def spy(model, datamodule, profile, **kw):
+        seen.update(profile)
+        return preflight(model, datamodule, profile, **kw)
+
+    cfg = compose_train(["hardware=cpu", "hardware.batch_size=8", "trainer.accelerator=auto"])
+    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=spy)
+    assert seen["accelerator"] == "cpu" and plan.device == "cpu"
+    assert plan.trainer_kwargs()["accelerator"] == "auto"  # the Trainer still gets what was asked

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from laptrain.config.batch_request import AUTO, batch_follows_profile, is_auto
 from laptrain.config.scale_out import shards_model_state
 from laptrain.data.contracts import EvaluatesInOtherBatches, loader_settings
+from laptrain.launch.device import device_kind, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
 
 
@@ -114,17 +115,7 @@ class RunPlan:
 
 def plan_device(cfg: DictConfig) -> str:
     """The device kind (cpu, cuda, mps) the trainer config asks for."""
-    return _device_kind(
-        str(cfg.trainer.get("accelerator") or cfg.hardware.get("accelerator") or "cpu")
-    )
-
-
-def _device_kind(accelerator: str) -> str:
-    if accelerator in ("cpu", "cuda", "mps"):
-        return accelerator
-    from laptrain.hardware.probe import TorchProbe
-
-    return next((k for k in ("mps", "cuda") if TorchProbe(k).available()), "cpu")
+    return device_kind(requested_accelerator(cfg))
 
 
 def build_run_plan(
@@ -154,7 +145,7 @@ def build_run_plan(
     loading = _loading(model, datamodule, hw, asked.follows, batch.loader_batch, reasons)
     return RunPlan(
         profile=str(hw.get("name")),
-        device=_device_kind(asked.accelerator),
+        device=device_kind(asked.accelerator),
         accelerator=asked.accelerator,
         devices=asked.devices,
         precision=precision,
@@ -208,7 +199,7 @@ def _asked(cfg: DictConfig, datamodule: Any, reasons: dict[str, str]) -> _Asked:
     follows = batch_follows_profile(cfg)
     profile_batch = hw.get("batch_size")
     auto = follows and is_auto(profile_batch)
-    accelerator = str(trainer.get("accelerator") or hw.get("accelerator") or "cpu")
+    accelerator = requested_accelerator(cfg)
     devices = trainer.get("devices") if isinstance(trainer.get("devices"), int) else None
     devices = int(devices or hw.get("devices") or 1)
     accumulation = int(trainer.get("accumulate_grad_batches") or 1)
@@ -273,7 +264,7 @@ def _preflight_profile(cfg: DictConfig, asked: _Asked, precision: str) -> dict[A
     assert isinstance(profile, dict)
     profile["devices"] = asked.devices
     profile["precision"] = precision  # the Trainer's (trainer.precision wins over the profile's)
-    profile["accelerator"] = asked.accelerator
+    profile["accelerator"] = device_kind(asked.accelerator)  # the preflight probes this kind
     trainer = cfg.trainer
     if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
         profile["shards"] = asked.devices * int(trainer.get("num_nodes") or 1)

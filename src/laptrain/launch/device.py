@@ -23,6 +23,19 @@ def requested_precision(cfg: DictConfig) -> str:
     return str(cfg.trainer.get("precision") or cfg.hardware.get("precision") or "32-true")
 
 
+def requested_accelerator(cfg: DictConfig) -> str:
+    """The accelerator the Trainer is given: ``trainer.accelerator``, else the profile's."""
+    return str(cfg.trainer.get("accelerator") or cfg.hardware.get("accelerator") or "cpu")
+
+
+def device_kind(accelerator: str) -> str:
+    """The device kind (cpu, cuda, mps) an accelerator runs on here: ``gpu`` and ``auto`` in
+    Lightning's own order (MPS, then CUDA, then CPU); a kind laptrain does not know, cpu."""
+    if accelerator in ("gpu", "auto"):
+        return next((k for k in ("mps", "cuda") if TorchProbe(k).available()), "cpu")
+    return accelerator if accelerator in DEVICE_KINDS else "cpu"
+
+
 def check_device(
     cfg: DictConfig, probe: DeviceProbe | None = None, say: Callable[[str], None] = rank_zero_info
 ) -> str:
@@ -30,10 +43,7 @@ def check_device(
     the precision asked for (preflight on or off), and the model's family trains at it (the
     family registry's rule). Returns the precision in Lightning's spelling; a precision that runs
     but is unmeasured gets one warning."""
-    accelerator = str(cfg.trainer.get("accelerator") or cfg.hardware.get("accelerator") or "cpu")
-    if accelerator in ("gpu", "auto"):  # Lightning's own order: MPS, then CUDA, then CPU
-        accelerator = next((k for k in ("mps", "cuda") if TorchProbe(k).available()), "cpu")
-    kind = accelerator if accelerator in DEVICE_KINDS else "cpu"
+    kind = device_kind(requested_accelerator(cfg))
     probe = probe or TorchProbe(kind)
     if not probe.available():
         raise ProfileError(
