@@ -66,13 +66,11 @@ class Loader:
 
 def loader_settings(datamodule: object, profile: Mapping[str, Any]) -> Loader:
     """:class:`LoaderSettings` of ``datamodule`` when it has them, else ``hardware.*``."""
-    source: Any = datamodule if isinstance(datamodule, LoaderSettings) else None
-    if source is None:
-        return Loader(
-            int(profile.get("num_workers", 0) or 0),
-            bool(profile.get("persistent_workers", False)),
-            bool(profile.get("pin_memory", False)),
-        )
+    if isinstance(datamodule, LoaderSettings):
+        own = datamodule
+        return Loader(int(own.num_workers or 0), bool(own.persistent_workers), bool(own.pin_memory))
     return Loader(
-        int(source.num_workers or 0), bool(source.persistent_workers), bool(source.pin_memory)
+        int(profile.get("num_workers", 0) or 0),
+        bool(profile.get("persistent_workers", False)),
+        bool(profile.get("pin_memory", False)),
     )

@@ -15,12 +15,13 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import sys
 import sysconfig
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from laptrain.files import write_text_atomic
 
 
 def _docstrings(tree: ast.Module) -> Iterator[str]:
@@ -97,8 +98,4 @@ def build_stdlib_docstrings(
 def write_jsonl(out: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     """Write rows as JSON lines through a temporary file, so a reader never sees half a file."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".tmp{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    tmp.replace(out)
+    write_text_atomic(out, "".join(json.dumps(row) + "\n" for row in rows))

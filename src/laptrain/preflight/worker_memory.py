@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import platform
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from laptrain.files import write_text_atomic
 from laptrain.project import default_cache_dir
 
 GB = 1024**3
@@ -122,7 +122,5 @@ def worker_cost(
     if key not in known:
         known[key] = measure(method)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(known, indent=1))
     return WorkerCost(processes, float(known[key]), method)
