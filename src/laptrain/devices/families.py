@@ -23,16 +23,6 @@ Build = Callable[[int, int], tuple[pl.LightningModule, pl.LightningDataModule]]
 Predict = Callable[[pl.LightningModule, Any], torch.Tensor]
 
 
-def _registry_refusal(name: str) -> Callable[[str, str], str | None]:
-    """The registry's precision rule of family ``name`` (none for a family it does not know)."""
-
-    def refuse(kind: str, precision: str) -> str | None:
-        family = MODEL_FAMILIES.get(name)
-        return family.refusal(kind, precision) if family else None
-
-    return refuse
-
-
 @dataclass(frozen=True)
 class Family:
     """One model family at smoke-test size.
@@ -55,8 +45,12 @@ class Family:
     callbacks: Callable[[], list[pl.Callback]] = field(default=list)
 
     def refusal(self, kind: str, precision: str) -> str | None:
-        """Why this family does not run at ``precision`` on ``kind``, or None."""
-        return (self.refuse or _registry_refusal(self.name))(kind, precision)
+        """Why this family does not run at ``precision`` on ``kind``, or None (a family the
+        registry does not know has no rule of its own unless ``refuse`` gives one)."""
+        if self.refuse is not None:
+            return self.refuse(kind, precision)
+        family = MODEL_FAMILIES.get(self.name)
+        return family.refusal(kind, precision) if family else None
 
 
 def _from_registry(family: ModelFamily) -> Family:
