@@ -216,23 +216,19 @@ def make_trainer(
     """A Trainer for ``steps`` optimizer steps (or ``epochs`` epochs with ``steps=-1``) of the job:
     its config, plan and loggers (writing into the job's folder), no validation, no summary;
     ``kwargs`` are more Trainer arguments."""
-    from hydra.utils import instantiate
-
-    from laptrain.job.run import _instantiate_all, _instantiate_list, checkpoint_plugins
+    from laptrain.job.run import _instantiate_all, instantiate_trainer
 
     loggers = _instantiate_all(job.cfg.get("logger"))  # paths point into the temporary folder
-    return instantiate(
-        job.cfg.trainer,
-        **job.plan.trainer_kwargs(),
-        callbacks=callbacks,
-        logger=loggers or False,
+    return instantiate_trainer(
+        job.cfg,
+        job.plan,
+        callbacks,
+        loggers,
         max_steps=steps,
         max_epochs=epochs,
         limit_val_batches=0,
         enable_model_summary=False,
         default_root_dir=str(job.folder),
-        plugins=checkpoint_plugins(_instantiate_list(job.cfg.trainer.get("plugins"))),
-        _convert_="all",
         **kwargs,
     )
 

@@ -249,15 +249,24 @@ def _make_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[pl.Trainer, list[Any]
     loggers = _instantiate_all(cfg.get("logger"))
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
-    trainer: pl.Trainer = instantiate(  # keyword arguments win over the config's keys
+    return instantiate_trainer(cfg, plan, callbacks, loggers), callbacks, loggers
+
+
+def instantiate_trainer(
+    cfg: DictConfig, plan: RunPlan, callbacks: list[Any], loggers: list[Any], **overrides: Any
+) -> pl.Trainer:
+    """``cfg.trainer`` with the plan's arguments, these callbacks and loggers, and the
+    checkpoint plugins; keyword arguments win over the config's keys (``laptrain bench`` passes
+    its step count and folder this way)."""
+    return instantiate(
         cfg.trainer,
         **plan.trainer_kwargs(),
         callbacks=callbacks,
         logger=loggers or False,
         plugins=checkpoint_plugins(_instantiate_list(cfg.trainer.get("plugins"))),
         _convert_="all",
+        **overrides,
     )
-    return trainer, callbacks, loggers
 
 
 def _announce(
