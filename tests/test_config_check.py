@@ -53,6 +53,7 @@ def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_closest_argument(tmp_pa
         ("run_name=a/b", "run_name='a/b' must name one folder under outputs/"),
         ("run_name=", "run_name='' must name one folder under outputs/"),
         ("run_name=..", "set run_name=<name>"),
+        ("trainer.use_distributed_sampler=true", "trainer.use_distributed_sampler must stay false"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_key_and_the_fix(override, expected):

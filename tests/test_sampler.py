@@ -100,3 +100,38 @@ def test_lightning_advances_the_epoch_of_the_batch_order():
     _set_sampler_epoch(loader, 1)
     assert loader.batch_sampler.epoch == 1
     assert list(loader) != first
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("n", [200, 197, 34])
+def test_ranks_split_each_global_batch_of_one_process(shuffle, n):
+    """2 ranks x batch 8 get, step by step, the examples 1 rank x batch 16 gets: disjoint, the
+    whole split, as many steps on each rank."""
+    lengths = long_tailed(n)
+    one = LengthGroupedBatchSampler(lengths, 16, seed=5, shuffle=shuffle)
+    ranks = [
+        LengthGroupedBatchSampler(lengths, 8, seed=5, shuffle=shuffle, replicas=2, rank=r)
+        for r in (0, 1)
+    ]
+    assert len(ranks[0]) == len(ranks[1]) == len(one) == len(ranks[0].batches())
+    for whole, a, b in zip(one.batches(), *(r.batches() for r in ranks), strict=True):
+        assert a and b and not set(a) & set(b)
+        assert sorted(a + b) == sorted(whole)
+        assert abs(len(a) - len(b)) <= 1
+
+
+def test_fewer_examples_than_ranks_repeat_rather_than_leave_a_rank_empty():
+    parts = [
+        LengthGroupedBatchSampler([5, 3, 4], 2, shuffle=False, replicas=4, rank=r).batches()
+        for r in range(4)
+    ]
+    assert [len(p) for p in parts] == [1, 1, 1, 1]  # one step on every rank
+    assert sorted(i for p in parts for b in p for i in b) == [0, 0, 1, 2]  # index 0 twice
+
+
+def test_a_sampler_rebuilt_by_lightning_is_refused_with_the_option():
+    from torch.utils.data import DistributedSampler
+
+    rebuilt = DistributedSampler(list(range(10)), num_replicas=2, rank=0, shuffle=False)
+    with pytest.raises(ValueError, match="trainer.use_distributed_sampler=false"):
+        LengthGroupedBatchSampler(rebuilt, batch_size=4, drop_last=False)

@@ -124,6 +124,40 @@ def test_stream_is_seeded_resumes_mid_epoch_and_augments(tmp_path: Path) -> None
     assert data.model_kwargs() == {"vocab_size": 6, "seq_len": 16}
 
 
+def test_ranks_take_their_share_of_the_puzzles_one_process_would_train_on(tmp_path: Path) -> None:
+    """Under DDP rank r of 2 at batch 4 trains on its half of the batch 1 rank at batch 8 draws
+    (the same puzzles and augmentations), and on its half of every validation batch."""
+    from laptrain.data.sudoku import SudokuStream
+
+    data = small_data(tmp_path)
+    data.prepare_data()
+    data.setup("fit")
+    train = data.splits["train"]
+
+    def stream(batch: int, replicas: int = 1, rank: int = 0) -> SudokuStream:
+        return SudokuStream(
+            train["inputs"], train["labels"], 4, batch, 4, 0, True, lambda: 0, replicas, rank
+        )
+
+    whole = stream(8).batch_at(3)
+    halves = [stream(4, 2, r).batch_at(3) for r in (0, 1)]
+    for key in ("inputs", "labels"):
+        np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), whole[key])
+
+    class Trainer:  # what the datamodule asks of the Trainer it is attached to
+        world_size, global_rank = 2, 1
+
+    data.eval_batch_size = 2
+    data.trainer = Trainer()
+    rank1 = [b["inputs"] for b in data.val_dataloader()]
+    data.trainer = None
+    rows = data.splits["val"]["inputs"]
+    # 5 boards in global batches of 4: rank 1 takes boards 2-3, then board 4, which rank 0 also
+    # takes (fewer boards than ranks are repeated rather than leave a rank without a batch)
+    assert [len(b) for b in rank1] == [2, 1]
+    np.testing.assert_array_equal(np.concatenate(rank1), rows[[2, 3, 4]])
+
+
 def test_bad_data_options_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="data board_size=5"):
         small_data(tmp_path, board_size=5)

@@ -212,20 +212,43 @@ def test_trm_trains_through_train_py_on_a_profile_with_batch_size_auto(tmp_path)
     assert "memory: not estimated" in done.stdout
 
 
-def test_lightning_ddp_on_two_cpu_processes_trains_checkpoints_resumes_and_tests_once(tmp_path):
-    args = [*BASE, *data_args(tmp_path), "trainer=ddp_cpu"]
-    done = run_train([*args, "trainer.max_steps=2", "test=false"], tmp_path)
+def ranks_examples(folder: Path, stage: str) -> list[list[int]]:
+    """Per rank, the dataset indices it ran in ``stage`` (tests/rank_record.py), after checking
+    that every batch held the examples its sampler named (their lengths)."""
+    ranks = []
+    for path in sorted(folder.glob("rank*.json")):
+        record = json.loads(path.read_text())
+        assert all(b["lengths"] == b["expected_lengths"] for b in record[stage]), path
+        ranks.append([i for b in record[stage] for i in b["ids"]])
+    return ranks
+
+
+def test_ddp_subprocess_ranks_split_every_batch_then_resume_and_test_without_hanging(tmp_path):
+    """`trainer.strategy=ddp`: Lightning re-runs train.py for rank 1, as GPU users get it."""
+    record = tmp_path / "record"
+    args = [*BASE, *data_args(tmp_path), "trainer=ddp_cpu", "trainer.strategy=ddp"]
+    recorder = [
+        "+callbacks.record._target_=tests.rank_record.RecordExamples",
+        f"+callbacks.record.folder={record}",
+    ]
+    done = run_train([*args, *recorder, "trainer.max_steps=6", "test=false"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "effective batch size: 32" in done.stdout  # 16 per process x 2 processes
     last = tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt"
-    assert ckpt_step(last) == 2  # mid-epoch: 192 rows / 32 = 6 steps per epoch
+    assert ckpt_step(last) == 6  # 192 rows / 32 = 6 steps: one epoch
+    # one epoch: the ranks' training examples are disjoint and together the whole split (192
+    # rows); the same for validation (24 rows)
+    for stage, rows in (("train", 192), ("val", 24)):
+        first, second = ranks_examples(record, stage)
+        assert len(first) == len(second) == rows // 2, stage
+        assert sorted(first + second) == list(range(rows)), stage
 
-    # the same command, a larger budget: both processes resume from the mid-epoch last.ckpt
-    resumed = run_train([*args, "trainer.max_steps=4", "+trainer.limit_test_batches=2"], tmp_path)
+    # the same command, a larger budget: both processes resume, then test on the best checkpoint
+    # (each rank its share of the test split) and write metrics.json
+    resumed = run_train([*args, "trainer.max_steps=8"], tmp_path, timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stdout and "global step 2," in resumed.stdout
-    assert ckpt_step(last) == 4
-    # the test split ran on one process: no DistributedSampler padding it with repeats
+    assert "resuming from" in resumed.stdout and "global step 6," in resumed.stdout
+    assert ckpt_step(last) == 8
     metrics = json.loads((tmp_path / "outputs" / "t" / "metrics.json").read_text())
     assert "test/acc" in metrics and "hp/test_acc" in metrics
     assert "Using `DistributedSampler`" not in resumed.stdout + resumed.stderr

@@ -175,6 +175,13 @@ def check_trainer_values(trainer: Mapping[str, Any]) -> list[str]:
         value = trainer.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and not ok(value):
             problems.append(f"trainer.{key}={value} must be {text}")
+    if trainer.get("use_distributed_sampler", False) is not False:
+        # Lightning would rebuild laptrain's batch samplers (laptrain/data/sampler.py), which
+        # shard by rank themselves, and every rank would train on the same examples.
+        problems.append(
+            "trainer.use_distributed_sampler must stay false: laptrain's data modules give each "
+            "process its own share of every batch (docs/sweeps.md, Several processes)"
+        )
     return problems
 
 

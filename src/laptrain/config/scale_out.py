@@ -107,35 +107,6 @@ def check_scale_out(cfg: DictConfig, multirun: bool) -> None:
     )
 
 
-def one_process_tester(trainer: Any, cfg: DictConfig, plan: Any, loggers: list[Any]) -> Any:
-    """The trainer that runs the test split: ``trainer`` after a one-process fit; after a fit on
-    several processes, a one-device trainer on rank 0 and None on the other ranks.
-
-    Testing on all ranks would shard the test set with DistributedSampler, which pads it with
-    repeated samples so that every rank gets as many (Lightning warns about it in
-    trainer/connectors/data_connector.py), so the numbers would not be the test set's.
-    """
-    if trainer.world_size == 1:
-        return trainer
-    if not trainer.is_global_zero:
-        return None
-    from hydra.utils import instantiate
-
-    return instantiate(
-        cfg.trainer,
-        accelerator=plan.accelerator,
-        precision=plan.precision,
-        devices=1,
-        num_nodes=1,
-        strategy="auto",
-        callbacks=[],
-        logger=loggers or False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        _convert_="all",
-    )
-
-
 def extra_rank() -> bool:
     """A process of a multi-process launch other than rank 0 (the ranks Lightning's subprocess
     launcher, torchrun or srun start see these variables; rank 0 speaks for all of them)."""

@@ -8,6 +8,16 @@ goes to pad tokens; grouping by length recovers most of it (``benchmarks/padding
 shuffles the batch order, so that batches stay random but each holds similar lengths (the same idea
 as transformers' ``LengthGroupedSampler``, which is not resumable and needs the Trainer).
 
+Under several processes (DDP) the sampler shards itself: with ``replicas`` processes it cuts
+global batches of ``batch_size * replicas`` indices exactly as one process with that batch size
+would, and process ``rank`` takes its part of each. So every rank takes as many steps, the ranks'
+indices are disjoint and together the whole split, and 2 ranks x batch 8 see the same examples per
+step as 1 rank x batch 16. Lightning's own injection (``use_distributed_sampler``) cannot do this:
+it rebuilds a batch sampler that is not a ``BatchSampler`` as ``cls(sampler, batch_size=...,
+drop_last=...)`` (lightning/pytorch/utilities/data.py, ``_dataloader_init_kwargs_resolve_sampler``),
+which would hand this class the rank's index list as its lengths; laptrain's trainer config turns
+that injection off (``trainer.use_distributed_sampler: false``) and this class refuses a sampler.
+
 ``ResumableDataLoader`` fills the gap Lightning leaves for mid-epoch resume (docs/lightning.md,
 "Mid-epoch resume"): a plain DataLoader has no ``state_dict``, so Lightning replays the interrupted
 epoch from its start. This loader counts the batches it has handed out (not what workers
@@ -34,15 +44,26 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         shuffle: bool = True,
         mega_batches: int = 50,
         drop_last: bool = False,
+        replicas: int = 1,
+        rank: int = 0,
     ) -> None:
+        if isinstance(lengths, Sampler):
+            raise ValueError(
+                "Lightning rebuilt laptrain's batch sampler for several processes, which would "
+                "train every rank on the same examples: set trainer.use_distributed_sampler=false"
+            )
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1 (got {batch_size}): set hardware.batch_size")
+        if not 0 <= rank < replicas:
+            raise ValueError(f"rank {rank} is not one of {replicas} processes")
         self.lengths = list(lengths)
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
         self.mega_batches = mega_batches
         self.drop_last = drop_last
+        self.replicas = replicas
+        self.rank = rank
         self.epoch = 0
         self.skip = 0
 
@@ -57,7 +78,22 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         return self
 
     def batches(self) -> list[list[int]]:
-        """This epoch's full batch list (deterministic for a given seed and epoch)."""
+        """This epoch's batches for this rank (deterministic for a given seed and epoch)."""
+        return [self._part(batch) for batch in self.global_batches()]
+
+    def _part(self, batch: list[int]) -> list[int]:
+        """This rank's share of a global batch: ``batch_size`` indices of a full one; of a short
+        last one, a near-equal share (sizes differ by at most 1). Fewer indices than ranks are
+        repeated from the batch's start so that no rank gets an empty batch."""
+        if self.replicas == 1:
+            return batch
+        if len(batch) < self.replicas:
+            batch = (batch * self.replicas)[: self.replicas]
+        m = len(batch)
+        return batch[self.rank * m // self.replicas : (self.rank + 1) * m // self.replicas]
+
+    def global_batches(self) -> list[list[int]]:
+        """This epoch's batches of ``batch_size * replicas`` indices, over all ranks."""
         n = len(self.lengths)
         lengths = torch.tensor(self.lengths)
         if not self.shuffle:
@@ -67,7 +103,7 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         perm = torch.randperm(n, generator=gen)
         if self.mega_batches <= 0:  # plain random batches, no length grouping
             return self._cut(perm.tolist())
-        mega = self.batch_size * self.mega_batches
+        mega = self._global_size() * self.mega_batches
         batches: list[list[int]] = []
         for start in range(0, n, mega):
             chunk = perm[start : start + mega]
@@ -76,9 +112,13 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         order = torch.randperm(len(batches), generator=gen).tolist()
         return [batches[i] for i in order]
 
+    def _global_size(self) -> int:
+        return self.batch_size * self.replicas
+
     def _cut(self, indices: list[int]) -> list[list[int]]:
-        out = [indices[i : i + self.batch_size] for i in range(0, len(indices), self.batch_size)]
-        if self.drop_last and out and len(out[-1]) < self.batch_size:
+        size = self._global_size()
+        out = [indices[i : i + size] for i in range(0, len(indices), size)]
+        if self.drop_last and out and len(out[-1]) < size:
             out.pop()
         return out
 
@@ -87,10 +127,18 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
         yield from self.batches()[skip:]
 
     def __len__(self) -> int:
-        n = len(self.lengths)
+        n, size = len(self.lengths), self._global_size()
         if self.drop_last:
-            return n // self.batch_size
-        return -(-n // self.batch_size)
+            return n // size
+        return -(-n // size)
+
+
+def replicas_of(trainer: Any) -> tuple[int, int]:
+    """(processes, this process's rank) of the Trainer a datamodule is attached to; (1, 0) before
+    one is (the run plan sizes the data before the Trainer exists)."""
+    if trainer is None:
+        return 1, 0
+    return int(trainer.world_size), int(trainer.global_rank)
 
 
 class ResumableDataLoader(DataLoader):

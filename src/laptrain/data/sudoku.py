@@ -29,6 +29,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
+from laptrain.data.sampler import LengthGroupedBatchSampler, replicas_of
 from laptrain.data.sudoku_generator import (
     BOX_SHAPES,
     GENERATOR_VERSION,
@@ -165,8 +166,9 @@ def augment(
 class SudokuStream:
     """Infinite seeded stream of training batches; ``len`` is one epoch of ``steps_per_epoch``.
 
-    The batch at position p draws ``batch_size`` puzzles with ``np.random.default_rng([seed, p])``
-    and augments them. Iteration starts at ``position()`` (the trainer's global step) and runs to
+    The batch at position p draws ``batch_size * replicas`` puzzles with
+    ``np.random.default_rng([seed, p])`` and augments them; process ``rank`` of ``replicas`` (DDP)
+    keeps its ``batch_size`` of them, so 2 ranks x 8 train on the puzzles 1 rank x 16 would. Iteration starts at ``position()`` (the trainer's global step) and runs to
     the end of the current epoch, so a mid-epoch resume yields only the rest of that epoch.
     ``state_dict`` records the seed and batch size; loading a checkpoint made with others warns.
     """
@@ -181,8 +183,11 @@ class SudokuStream:
         seed: int,
         augment: bool,
         position: Callable[[], int],
+        replicas: int = 1,
+        rank: int = 0,
     ) -> None:
         self.inputs, self.labels = inputs, labels
+        self.replicas, self.rank = replicas, rank
         self.board_size = board_size
         self.batch_size = batch_size
         self.steps_per_epoch = steps_per_epoch
@@ -195,10 +200,12 @@ class SudokuStream:
 
     def batch_at(self, position: int) -> dict[str, torch.Tensor]:
         rng = np.random.default_rng([self.seed, position])
-        idx = rng.integers(0, len(self.inputs), self.batch_size)
+        idx = rng.integers(0, len(self.inputs), self.batch_size * self.replicas)
         inputs, labels = self.inputs[idx], self.labels[idx]
         if self.augment:
             inputs, labels = augment(inputs, labels, self.board_size, rng)
+        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+        inputs, labels = inputs[mine], labels[mine]
         return {
             "inputs": torch.from_numpy(inputs.astype(np.int64)),
             "labels": torch.from_numpy(labels.astype(np.int64)),
@@ -269,6 +276,7 @@ class SudokuBoardsDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> SudokuStream:
         train = self.splits["train"]
+        replicas, rank = replicas_of(self.trainer)
         return SudokuStream(
             train["inputs"],
             train["labels"],
@@ -278,13 +286,23 @@ class SudokuBoardsDataModule(pl.LightningDataModule):
             self.seed,
             self.augment,
             self._global_step,
+            replicas,
+            rank,
         )
 
     def _eval_loader(self, split: str) -> DataLoader:
+        """The boards in order; under several processes each rank takes its share of every
+        batch of ``eval_batch_size * replicas`` (``laptrain.data.sampler``)."""
         data = self.splits[split]
-        return DataLoader(
-            BoardDataset(data["inputs"], data["labels"]), batch_size=self.eval_batch_size
+        replicas, rank = replicas_of(self.trainer)
+        batches = LengthGroupedBatchSampler(
+            [1] * len(data["inputs"]),
+            self.eval_batch_size,
+            shuffle=False,
+            replicas=replicas,
+            rank=rank,
         )
+        return DataLoader(BoardDataset(data["inputs"], data["labels"]), batch_sampler=batches)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")

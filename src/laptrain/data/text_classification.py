@@ -30,7 +30,7 @@ from laptrain.data.labelled_files import (
     read_labelled,
     resolve_files,
 )
-from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
+from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader, replicas_of
 from laptrain.data.splits import check_train_fraction, train_subset
 from laptrain.data.tokenizer import load_tokenizer, train_wordpiece
 from laptrain.files import file_digest
@@ -343,12 +343,15 @@ class TextClassificationDataModule(pl.LightningDataModule):
         :meth:`_collate`."""
         self._need_batch_size()
         train = split == "train"
+        replicas, rank = replicas_of(self.trainer)  # several processes: this rank's share
         sampler = LengthGroupedBatchSampler(
             lengths,
             self.batch_size if train else (self.eval_batch_size or self.batch_size),
             seed=self.seed,
             shuffle=train,
             mega_batches=50 if self.group_by_length else 0,
+            replicas=replicas,
+            rank=rank,
         )
         workers = int(self.num_workers or 0)
         kwargs: dict[str, Any] = {

@@ -29,7 +29,6 @@ from laptrain.checkpoints.files import (
 )
 from laptrain.config.batch_request import batch_follows_profile
 from laptrain.config.check import LAPTRAIN_KEYS
-from laptrain.config.scale_out import one_process_tester
 from laptrain.config.tree import print_config
 from laptrain.console import (
     best_checkpoint,
@@ -218,7 +217,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     if stopped is not None:
         return stopped
     best = best_checkpoint(trainer)  # before test, which restores the callbacks' older state
-    metrics = _test(cfg, trainer, model, datamodule, plan, loggers)
+    metrics = _test(cfg, trainer, model, datamodule)
     # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
     metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
     log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
@@ -319,25 +318,18 @@ def _stopped(
     return None
 
 
-def _test(
-    cfg: DictConfig,
-    trainer: pl.Trainer,
-    model: Any,
-    datamodule: Any,
-    plan: RunPlan,
-    loggers: list[Any],
-) -> dict[str, float]:
-    """The fit's last metrics, updated by the test on the best checkpoint when ``test`` is on."""
+def _test(cfg: DictConfig, trainer: pl.Trainer, model: Any, datamodule: Any) -> dict[str, float]:
+    """The fit's last metrics, updated by the test on the best checkpoint when ``test`` is on.
+
+    After a fit on several processes every rank tests its own share of the test split with the
+    same Trainer (laptrain's loaders shard without repeating examples, and the metrics sum their
+    counts over the ranks when computed), so no rank waits in a collective the others never reach.
+    """
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.best_model_path or None
-        tester = one_process_tester(trainer, cfg, plan, loggers)  # laptrain.config.scale_out
-        results = (
-            tester.test(
-                model, datamodule=datamodule, ckpt_path=path, weights_only=True, verbose=False
-            )
-            if tester
-            else []
+        results = trainer.test(
+            model, datamodule=datamodule, ckpt_path=path, weights_only=True, verbose=False
         )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})

@@ -145,7 +145,13 @@ class ChunkedBackward:
         if self.trainer.world_size > 1:  # type: ignore[attr-defined]
             # DDP reduces gradients from hooks on Lightning's own backward and refuses a backward
             # inside its forward: multi-process runs back-propagate whole batches (no OOM backoff).
-            return loss_fn(batch)
+            loss = loss_fn(batch)
+            if self.automatic_optimization:  # type: ignore[attr-defined]
+                return loss  # Lightning back-propagates what training_step returns
+            # Manual optimization: Lightning never back-propagates a returned loss, and
+            # manual_backward readies DDP's reducer first (DDPStrategy.pre_backward).
+            self.manual_backward(loss)  # type: ignore[attr-defined]
+            return loss.detach()
         return backward_in_chunks(self, batch, loss_fn, size_fn)
 
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:

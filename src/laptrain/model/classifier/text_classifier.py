@@ -145,7 +145,10 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         out = self.model(**batch)
         preds = out.logits.argmax(-1)
         size = batch["labels"].shape[0]
-        self.log(f"{stage}/loss", out.loss, batch_size=size, prog_bar=stage == "val")
+        # sync_dist: averaged over the ranks at the epoch's end, as the metrics below are
+        self.log(
+            f"{stage}/loss", out.loss, batch_size=size, prog_bar=stage == "val", sync_dist=True
+        )
         for name in ("acc", "f1"):
             metric = self.metrics[f"{stage}_{name}"]
             metric(preds, batch["labels"])

@@ -429,7 +429,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         tokens = response_tokens(batch)
         if self._window_ref is None:
-            self._window_ref = max(tokens, 1)
+            self._window_ref = self._reference_tokens(tokens)
         self._window_tokens += tokens
         # Each batch back-propagates sum / window_ref / accumulate; on_before_optimizer_step turns
         # that into sum / (response tokens of the whole step) once the step's count is known.
@@ -444,13 +444,34 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self.log("train/loss", mean, on_step=True, prog_bar=True, batch_size=max(tokens, 1))
         return loss
 
+    def _reference_tokens(self, tokens: int) -> int:
+        """The divisor of every backward in this accumulation window: this batch's response
+        tokens, averaged over the ranks under DDP so that every rank scales alike (one scalar
+        all-reduce per window) and the rescale in :meth:`on_before_optimizer_step` is the same
+        on every rank."""
+        if self.trainer.world_size > 1:
+            count = torch.tensor(float(tokens), device=self.device)
+            tokens = round(float(self.trainer.strategy.reduce(count, reduce_op="mean")))
+        return max(tokens, 1)
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Rescale the step's gradients to sum / (response tokens of the whole step). Runs after
-        the precision plugin unscales and before clipping. Under DDP each process normalises by
-        its own tokens before the average (not by the global count)."""
-        if self._window_ref is None or self._window_tokens == 0:
+        """Rescale the step's gradients to sum / (response tokens of the whole step, all ranks).
+
+        Runs after the precision plugin unscales and before clipping. Each backward was
+        sum / ref / accumulate on its rank, and DDP averaged the ranks' gradients, so the factor
+        is ranks x accumulate x ref / (the step's response tokens summed over the ranks): 2 ranks
+        x micro batch 4 then train like 1 rank x micro batch 8. Under DDP the token count is
+        all-reduced on every rank, whatever its own count, so no rank waits alone."""
+        if self._window_ref is None:
             return
-        factor = self._window_ref * self.trainer.accumulate_grad_batches / self._window_tokens
+        world = self.trainer.world_size
+        total = self._window_tokens
+        if world > 1:
+            count = torch.tensor(float(total), device=self.device)
+            total = round(float(self.trainer.strategy.reduce(count, reduce_op="sum")))
+        if total == 0:
+            return
+        factor = world * self._window_ref * self.trainer.accumulate_grad_batches / total
         if factor != 1.0:
             for param in self.model.parameters():
                 if param.grad is not None:
@@ -469,12 +490,15 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
             metric.update(total / count, weight=count)
 
     def _log_eval(self, stage: str, metric: MeanMetric) -> None:
-        if metric.weight == 0:  # type: ignore[operator]
+        if self.trainer.world_size == 1 and metric.weight == 0:  # type: ignore[operator]
             return
-        loss = metric.compute()
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "val")
-        self.log(f"{stage}/perplexity", torch.exp(loss.clamp(max=50.0)))
+        # compute() is a collective under DDP: every rank calls it, whatever its own count
+        loss = metric.compute()  # summed over the ranks already; sync_dist averages equal values
         metric.reset()
+        if not torch.isfinite(loss):  # no response tokens on any rank
+            return
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
+        self.log(f"{stage}/perplexity", torch.exp(loss.clamp(max=50.0)), sync_dist=True)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._eval_step(self.val_loss, batch)

@@ -404,7 +404,9 @@ class TRMSudokuModule(ChunkedBackward, pl.LightningModule):
         logs = {f"{stage}/{k}": v for k, v in values.items()}
         # The project monitors `<stage>/acc` by default; for Sudoku it is the exact accuracy.
         logs[f"{stage}/acc"] = values["exact_acc"]
-        self.log_dict(logs)
+        # compute() has summed the counts of every rank already; sync_dist only averages equal
+        # values and keeps Lightning from warning that epoch-level values are not synced
+        self.log_dict(logs, sync_dist=True)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics)

@@ -1,0 +1,72 @@
+"""A callback for end-to-end tests under several processes: which examples each rank ran.
+
+Used through ``train.py`` as ``+callbacks.record._target_=tests.rank_record.RecordExamples
++callbacks.record.folder=<dir>``; each rank writes ``<dir>/rank<N>.json`` at the end of the fit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback
+
+
+class RecordExamples(Callback):
+    """Per stage, the dataset indices of every batch this rank ran (read from the loader's batch
+    sampler) and the lengths the batch itself holds (its attention mask), to check one against
+    the other."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seen: dict[str, list[dict[str, list[int]]]] = {"train": [], "val": []}
+
+    def _record(self, stage: str, loader: Any, batch: Any, batch_idx: int) -> None:
+        sampler = loader.batch_sampler
+        ids = (
+            sampler.batches()[batch_idx] if stage == "val" else self._train_ids(sampler, batch_idx)
+        )
+        self.seen[stage].append(
+            {
+                "ids": [int(i) for i in ids],
+                "expected_lengths": sorted(int(sampler.lengths[i]) for i in ids),
+                "lengths": sorted(int(n) for n in batch["attention_mask"].sum(-1).tolist()),
+            }
+        )
+
+    def _train_ids(self, sampler: Any, batch_idx: int) -> list[int]:
+        return sampler.batches()[batch_idx]
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._record("train", trainer.train_dataloader, batch, batch_idx)
+
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        loaders = trainer.val_dataloaders
+        loader = loaders[dataloader_idx] if isinstance(loaders, list) else loaders
+        self._record("val", loader, batch, batch_idx)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"rank{trainer.global_rank}.json"
+        path.write_text(json.dumps({"world": trainer.world_size, **self.seen}))
+
+
+class RecordStartWeights(Callback):
+    """Rank 0's trainable weights as the fit starts, saved to ``<folder>/start.pt``: a test then
+    checks that training moved them."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.global_rank == 0:
+            import torch
+
+            self.folder.mkdir(parents=True, exist_ok=True)
+            weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            torch.save(weights, self.folder / "start.pt")

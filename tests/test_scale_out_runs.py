@@ -1,0 +1,100 @@
+"""Runs on 2 processes through `train.py` with `trainer.strategy=ddp` (Lightning re-runs the
+command for rank 1, the path GPU users take): each family's final weights equal those of a
+1-process run with the same global batch, so the ranks share the data and the gradients right."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY, run_train, write_texts
+
+DDP = ["trainer=ddp_cpu", "trainer.strategy=ddp"]
+
+
+def final_weights(tmp_path: Path, run: str) -> dict[str, torch.Tensor]:
+    path = tmp_path / "outputs" / run / "checkpoints" / "last.ckpt"
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(
+        (a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].is_floating_point()
+    )
+
+
+def train_both(tmp_path: Path, common: list[str], one: list[str], two: list[str]) -> None:
+    """The same job on 1 process and on 2 (runs ``one`` and ``two``), one after the other."""
+    for run, extra in (("one", one), ("two", [*two, *DDP])):
+        done = run_train([*common, *extra, f"run_name={run}"], tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_trm_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
+    """TRM optimizes manually; before, a rank never back-propagated under DDP (weights frozen)."""
+    record = tmp_path / "record"
+    common = [
+        "model=trm_sudoku",
+        "data=sudoku",
+        "hardware=cpu",
+        "trainer.max_steps=3",
+        "data.train_size=200",
+        "data.val_size=50",
+        "data.test_size=50",
+        "test=false",
+        "+callbacks.start._target_=tests.rank_record.RecordStartWeights",
+        f"+callbacks.start.folder={record}",
+    ]
+    train_both(tmp_path, common, ["data.batch_size=16"], ["data.batch_size=8"])
+    one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
+    start = torch.load(record / "start.pt", weights_only=True)
+    assert largest_difference(start, two) > 1e-5  # 3 warm-up steps moved them by 1.05e-4
+    assert largest_difference(one, two) < 1e-6  # measured 3.7e-8
+
+
+@pytest.mark.slow  # ~35 s
+def test_lora_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
+    """Response tokens differ between the ranks' halves: the loss is normalised by the tokens of
+    the whole step on all ranks, under accumulation too."""
+    common = [
+        "experiment=lora_offline",
+        "hardware=cpu",
+        "hardware.torch_threads=1",
+        "model.tiny_base.hidden_size=32",
+        "model.tiny_base.intermediate_size=64",
+        "model.tiny_base.num_layers=1",
+        "model.tiny_base.steps=4",
+        "model.lora.r=4",
+        "model.lora.dropout=0",
+        "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
+        "data.vocab_size=512",
+        "data.max_length=64",
+        "trainer.max_steps=3",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.val_check_interval=6",
+        "test=false",
+    ]
+    train_both(tmp_path, common, ["data.batch_size=8"], ["data.batch_size=4"])
+    one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
+    assert largest_difference(one, two) < 1e-6
+
+
+@pytest.mark.slow  # ~30 s
+def test_classifier_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
+    common = [
+        "hardware=cpu",
+        "model=tiny_classifier",
+        "data=text_csv",
+        *TINY,
+        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
+        "model.backbone.hidden_dropout_prob=0",
+        "model.backbone.attention_probs_dropout_prob=0",
+        "trainer.max_steps=6",
+        "test=false",
+    ]
+    train_both(tmp_path, common, ["hardware.batch_size=32"], ["hardware.batch_size=16"])
+    one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
+    assert largest_difference(one, two) < 1e-5
