@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from laptrain.hardware import detect
 from laptrain.hardware.detect import (
     RawMachine,
     machine_from_raw,
@@ -10,6 +11,8 @@ from laptrain.hardware.detect import (
     parse_nvidia_smi,
     parse_sysctl,
     parse_torch_version_py,
+    read_raw_machine,
+    sysctl_path,
 )
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -139,3 +142,15 @@ def test_detection_reads_this_torch_without_importing_it():
     import importlib.metadata
 
     assert out == ["False", importlib.metadata.version("torch"), "False"]  # the CI wheel is +cpu
+
+
+def test_a_mac_whose_path_lacks_usr_sbin_still_runs_sysctl(monkeypatch, tmp_path):
+    """Without /usr/sbin on PATH a bare "sysctl" finds nothing and the Mac reads as a bare CPU."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(detect.platform, "system", lambda: "Darwin")
+    asked = []
+    monkeypatch.setattr(detect, "_run", lambda command: asked.append(command) or "")
+    read_raw_machine()
+    assert ["/usr/sbin/sysctl", *detect.SYSCTL_KEYS] in asked
+    # a sysctl that PATH finds is the one run, as for caffeinate
+    assert sysctl_path(which=lambda name: f"/opt/tools/{name}") == "/opt/tools/sysctl"

@@ -94,7 +94,16 @@ def test_sysctl_pressure_reads_the_kernel_level_and_tolerates_failures():
     answers = ["2\n", None, "garbage\n", "4\n"]
     source = SysctlPressure(run=run)
     assert [source.read() for _ in range(4)] == [2, None, None, 4]
-    assert asked[0] == ["sysctl", "-n", "kern.memorystatus_vm_pressure_level"]
+    assert asked[0][1:] == ["-n", "kern.memorystatus_vm_pressure_level"]
+
+
+def test_sysctl_pressure_reads_with_a_path_without_usr_sbin(monkeypatch, tmp_path):
+    """A Python started by launchd, cron or an IDE may lack /usr/sbin on PATH."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    asked = []
+    source = SysctlPressure(run=lambda command: asked.append(command) or "4\n")
+    assert source.read() == 4
+    assert asked == [["/usr/sbin/sysctl", "-n", "kern.memorystatus_vm_pressure_level"]]
 
 
 def test_pressure_names_and_where_a_source_exists():

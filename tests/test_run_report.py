@@ -21,6 +21,7 @@ from laptrain.callbacks.report_writer import PLOT_ALT, render_markdown, token_co
 from laptrain.callbacks.run_report import RunReport
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
+from laptrain.data.instructions import IGNORE, CausalLMCollator
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
 from laptrain.model.chunked_backward import ChunkedBackward
@@ -249,6 +250,17 @@ def test_token_count_reads_the_attention_mask():
     assert token_count(torch.ones(2, 5)) is None
 
 
+def test_token_count_of_a_packed_batch_is_its_non_pad_positions():
+    """data.packing: a 4D additive mask (sum -inf); the count comes from the rows' labels."""
+    rows = [  # two examples (3 + 2 tokens) in one row, one example (4 tokens) in the other
+        {"input_ids": [5, 6, 7, 8, 9], "labels": [IGNORE, 6, 7, IGNORE, 9], "lengths": [3, 2]},
+        {"input_ids": [4, 4, 4, 4], "labels": [IGNORE, IGNORE, IGNORE, 4], "lengths": [4]},
+    ]
+    batch = CausalLMCollator(pad_token_id=0, pad_to_multiple_of=8, packed=True)(rows)
+    assert batch["attention_mask"].dim() == 4 and batch["input_ids"].shape == (2, 8)
+    assert int(token_count(batch)) == 9
+
+
 def test_markdown_names_the_best_checkpoint_and_the_resume_command_and_leaves_out_lr():
     text = render_markdown(
         {
@@ -344,3 +356,34 @@ def test_train_py_on_an_apple_profile_with_fake_mps_reads_two_sessions(tmp_path)
         assert all(v is not None for v in report[section].values()), section
     assert f"![{PLOT_ALT}](report.png)" in (run / "report.md").read_text()
     assert imread(run / "report.png").ndim == 3
+
+
+def test_train_py_with_packing_finishes_and_reports_real_tokens(tmp_path):
+    """`python train.py experiment=lora_offline data.packing=true` with the default callbacks."""
+    args = [
+        "experiment=lora_offline",
+        "hardware=cpu",
+        "hardware.torch_threads=1",
+        "model.tiny_base.hidden_size=32",
+        "model.tiny_base.intermediate_size=64",
+        "model.tiny_base.num_layers=1",
+        "model.tiny_base.steps=4",
+        "model.lora.r=4",
+        "data.builder.modules=[json,csv,base64,shlex]",
+        "data.vocab_size=512",
+        "data.max_length=64",
+        "data.batch_size=4",
+        "data.packing=true",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "test=false",
+        "run_name=packed",
+    ]
+    done = run_train(args, tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    throughput = json.loads((tmp_path / "outputs" / "packed" / "report.json").read_text())[
+        "throughput"
+    ]
+    # packed rows of at most 64 tokens: fewer real tokens than positions, more than one per row
+    assert throughput["samples"] < throughput["tokens"] <= 64 * throughput["samples"]
+    assert throughput["tokens_per_s"] > 0

@@ -14,26 +14,44 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 from torch import Tensor
 
 from laptrain.files import write_text_atomic
 
 PLOT_NAME = "report.png"
 PLOT_ALT = "loss, validation metrics, throughput, memory and thermal state"
+# torch's cross_entropy ignore_index: the prompt and pad positions of a causal-LM batch's labels
+IGNORE_LABEL = -100
 
 
 def token_count(batch: Any) -> int | Tensor | None:
-    """Real tokens in a tokenized batch (``attention_mask`` sum, else ``input_ids`` size).
+    """Real (non-pad) tokens in a tokenized batch, else ``input_ids`` size, else None.
 
-    The mask's sum stays a 0-dim tensor on the batch's device: reading it as a number would wait
-    for the device to finish every queued kernel, once per step (on MPS or CUDA). The caller adds
-    these up and reads the total only when it reports it."""
-    if isinstance(batch, Mapping):
-        for key in ("attention_mask", "input_ids"):
-            value = batch.get(key)
-            if isinstance(value, Tensor):
-                return value.detach().sum() if key == "attention_mask" else value.numel()
-    return None
+    A 2D ``attention_mask`` marks them. A packed batch (``data.packing``) holds a 4D additive float
+    mask instead, whose sum is -inf, so its rows are read from ``labels`` (``packed_tokens``).
+    The count stays a 0-dim tensor on the batch's device: reading it as a number would wait for the
+    device to finish every queued kernel, once per step (on MPS or CUDA). The caller adds these up
+    and reads the total only when it reports it."""
+    if not isinstance(batch, Mapping):
+        return None
+    mask, labels, ids = (batch.get(k) for k in ("attention_mask", "labels", "input_ids"))
+    if isinstance(mask, Tensor) and mask.dim() == 2:
+        return mask.detach().sum()
+    if isinstance(mask, Tensor) and isinstance(labels, Tensor) and labels.dim() == 2:
+        return packed_tokens(labels)
+    return ids.numel() if isinstance(ids, Tensor) else None
+
+
+def packed_tokens(labels: Tensor) -> Tensor:
+    """Non-pad positions of packed rows: each row's last labelled position + 1.
+
+    Padding is each row's tail, and every packed example ends with a labelled token (its last
+    response's end-of-turn: ``segment_texts`` drops turns after the last assistant turn and an
+    empty response is refused), so the tail after the last label is exactly the padding."""
+    labelled = labels.detach() != IGNORE_LABEL
+    last = labels.shape[1] - labelled.flip(1).int().argmax(1)
+    return torch.where(labelled.any(1), last, 0).sum()
 
 
 def machine_facts() -> dict[str, Any]:

@@ -17,6 +17,7 @@ import platform
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
@@ -35,6 +36,9 @@ SYSCTL_KEYS = (
     "hw.perflevel1.name",
     "sysctl.proc_translated",
 )
+# Where macOS keeps sysctl (the sealed system volume). A Python started by launchd, cron or an IDE
+# may have a PATH without /usr/sbin, and a bare "sysctl" then finds nothing.
+SYSCTL = "/usr/sbin/sysctl"
 NVIDIA_SMI_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
 GB = 1024**3
 
@@ -279,6 +283,11 @@ def read_torch_version_py() -> str:
     return ""
 
 
+def sysctl_path(which: Callable[[str], str | None] = shutil.which) -> str:
+    """``sysctl`` as PATH finds it, else macOS's ``/usr/sbin/sysctl`` (as ``caffeinate`` is found)."""
+    return which("sysctl") or SYSCTL
+
+
 def read_mac_version() -> str:
     """macOS's version, e.g. "14.5". A Python built against an old SDK is told "10.16" on macOS 11+
     (Apple's compatibility answer), so then ``sw_vers`` asks the OS itself."""
@@ -299,7 +308,7 @@ def read_raw_machine() -> RawMachine:
         return RawMachine(
             system,
             arch,
-            sysctl=_run(["sysctl", *SYSCTL_KEYS]),
+            sysctl=_run([sysctl_path(), *SYSCTL_KEYS]),
             nvidia_smi=nvidia,
             mac_ver=read_mac_version(),
             torch_version_py=torch_text,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from laptrain.hardware.detect import sysctl_path
 from laptrain.hardware.probe import next_scripted
 
 # kern.memorystatus_vm_pressure_level answers with XNU's dispatch levels (bsd/sys/event.h)
@@ -124,10 +125,10 @@ class SysctlPressure:
     name = "sysctl kern.memorystatus_vm_pressure_level"
 
     def __init__(self, run: Callable[[list[str]], str | None] = run_text) -> None:
-        self._run = run
+        self._run, self._sysctl = run, sysctl_path()
 
     def read(self) -> int | None:
-        text = self._run(["sysctl", "-n", "kern.memorystatus_vm_pressure_level"])
+        text = self._run([self._sysctl, "-n", "kern.memorystatus_vm_pressure_level"])
         try:
             return int(text.strip()) if text else None
         except ValueError:
