@@ -68,3 +68,23 @@ def test_advice_names_the_setting_for_each_bottleneck() -> None:
     padding = advice(stats(real_tokens=400, grouped=False))
     assert len(padding) == 1 and "data.group_by_length=true" in padding[0]
     assert "max_length" in advice(stats(real_tokens=400, grouped=True))[0]
+
+
+def test_token_counts_of_padded_and_packed_batches():
+    """A packed batch's 4-D additive mask sums to -inf: its real tokens come from the labels
+    (each row up to its last labelled position), as the run report counts them."""
+    import torch
+
+    from laptrain.commands.bench import _batch_tokens
+
+    ids = torch.ones(2, 5, dtype=torch.long)
+    padded = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1] * 5])}
+    assert _batch_tokens(padded) == (8, 10)
+    packed_mask = torch.zeros(2, 1, 5, 5)
+    packed_mask[0, 0, 0, 1] = float("-inf")
+    labels = torch.tensor([[-100, 3, 4, -100, -100], [-100, -100, 1, 2, 3]])
+    assert _batch_tokens({"input_ids": ids, "attention_mask": packed_mask, "labels": labels}) == (
+        8,
+        10,
+    )
+    assert _batch_tokens({"pixels": torch.ones(2)}) == (0, 0)

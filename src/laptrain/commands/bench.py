@@ -105,14 +105,15 @@ class StepStats:
 
 
 def _batch_tokens(batch: Any) -> tuple[int, int]:
-    """(real, computed) tokens of a tokenized batch; (0, 0) when it has no token ids."""
-    if isinstance(batch, Mapping):
-        mask, ids = batch.get("attention_mask"), batch.get("input_ids")
-        if mask is not None and hasattr(mask, "numel"):
-            return int(mask.sum()), mask.numel()
-        if ids is not None and hasattr(ids, "numel"):
-            return ids.numel(), ids.numel()
-    return 0, 0
+    """(real, computed) tokens of a tokenized batch; (0, 0) when it has no token ids. Real tokens
+    are counted as the run report counts them (a packed batch's 4-D mask sums to -inf)."""
+    from laptrain.callbacks.report_writer import token_count
+
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    real = token_count(batch)
+    if real is None or not hasattr(ids, "numel"):
+        return 0, 0
+    return int(real), ids.numel()
 
 
 def _cpu_seconds() -> float:
