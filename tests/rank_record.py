@@ -70,3 +70,18 @@ class RecordStartWeights(Callback):
             self.folder.mkdir(parents=True, exist_ok=True)
             weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
             torch.save(weights, self.folder / "start.pt")
+
+
+class SignalAt(Callback):
+    """Sends ``signum`` to this process on one rank only, as the batch that makes ``global_step``
+    reach ``step`` begins (a scheduler that signals the main process)."""
+
+    def __init__(self, step: int, rank: int = 0, signum: int = 15) -> None:
+        self.step, self.rank, self.signum = step, rank, signum
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step - 1 and trainer.global_rank == self.rank:
+            import os
+
+            os.kill(os.getpid(), self.signum)
+            self.step = -1  # once

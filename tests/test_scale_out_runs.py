@@ -98,3 +98,35 @@ def test_classifier_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_
     train_both(tmp_path, common, ["hardware.batch_size=32"], ["hardware.batch_size=16"])
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
     assert largest_difference(one, two) < 1e-5
+
+
+@pytest.mark.slow  # ~50 s: three runs on 2 processes
+def test_sigterm_to_rank_0_only_stops_both_ranks_at_one_step_and_the_rerun_ends_exactly(tmp_path):
+    """Rank 1 never sees the signal: the stop is agreed at the batch end (one all-reduce), both
+    ranks save one checkpoint at that step and exit 143, and the rerun restores each rank's own
+    random generators, so dropout after the resume matches an uninterrupted run."""
+    texts = write_texts(tmp_path / "texts.csv")
+    common = [
+        "hardware=cpu",
+        "model=tiny_classifier",
+        "data=text_csv",
+        *TINY,
+        f"data.files.train={texts}",
+        "trainer.max_steps=12",
+        "test=false",
+        *DDP,
+    ]
+    whole = run_train([*common, "run_name=whole"], tmp_path, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    signal_at = [
+        "+callbacks.signal._target_=tests.rank_record.SignalAt",
+        "+callbacks.signal.step=3",
+    ]
+    stopped = run_train([*common, *signal_at, "run_name=cut"], tmp_path, timeout=300)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    last = tmp_path / "outputs" / "cut" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 3
+    rerun = run_train([*common, "run_name=cut"], tmp_path, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "global step 3," in rerun.stdout
+    assert largest_difference(final_weights(tmp_path, "whole"), final_weights(tmp_path, "cut")) == 0

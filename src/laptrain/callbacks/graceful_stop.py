@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -65,7 +66,10 @@ class GracefulStop(Callback):
         self._previous = {}
 
     def _save(self, trainer: pl.Trainer) -> None:
-        if self._saved_step == trainer.global_step and self.path.exists():
+        # rank 0's view for all: saving is a collective (a barrier), and another node may not see
+        # the file rank 0 wrote
+        current = self._saved_step == trainer.global_step and self.path.exists()
+        if trainer.strategy.broadcast(current):
             return
         trainer.save_checkpoint(str(self.path), weights_only=False)
 
@@ -76,8 +80,27 @@ class GracefulStop(Callback):
         self._saved_step = trainer.global_step
 
     def _stop(self, trainer: pl.Trainer) -> None:
-        if self.signal_received is not None and not trainer.should_stop:
+        signum = self._shared_signal(trainer)
+        if signum is not None and not trainer.should_stop:
+            self.signal_received = signum
             self.stop_checkpoint.stop(trainer)
+
+    def _shared_signal(self, trainer: pl.Trainer) -> int | None:
+        """The signal any rank has received, the same on every rank.
+
+        With several processes a signal may reach one rank (a scheduler signalling the main
+        process) or reach the ranks a batch apart; each deciding alone would leave one rank in the
+        checkpoint's barrier while another starts the next all-reduce. So every rank takes part in
+        one all-reduce (max of the signal numbers, 0 for none) at every batch end, as Lightning's
+        own loop broadcasts its SIGTERM flag every step (``_broadcast_sigterm_tensor`` in
+        lightning/pytorch/loops/training_epoch_loop.py), which this handler replaces."""
+        if trainer.world_size == 1:
+            return self.signal_received
+        import torch.distributed as dist
+
+        local = torch.tensor([self.signal_received or 0], device=trainer.strategy.root_device)
+        shared = int(trainer.strategy.reduce(local, reduce_op=dist.ReduceOp.MAX).item())
+        return shared or None
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
@@ -89,6 +112,7 @@ class GracefulStop(Callback):
             self._stop(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.signal_received = self._shared_signal(trainer)
         if self.signal_received is None:
             self._save(trainer)
         self._restore()

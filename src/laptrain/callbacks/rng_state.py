@@ -5,6 +5,12 @@ Gap filled: Lightning 2.6.6 checkpoints hold no RNG state (the keys it writes ar
 masks and random augmentation after a resume differ from an uninterrupted run. This callback saves
 the python, numpy and torch generators (CPU, every CUDA device, and MPS, whose generator is its
 own: ``torch.mps.get_rng_state``) and restores them when training resumes.
+
+Under several processes each rank's generators have drawn differently (its batches differ in
+shape, so dropout took other amounts of randomness), and only rank 0 writes the checkpoint: every
+rank's states are gathered into it (one ``all_gather_object`` per save, on every rank, as
+Lightning builds the checkpoint on every rank in ``Trainer.save_checkpoint``) and each rank
+restores its own.
 """
 
 from __future__ import annotations
@@ -30,34 +36,59 @@ class RNGState(VersionedState, Callback):
     )
 
     def saved_state(self) -> dict[str, Any]:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        state = {
-            "python": random.getstate(),
-            # numpy arrays are not loadable with weights_only=True: store the key as a tensor.
-            "numpy": [
-                kind,
-                torch.from_numpy(keys.astype(np.int64)),
-                int(pos),
-                int(has_gauss),
-                float(gauss),
-            ],
-            "torch": torch.get_rng_state(),
-        }
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        if torch.backends.mps.is_available():
-            state["mps"] = torch.mps.get_rng_state()
-        return state
+        state = _local_state()
+        world = _world_size()
+        if world == 1:
+            return state
+        gathered: list[Any] = [None] * world
+        torch.distributed.all_gather_object(gathered, state)
+        return {"ranks": gathered}
 
     def restore_state(self, state: Mapping[str, Any]) -> None:
-        random.setstate(_tuples(state["python"]))
-        kind, keys, pos, has_gauss, gauss = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-        torch.set_rng_state(state["torch"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
-        if "mps" in state and torch.backends.mps.is_available():
-            torch.mps.set_rng_state(state["mps"])
+        ranks = state.get("ranks")
+        if ranks is not None:
+            rank = torch.distributed.get_rank() if _world_size() > 1 else 0
+            # a run resumed on more processes than saved it: the extra ranks take rank 0's
+            state = ranks[rank] if rank < len(ranks) else ranks[0]
+        _restore_local(state)
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _local_state() -> dict[str, Any]:
+    """This process's python, numpy and torch (CPU, CUDA, MPS) generator states."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        # numpy arrays are not loadable with weights_only=True: store the key as a tensor.
+        "numpy": [
+            kind,
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(gauss),
+        ],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.backends.mps.is_available():
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def _restore_local(state: Mapping[str, Any]) -> None:
+    random.setstate(_tuples(state["python"]))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "mps" in state and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])
 
 
 def _tuples(value: Any) -> Any:
