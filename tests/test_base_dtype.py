@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from laptrain.model.lora.base_dtype import (
+    DECIDED_ENV,
     GB,
     base_parameter_count,
     choose_base_dtype,
     resolve_auto_base_dtype,
 )
 from laptrain.preflight.from_config import LLAMA32_3B
+
+LLAMA_AUTO = {"base_dtype": "auto", "backbone": {"model_type": "llama", **LLAMA32_3B}}
 
 
 def test_llama_32_3b_is_counted_on_the_meta_device_without_weights():
@@ -28,13 +31,30 @@ def test_a_16_gb_mac_gets_a_bfloat16_base_and_a_64_gb_one_float32():
 
 def test_only_auto_is_decided_and_the_reason_is_said_once():
     said: list[str] = []
-    assert resolve_auto_base_dtype({"base_dtype": "float32"}, lambda: 1.0, True, said.append) == {}
-    decided = resolve_auto_base_dtype(
-        {"base_dtype": "auto", "backbone": {"model_type": "llama", **LLAMA32_3B}},
-        lambda: 7.8 * GB,
-        True,
-        said.append,
-    )
+    env: dict[str, str] = {}
+    fixed = resolve_auto_base_dtype({"base_dtype": "float32"}, lambda: 1.0, True, said.append, env)
+    assert fixed == {}
+    decided = resolve_auto_base_dtype(LLAMA_AUTO, lambda: 7.8 * GB, True, said.append, env)
     assert decided == {"base_dtype": "bfloat16"} and len(said) == 1
-    tiny = resolve_auto_base_dtype({"base_dtype": "auto"}, lambda: 1.0, True, said.append)
+    tiny = resolve_auto_base_dtype({"base_dtype": "auto"}, lambda: 1.0, True, said.append, env)
     assert tiny == {"base_dtype": "float32"}
+
+
+def test_every_rank_of_a_ddp_job_ends_with_rank_0s_dtype_whatever_its_own_gpu_has_free():
+    """Rank 0 decides on its GPU's free memory before it starts the other ranks; Lightning's
+    launcher copies its environment into them. Rank 1 alone would read less free memory (rank 0
+    is loading by then) and pick bfloat16: a base in two dtypes across the ranks of one job."""
+    free = {0: 30 * GB, 1: 20 * GB}  # Llama 3.2 3B is 12.85 GB in float32; 0.9 of free memory
+    read: list[int] = []
+
+    def budget(gpu: int):
+        return lambda: read.append(gpu) or 0.9 * free[gpu]
+
+    rank_0_env: dict[str, str] = {}  # no LOCAL_RANK: rank 0 runs before the launcher sets it
+    rank_0 = resolve_auto_base_dtype(LLAMA_AUTO, budget(0), True, lambda _: None, rank_0_env)
+    rank_1_env = {**rank_0_env, "LOCAL_RANK": "1", "WORLD_SIZE": "2"}  # as the launcher starts it
+    rank_1 = resolve_auto_base_dtype(LLAMA_AUTO, budget(1), True, lambda _: None, rank_1_env)
+    assert rank_0 == rank_1 == {"base_dtype": "float32"} and read == [0]
+    # the next job of a sweep, in rank 0's process: decided again, not taken from the last one
+    again = resolve_auto_base_dtype(LLAMA_AUTO, budget(1), True, lambda _: None, rank_0_env)
+    assert again == {"base_dtype": "bfloat16"} and rank_0_env[DECIDED_ENV] == "bfloat16"

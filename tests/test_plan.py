@@ -6,6 +6,8 @@ import types
 
 import pytest
 
+from laptrain.config.check import ConfigError
+from laptrain.hardware.probe import FakeProbe
 from laptrain.job.plan import build_run_plan
 from tests.conftest import TINY, compose_train, run_train, write_texts
 
@@ -141,3 +143,88 @@ def test_a_trainer_accelerator_of_auto_reaches_the_preflight_as_the_device_kind(
     plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=spy)
     assert seen["accelerator"] == "cpu" and plan.device == "cpu"
     assert plan.trainer_kwargs()["accelerator"] == "auto"  # the Trainer still gets what was asked
+
+
+@pytest.mark.parametrize(
+    ("overrides", "count", "given"),
+    [
+        (["hardware=cpu", "trainer.devices=2"], 2, 2),
+        (["hardware=cpu", "trainer.devices='2'"], 2, "2"),
+        (["hardware=cpu", "trainer.devices=auto"], 1, "auto"),  # CPU's auto_device_count is 1
+        (["hardware=cuda", "trainer.devices=[0,1]"], 2, [0, 1]),
+        (["hardware=cuda", "trainer.devices='0,1'"], 2, "0,1"),
+        (["hardware=cuda", "trainer.devices=-1"], 4, -1),  # every visible GPU
+        (["hardware=cuda", "trainer.devices='-1'"], 4, "-1"),
+        (["hardware=cuda", "trainer.devices=auto"], 4, "auto"),
+        (["hardware=mps", "trainer.devices=auto"], 1, "auto"),
+    ],
+)
+def test_every_devices_form_lightning_takes_counts_in_the_effective_batch(
+    overrides, count, given, tmp_path, monkeypatch
+):
+    """The Trainer gets trainer.devices as written; the summary and the effective batch count the
+    devices it names (a list or "0,1" used to train on one device, -1 gave a negative batch)."""
+    monkeypatch.setattr("laptrain.launch.device.visible_cuda_devices", lambda: 4)
+    fixed = ["hardware.batch_size=4", "preflight.enabled=false"]
+    plan = build_run_plan(compose_train([*overrides, *fixed], tmp_path), object(), DATA, "32-true")
+    assert plan.devices == count and plan.effective_batch == 4 * count
+    assert plan.trainer_kwargs()["devices"] == given
+    assert f"({count} device(s))" in next(x for x in plan.summary_lines() if x.startswith("device"))
+
+
+def test_fsdp_shards_the_estimate_over_the_gpus_a_list_names(tmp_path):
+    seen = {}
+    preflight = fake_preflight(micro=8, accumulation=1)
+
+    def spy(model, datamodule, profile, **kw):
+        seen.update(profile)
+        return preflight(model, datamodule, profile, **kw)
+
+    overrides = [
+        "hardware=cuda",
+        "hardware.batch_size=8",
+        "trainer=fsdp",
+        "trainer.devices=[0,1,2]",
+    ]
+    plan = build_run_plan(
+        compose_train(overrides, tmp_path), object(), DATA, "32-true", preflight=spy
+    )
+    assert seen["shards"] == 3 and seen["devices"] == 3 and plan.effective_batch == 24
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fix"),
+    [
+        (["hardware=cpu", "trainer.devices=0"], "trainer.devices=0 is not a value"),
+        (["hardware=cuda", "trainer.devices=-2"], "trainer.devices=-2 is not a value"),
+        (["hardware=cuda", "trainer.devices=abc"], "trainer.devices='abc' is not a value"),
+        (["hardware=cuda", "trainer.devices=[]"], r"trainer.devices=\[\] is not a value"),
+        (["hardware=cuda", "trainer.devices=[1,1]"], r"trainer.devices=\[1,1\] names a GPU twice"),
+        (["hardware=cpu", "trainer.devices=[0,1]"], "cpu accelerator .* set trainer.devices=2"),
+        (["hardware=cpu", "trainer.devices=-1"], "cpu accelerator .* set trainer.devices="),
+    ],
+)
+def test_a_devices_value_lightning_refuses_is_one_line_naming_trainer_devices(
+    overrides, fix, tmp_path
+):
+    cfg = compose_train([*overrides, "hardware.batch_size=4", "preflight.enabled=false"], tmp_path)
+    with pytest.raises(ConfigError, match=fix) as refused:
+        build_run_plan(cfg, object(), DATA, "32-true")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_gpu_list_on_an_auto_accelerator_that_resolves_to_cpu_is_refused_before_data_work():
+    """The launch cannot tell cpu from ``auto`` before torch; the device check after it can."""
+    from laptrain.launch.device import check_device
+
+    cfg = compose_train(["hardware=cpu", "trainer.accelerator=auto", "trainer.devices=[0,1]"])
+    with pytest.raises(ConfigError, match="cpu accelerator .* set trainer.devices=2"):
+        check_device(cfg, FakeProbe(kind="cpu"))
+
+
+def test_every_gpu_on_a_machine_without_one_is_refused_naming_trainer_devices():
+    from laptrain.launch.device import device_count
+
+    assert device_count("auto", "cuda", lambda: 3) == device_count("-1", "cuda", lambda: 3) == 3
+    with pytest.raises(ConfigError, match="trainer.devices=-1 asks for every CUDA GPU"):
+        device_count(-1, "cuda", lambda: 0)

@@ -6,8 +6,9 @@ import pytest
 
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
-from laptrain.launch.device import check_device
-from tests.conftest import compose_train, run_train
+from laptrain.job import run
+from laptrain.launch.device import UNFUSED_ON_MPS_FP16, check_device
+from tests.conftest import TINY, compose_train, run_train, write_texts
 
 
 def test_16_mixed_on_cpu_is_refused_with_the_preflight_off():
@@ -72,3 +73,30 @@ def test_a_stopped_run_that_started_fresh_names_the_command_that_resumes_it(tmp_
         "Resume with: python train.py seed=3 run_name=tiny_classifier-text_csv-2"
     )
     assert resume_hint(OmegaConf.create({"resume": True}), run) == "Resume with the same command"
+
+
+@pytest.mark.parametrize(
+    ("kind", "precision", "fused"),
+    [
+        ("mps", "16-mixed", False),  # the kernel may ignore the grad scaler: docs/hardware.md §3
+        ("cuda", "16-mixed", True),
+        ("mps", "bf16-mixed", True),  # no grad scaler
+        ("mps", "32-true", True),
+    ],
+)
+def test_fused_adamw_is_off_only_for_16_mixed_on_mps(
+    tmp_path, monkeypatch, caplog, kind, precision, fused
+):
+    """The classifier's AdamW (conf/model/tiny_classifier.yaml: fused: true) as run.build makes it,
+    with the device and precision checks standing in for a Mac (or a GPU) here."""
+    monkeypatch.setattr(run, "check_device", lambda cfg, say: precision)
+    monkeypatch.setattr(run, "plan_device", lambda cfg: kind)
+    data = write_texts(tmp_path / "texts.csv", rows=60)
+    overrides = ["hardware=cpu", "preflight.enabled=false", "data=text_csv", *TINY]
+    cfg = compose_train([*overrides, f"data.files.train={data}"], tmp_path)
+    with caplog.at_level("INFO"):
+        model = run.build(cfg, None, tmp_path)[1]
+    optimizer = model.optimizer_factory(list(model.parameters()))
+    assert optimizer.defaults["fused"] is fused
+    said = [r.getMessage() for r in caplog.records if "fused" in r.getMessage()]
+    assert said == ([] if fused else [UNFUSED_ON_MPS_FP16])

@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 
 from laptrain.config.check import ConfigError, check_config, compose_argv
 from laptrain.config.scale_out import asks_multirun, check_scale_out, reruns_command
-from tests.conftest import CONF, TINY
+from tests.conftest import CONF, TINY, run_train
 
 
 def compose(overrides: list[str]):
@@ -100,3 +100,24 @@ def test_train_py_refuses_a_ddp_sweep_in_one_line_before_making_a_folder(tmp_pat
     line = str(refused.value)
     assert "\n" not in line and "ddp_spawn" in line and "launcher=slurm" in line
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_devices_value_lightning_refuses_stops_train_py_before_any_job_in_one_line(tmp_path):
+    """``--cfg job`` runs no job: the refusal comes from the launch's checks, exit code 2."""
+    for devices, fix in (("[0,1]", "set trainer.devices=2"), ("0", "trainer.devices=0 is not")):
+        args = ["hardware=cpu", "trainer=ddp_cpu", f"trainer.devices={devices}", "--cfg", "job"]
+        done = run_train(args, tmp_path)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+        assert fix in done.stderr and "trainer.devices" in done.stderr
+
+
+def test_a_sweep_of_one_cpu_process_per_job_is_not_refused(monkeypatch):
+    """trainer.devices=auto on CPU is one process (CPU's auto_device_count is 1), so -m works."""
+    for name in ("SLURM_NTASKS", "SLURM_JOB_NAME", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for devices in ("auto", "'1'"):
+        cfg = compose(["hardware=cpu", "trainer.strategy=ddp", f"trainer.devices={devices}"])
+        check_scale_out(cfg, multirun=True)
+    with pytest.raises(ConfigError, match="hydra#2070"):
+        check_scale_out(compose(["hardware=cpu", "trainer=ddp_cpu", "trainer.strategy=ddp"]), True)

@@ -12,6 +12,7 @@ starts the ranks: SLURM's srun (``launcher=slurm``) or torchrun, which Lightning
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from laptrain.config.overrides import override_indices
 RERUN_PREFIXES = ("ddp", "fsdp", "deepspeed", "model_parallel")
 IN_PROCESS_MARKERS = ("spawn", "fork", "notebook")
 RERUN_CLASSES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+DEVICE_KINDS = ("cpu", "cuda", "mps")  # laptrain.hardware.probe's, which this floor cannot import
 
 
 def asks_multirun(argv: Sequence[str]) -> bool:
@@ -60,13 +62,104 @@ def shards_model_state(strategy: Any) -> bool:
     return False
 
 
-def process_count(trainer: Mapping[str, Any]) -> int | None:
-    """Processes the trainer asks for (devices x nodes), or None when it is decided at run time."""
+def asked_devices(cfg: Mapping[str, Any]) -> Any:
+    """The ``devices`` value the Trainer is given: ``trainer.devices``, else the profile's, else 1.
+    An OmegaConf list comes back as a plain list."""
+    trainer, hardware = cfg.get("trainer") or {}, cfg.get("hardware") or {}
     devices = trainer.get("devices")
-    if isinstance(devices, list | tuple):
-        devices = len(devices)
-    if not isinstance(devices, int) or devices < 1:
-        return None  # "auto" or -1: every device found
+    if devices is None:
+        devices = hardware.get("devices") or 1
+    return (
+        list(devices) if isinstance(devices, Sequence) and not isinstance(devices, str) else devices
+    )
+
+
+def known_kind(cfg: Mapping[str, Any]) -> str | None:
+    """The device kind the config names (cpu, cuda, mps), or None where Lightning picks it at run
+    time (``auto``, ``gpu``)."""
+    trainer, hardware = cfg.get("trainer") or {}, cfg.get("hardware") or {}
+    accelerator = str(trainer.get("accelerator") or hardware.get("accelerator") or "cpu")
+    return accelerator if accelerator in DEVICE_KINDS else None
+
+
+def _shown(devices: Any) -> str:
+    """A devices value as it is typed on the command line."""
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return "[" + ",".join(str(d) for d in devices) + "]"
+    return repr(devices) if isinstance(devices, str) else str(devices)
+
+
+def _refused(devices: Any, why: str = "is not a value Lightning takes") -> ConfigError:
+    return ConfigError(
+        f"trainer.devices={_shown(devices)} {why}: set a count (trainer.devices=2), a GPU list "
+        "(trainer.devices=[0,1]), or auto / -1 for every GPU"
+    )
+
+
+def _index_list(devices: Any, items: Sequence[Any]) -> list[int]:
+    """GPU indices as ``_parse_gpu_ids`` takes them: ints >= 0, at least one, none repeated."""
+    if not items or any(type(i) is not int or i < 0 for i in items):
+        raise _refused(devices)
+    if len(set(items)) != len(items):
+        raise _refused(devices, "names a GPU twice")
+    return list(items)
+
+
+def _lightning_form(devices: Any) -> int | list[int] | str:
+    """``devices`` as Lightning reads it: a count >= 1, -1, ``auto``, or a list of GPU indices (a
+    comma string is one; lightning/fabric/utilities/device_parser.py:106-113)."""
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return _index_list(devices, list(devices))
+    number = devices
+    if isinstance(devices, str):
+        if devices == "auto":
+            return "auto"
+        text = devices.strip()
+        if "," in text:
+            parts = [p.strip() for p in text.split(",") if p]
+            if not all(p.isdigit() for p in parts):
+                raise _refused(devices)
+            return _index_list(devices, [int(p) for p in parts])
+        if not re.fullmatch(r"-?\d+", text):
+            raise _refused(devices)
+        number = int(text)
+    if type(number) is not int or (number < 1 and number != -1):
+        raise _refused(devices)
+    return number
+
+
+def requested_devices(devices: Any, kind: str | None) -> int | None:
+    """How many devices a ``trainer.devices`` value gives the Trainer on ``kind`` (cpu, cuda, mps;
+    None: not known before torch), or None for "every CUDA device found" (``auto``, -1, "-1").
+
+    Lightning's readings: a count n or "n" is n devices (GPUs 0..n-1), a list or "0,1" names GPU
+    indices (device_parser.py:142-155); ``auto`` is the accelerator's ``auto_device_count()``
+    (pytorch/trainer/connectors/accelerator_connector.py:368-384): 1 on CPU and MPS, every visible
+    GPU on CUDA; -1 is every GPU (MPS has one). On CPU only a count >= 1 is taken
+    (fabric/accelerators/cpu.py:80-101, ``_parse_cpu_cores``). Raises :class:`ConfigError` (one
+    line naming trainer.devices) for what Lightning would refuse: 0, [], other negatives,
+    non-numbers, a repeated GPU, and a GPU list or -1 on CPU.
+    """
+    asked = _lightning_form(devices)
+    if kind == "cpu" and (isinstance(asked, list) or asked == -1):
+        count = len(asked) if isinstance(asked, list) else "<processes>, e.g. 2"
+        raise ConfigError(
+            f"trainer.devices={_shown(devices)} names GPUs, but Lightning's cpu accelerator takes "
+            f"a number of processes: set trainer.devices={count}"
+        )
+    if isinstance(asked, list):
+        return len(asked)
+    if asked in ("auto", -1):
+        return 1 if kind in ("cpu", "mps") else None
+    return int(asked)
+
+
+def process_count(trainer: Mapping[str, Any], kind: str | None = None) -> int | None:
+    """Processes the trainer asks for (devices x nodes), or None when it is decided at run time
+    (every CUDA device found). Raises :class:`ConfigError` for a devices value Lightning refuses."""
+    devices = requested_devices(trainer.get("devices"), kind)
+    if devices is None:
+        return None
     return devices * int(trainer.get("num_nodes") or 1)
 
 
@@ -83,7 +176,8 @@ def ranks_started_outside(cfg: DictConfig) -> bool:
 
 def check_scale_out(cfg: DictConfig, multirun: bool) -> None:
     """Raise :class:`ConfigError` (one line naming the fix) for a multi-process setup that cannot
-    work: ``-m`` with a strategy that re-runs the command, or FSDP on CPU."""
+    work: a ``trainer.devices`` value Lightning refuses, ``-m`` with a strategy that re-runs the
+    command, or FSDP on CPU."""
     trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
     assert isinstance(trainer, dict)
     strategy = trainer.get("strategy", "auto")
@@ -93,7 +187,7 @@ def check_scale_out(cfg: DictConfig, multirun: bool) -> None:
             "trainer.strategy=fsdp runs on CUDA GPUs only (Lightning: 'requires a GPU "
             "accelerator'): use trainer=fsdp on a GPU machine, or trainer=ddp_cpu on CPU"
         )
-    count = process_count(trainer)
+    count = process_count({**trainer, "devices": asked_devices(cfg)}, known_kind(cfg))
     if not multirun or not reruns_command(strategy) or count == 1:
         return
     if ranks_started_outside(cfg):
@@ -107,10 +201,24 @@ def check_scale_out(cfg: DictConfig, multirun: bool) -> None:
     )
 
 
-def extra_rank() -> bool:
+def local_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's rank on its machine, which is the index of its GPU when trainer.devices is a
+    count (Lightning's ``root_device`` is ``parallel_devices[local_rank]``,
+    lightning/pytorch/strategies/ddp.py:118-120): ``LOCAL_RANK`` (Lightning's subprocess launcher,
+    torchrun), else ``SLURM_LOCALID`` (srun; fabric/plugins/environments/slurm.py:150-151), else 0:
+    one process, or rank 0, which builds its model before Lightning's launcher sets any of them."""
+    env = os.environ if environ is None else environ
+    for key in ("LOCAL_RANK", "SLURM_LOCALID"):
+        if env.get(key, "").strip():
+            return int(env[key])
+    return 0
+
+
+def extra_rank(environ: Mapping[str, str] | None = None) -> bool:
     """A process of a multi-process launch other than rank 0 (the ranks Lightning's subprocess
     launcher, torchrun or srun start see these variables; rank 0 speaks for all of them)."""
+    env = os.environ if environ is None else environ
     return any(
-        os.environ.get(key) not in (None, "", "0")
+        env.get(key) not in (None, "", "0")
         for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK")
     )

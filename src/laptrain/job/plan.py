@@ -22,9 +22,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.batch_request import AUTO, batch_follows_profile, is_auto
-from laptrain.config.scale_out import shards_model_state
+from laptrain.config.scale_out import asked_devices, shards_model_state
 from laptrain.data.contracts import EvaluatesInOtherBatches, loader_settings
-from laptrain.launch.device import device_kind, requested_accelerator
+from laptrain.launch.device import device_count, device_kind, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
 
 
@@ -35,6 +35,8 @@ class RunPlan:
     ``micro_batch`` is what one forward/backward really runs (TRM: its chunk of carry slots);
     ``loader_batch`` what the training loader yields (TRM: the carry slots); for the text families
     they are equal. ``memory`` is the preflight's record (estimate, budget) when it ran.
+    ``devices`` is how many devices train (per node); ``devices_asked`` the ``trainer.devices``
+    value the Trainer is given as written ([0,1], "0,1", auto, -1 or a count).
     """
 
     profile: str
@@ -57,6 +59,7 @@ class RunPlan:
     gradient_checkpointing: bool | None = (
         None  # model.gradient_checkpointing=auto decided; else None
     )
+    devices_asked: int | str | list[int] | None = None  # None: ``devices``
 
     @property
     def effective_batch(self) -> int:
@@ -66,7 +69,7 @@ class RunPlan:
     def trainer_kwargs(self) -> dict[str, Any]:
         return {
             "accelerator": self.accelerator,
-            "devices": self.devices,
+            "devices": self.devices if self.devices_asked is None else self.devices_asked,
             "precision": self.precision,
             "accumulate_grad_batches": self.accumulation,
         }
@@ -148,6 +151,7 @@ def build_run_plan(
         device=device_kind(asked.accelerator),
         accelerator=asked.accelerator,
         devices=asked.devices,
+        devices_asked=asked.devices_asked,
         precision=precision,
         batch_from_profile=asked.follows,
         reasons=reasons,
@@ -162,7 +166,8 @@ class _Asked:
     """What the config asks before the preflight: device, devices, batch and accumulation."""
 
     accelerator: str
-    devices: int
+    devices: int  # how many train: the count of ``devices_asked`` on this accelerator
+    devices_asked: int | str | list[int]
     follows: bool  # the data's batch_size is from_profile
     auto: bool  # and the profile's is auto
     loader_batch: int
@@ -200,8 +205,8 @@ def _asked(cfg: DictConfig, datamodule: Any, reasons: dict[str, str]) -> _Asked:
     profile_batch = hw.get("batch_size")
     auto = follows and is_auto(profile_batch)
     accelerator = requested_accelerator(cfg)
-    devices = trainer.get("devices") if isinstance(trainer.get("devices"), int) else None
-    devices = int(devices or hw.get("devices") or 1)
+    devices_asked = asked_devices(cfg)
+    devices = device_count(devices_asked, device_kind(accelerator))
     accumulation = int(trainer.get("accumulate_grad_batches") or 1)
     if follows:
         loader_batch = 1 if auto else int(profile_batch)
@@ -211,7 +216,14 @@ def _asked(cfg: DictConfig, datamodule: Any, reasons: dict[str, str]) -> _Asked:
         reasons["batch"] = "data.batch_size"
     auto_checkpointing = is_auto(cfg.model.get("gradient_checkpointing"))
     return _Asked(
-        accelerator, devices, follows, auto, loader_batch, accumulation, auto_checkpointing
+        accelerator,
+        devices,
+        devices_asked,
+        follows,
+        auto,
+        loader_batch,
+        accumulation,
+        auto_checkpointing,
     )
 
 

@@ -44,7 +44,7 @@ from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
 from laptrain.job.hparams import final_metrics, hp_keys, log_hparams
 from laptrain.job.plan import RunPlan, build_run_plan, plan_device
-from laptrain.launch.device import check_device
+from laptrain.launch.device import check_device, without_unsafe_fused
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
 from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
@@ -168,7 +168,9 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     for key in LAPTRAIN_KEYS:  # read by the launcher, not arguments of the module
         model_cfg.pop(key, None)
-    probe = TorchProbe(plan_device(cfg))
+    kind = plan_device(cfg)
+    model_cfg = without_unsafe_fused(model_cfg, kind, precision)
+    probe = TorchProbe(kind)
     hw = cfg.hardware
     decided = resolve_auto_base_dtype(  # model.base_dtype=auto: fp32 if it fits, else bf16
         model_cfg,

@@ -8,14 +8,23 @@ config again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig
 
+from laptrain.config.check import ConfigError
+from laptrain.config.scale_out import asked_devices, requested_devices
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
 from laptrain.model.families import family_of
+
+UNFUSED_ON_MPS_FP16 = (
+    "model.optimizer.fused=false with 16-mixed on MPS: torch's fused Adam/AdamW on MPS ignored the "
+    "grad scaler's skip of overflowing steps before pytorch PR #186360, so one overflow would write "
+    "inf/NaN into the weights (docs/hardware.md §3)"
+)
 
 
 def requested_precision(cfg: DictConfig) -> str:
@@ -36,13 +45,39 @@ def device_kind(accelerator: str) -> str:
     return accelerator if accelerator in DEVICE_KINDS else "cpu"
 
 
+def visible_cuda_devices() -> int:
+    """The CUDA devices this process sees: what Lightning's ``auto`` and -1 train on
+    (``CUDAAccelerator.auto_device_count`` is ``torch.cuda.device_count()``,
+    lightning/pytorch/accelerators/cuda.py:98-100, lightning/fabric/accelerators/cuda.py:148-150)."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def device_count(devices: Any, kind: str, cuda_devices: Callable[[], int] | None = None) -> int:
+    """The number of devices ``trainer.devices`` trains on with a ``kind`` (cpu, cuda, mps)
+    accelerator, in every form Lightning takes (a count, "2", [0,1], "0,1", auto, -1, "-1");
+    ``cuda_devices`` counts the visible GPUs (default: :func:`visible_cuda_devices`). Raises
+    :class:`ConfigError` (one line naming trainer.devices) for a value Lightning refuses."""
+    asked = requested_devices(devices, kind)
+    if asked is not None:
+        return asked
+    found = (cuda_devices or visible_cuda_devices)()
+    if found < 1:
+        raise ConfigError(
+            f"trainer.devices={devices} asks for every CUDA GPU and this machine has none: "
+            "set hardware=cpu (or trainer.accelerator=cpu trainer.devices=1)"
+        )
+    return found
+
+
 def check_device(
     cfg: DictConfig, probe: DeviceProbe | None = None, say: Callable[[str], None] = rank_zero_info
 ) -> str:
     """The first check of every run: the device the trainer is asked for exists here and can run
-    the precision asked for (preflight on or off), and the model's family trains at it (the
-    family registry's rule). Returns the precision in Lightning's spelling; a precision that runs
-    but is unmeasured gets one warning."""
+    the precision asked for (preflight on or off), ``trainer.devices`` is a value Lightning takes
+    on it, and the model's family trains at it (the family registry's rule). Returns the precision
+    in Lightning's spelling; a precision that runs but is unmeasured gets one warning."""
     kind = device_kind(requested_accelerator(cfg))
     probe = probe or TorchProbe(kind)
     if not probe.available():
@@ -50,6 +85,7 @@ def check_device(
             f"hardware={cfg.hardware.get('name')} trains on {kind}, which this machine cannot use: "
             "set hardware=auto (or hardware=cpu)"
         )
+    device_count(asked_devices(cfg), kind)
     text = validate_precision(requested_precision(cfg), kind, probe.bf16_supported())
     family = family_of(cfg.get("model"))
     refused = family.refusal(kind, text) if family else None
@@ -59,3 +95,23 @@ def check_device(
     if warning:
         say(warning)
     return text
+
+
+def without_unsafe_fused(
+    model_cfg: Mapping[str, Any],
+    kind: str,
+    precision: str,
+    say: Callable[[str], None] = rank_zero_info,
+) -> Mapping[str, Any]:
+    """``model_cfg`` with ``optimizer.fused`` off when it would train 16-mixed on MPS, saying so.
+
+    With a fused optimizer the GradScaler does not skip an overflowing step itself: it hands the
+    optimizer ``grad_scale`` and ``found_inf`` and lets its kernel skip (torch/amp/grad_scaler.py,
+    ``step``). MPS's kernel ignored both until pytorch PR #186360, and whether torch 2.13's does
+    is not established (docs/hardware.md §3). Any other device or precision keeps the config."""
+    optimizer = model_cfg.get("optimizer")
+    fused = isinstance(optimizer, Mapping) and bool(optimizer.get("fused"))
+    if not fused or kind != "mps" or precision != "16-mixed":
+        return model_cfg
+    say(UNFUSED_ON_MPS_FP16)
+    return {**model_cfg, "optimizer": {**optimizer, "fused": False}}

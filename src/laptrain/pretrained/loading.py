@@ -110,6 +110,16 @@ def gguf_file(source: Source) -> Path | None:
     return path if path.suffix.lower() == ".gguf" and path.is_file() else None
 
 
+def rank_device_map(environ: Mapping[str, str] | None = None) -> dict[str, int]:
+    """``device_map`` for a base that loads straight onto a GPU (bitsandbytes 4-bit): all of it on
+    this rank's GPU, ``cuda:LOCAL_RANK``. Without one transformers picks
+    ``torch.cuda.current_device()`` (transformers/quantizers/quantizer_bnb_4bit.py:94-111), which
+    is GPU 0 on every rank: the model is built before Lightning sets each rank's device."""
+    from laptrain.config.scale_out import local_rank
+
+    return {"": local_rank(environ)}
+
+
 @contextmanager
 def quiet_load_report() -> Iterator[None]:
     """transformers' load report (missing / unexpected keys, a multi-line table) held back; the

@@ -7,15 +7,24 @@ rule compares the float32 weights with the memory budget the preflight will use 
 adapters and the allocator; bfloat16 otherwise (half the bytes; Llama 3.2 3B: 12.85 GB -> 6.43 GB).
 The parameter count comes from the model's config on the meta device, so nothing is downloaded
 but ``config.json`` and no weights are allocated.
+
+On several ranks the decision is made once, by rank 0 (see :func:`resolve_auto_base_dtype`):
+DDP needs the same weights on every rank, and ranks that each read their own free memory, at
+different moments, can land on either side of the threshold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
+
+from laptrain.config.scale_out import extra_rank
 
 FP32_SHARE = 0.5
 GB = 1024**3
+# Rank 0's choice, left in its environment for the ranks Lightning's subprocess launcher starts.
+DECIDED_ENV = "LAPTRAIN_AUTO_BASE_DTYPE"
 
 
 def base_parameter_count(model_cfg: Mapping[str, Any]) -> int | None:
@@ -73,10 +82,26 @@ def resolve_auto_base_dtype(
     budget_bytes: Callable[[], float],
     bf16_supported: bool,
     say: Callable[[str], None],
+    environ: MutableMapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Constructor overrides for a model config whose ``base_dtype`` is ``auto`` (else none)."""
+    """Constructor overrides for a model config whose ``base_dtype`` is ``auto`` (else none).
+
+    Every rank of a job must end with the same dtype, and there is no process group yet to agree
+    on one. Rank 0 builds its model before Lightning's subprocess launcher starts ranks 1..N-1,
+    and the launcher gives each of them a copy of rank 0's environment
+    (lightning/pytorch/strategies/launchers/subprocess_script.py:128-148). So rank 0 decides from
+    its own GPU's budget, the freest reading the job gets (nothing of the job is loaded yet), and
+    leaves the choice in :data:`DECIDED_ENV`; a rank that finds it there takes it instead of
+    reading memory that rank 0 is by then filling. A rank that finds none (torchrun and srun start
+    every rank at once) decides from its own budget, as one process does.
+    """
     if str(model_cfg.get("base_dtype")) != "auto":
         return {}
+    env = os.environ if environ is None else environ
+    decided = env.get(DECIDED_ENV)
+    if decided in ("float32", "bfloat16") and extra_rank(env):
+        return {"base_dtype": decided}
     choice, why = choose_base_dtype(base_parameter_count(model_cfg), budget_bytes(), bf16_supported)
     say(why)
+    env[DECIDED_ENV] = choice
     return {"base_dtype": choice}

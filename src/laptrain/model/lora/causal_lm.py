@@ -27,7 +27,7 @@ from torchmetrics.aggregation import MeanMetric
 
 from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
-from laptrain.pretrained.loading import Source, load_pretrained_model
+from laptrain.pretrained.loading import Source, load_pretrained_model, rank_device_map
 from laptrain.pretrained.sources import source_fingerprint
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
@@ -181,6 +181,7 @@ def load_base(
                 bnb_4bit_use_double_quant=True,
                 bnb_4bit_compute_dtype=torch.bfloat16,
             )
+            kwargs["device_map"] = rank_device_map()
         return load_pretrained_model(
             partial(AutoModelForCausalLM.from_pretrained, **kwargs),
             pretrained,
