@@ -85,3 +85,24 @@ class SignalAt(Callback):
 
             os.kill(os.getpid(), self.signum)
             self.step = -1  # once
+
+
+class SignalIn(Callback):
+    """Sends ``signum`` to this process on the first batch of ``stage``: ``sanity`` (the sanity
+    check before training), ``val`` (a validation during training) or ``test``."""
+
+    def __init__(self, stage: str, signum: int = 15) -> None:
+        self.stage, self.signum = stage, signum
+
+    def _fire(self, stage: str) -> None:
+        if stage == self.stage:
+            import os
+
+            self.stage = ""  # once
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        self._fire("sanity" if trainer.sanity_checking else "val")
+
+    def on_test_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        self._fire("test")

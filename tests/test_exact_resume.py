@@ -89,11 +89,11 @@ SLOW_CASES = {
     "sigterm-last-batch": (["trainer.max_epochs=2"], signal_at("SIGTERM", step=12), 143),
     # right after a validation (the first batch of epoch 1)
     "sigint-after-validation": (["trainer.max_epochs=2"], signal_at("SIGINT", step=13), 130),
-    # a session budget that is spent at once: stops at the first batch boundary, exit 0
+    # a session budget that is spent at once: stops at the first batch boundary, exit 75 (paused)
     "session-budget": (
         ["trainer.max_epochs=2"],
         ["callbacks.session_budget.max_minutes=0.00001"],
-        0,
+        75,
     ),
     # validation every 5 batches inside the epoch, signal on such a batch
     "sigterm-mid-epoch-validation": (

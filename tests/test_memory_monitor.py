@@ -13,6 +13,7 @@ from laptrain.callbacks.memory_trend import GrowthTrend, SwapWatch
 from laptrain.hardware.power import FakePressure, ProcessMemory
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from tests.conftest import quiet_trainer
+from tests.fake_ranks import two_ranks
 
 MB = 1024 * 1024
 TOP = [ProcessMemory("Safari", 501, 3 * 1024 * MB), ProcessMemory("Slack", 502, 1024 * MB)]
@@ -289,3 +290,59 @@ def test_no_pressure_source_off_macos_and_nothing_in_the_summary(tmp_path):
     assert monitor.pressure is None
     assert all("memory/pressure_level" not in m for _, m in memory_calls(logger))
     assert "worst_pressure" not in monitor.summary()
+
+
+@pytest.mark.parametrize("swapping_rank", [0, 1])
+def test_swap_alarm_on_one_rank_makes_the_same_collectives_on_both(swapping_rank, tmp_path):
+    """Swap growth seen by one rank only: both ranks broadcast at every check point and follow
+    rank 0 (both stop at step 3 with a save, or neither stops); no rank waits alone."""
+    quiet, swapping = [reading(swap=0)], [reading(swap=0), reading(swap=0), reading(swap=512)]
+
+    def make(rank: int) -> MemoryMonitor:
+        return MemoryMonitor(
+            every_n_steps=1,
+            cleanup_on_epoch_end=False,
+            on_swap="stop",
+            swap_growth_mb=256,
+            ckpt_path=str(tmp_path / "last.ckpt"),
+            probe=FakeProbe(readings=swapping if rank == swapping_rank else quiet),
+            use_os_pressure=False,
+        )
+
+    trainers, monitors = two_ranks(make, batches=6)
+    assert trainers[0].strategy.calls == trainers[1].strategy.calls
+    if swapping_rank == 0:
+        assert trainers[0].strategy.calls == [
+            (1, "broadcast"),
+            (2, "broadcast"),
+            (3, "broadcast"),
+            (3, "barrier"),
+        ]
+        assert [t.global_step for t in trainers] == [3, 3]
+        assert [m.stop_reason for m in monitors] == ["swap", "swap"]
+    else:
+        assert trainers[0].strategy.calls == [(s, "broadcast") for s in range(1, 7)]
+        assert [t.global_step for t in trainers] == [6, 6]
+        assert [m.stop_reason for m in monitors] == [None, None]
+
+
+def test_pressure_unread_on_rank_0_and_critical_on_rank_1_keeps_the_ranks_together(tmp_path):
+    """Rank 0 cannot read the pressure level (None) while rank 1 reads critical: the same
+    broadcasts on both, and rank 0's reading (none) decides: nobody stops."""
+
+    def make(rank: int) -> MemoryMonitor:
+        return MemoryMonitor(
+            every_n_steps=2,
+            cleanup_on_epoch_end=False,
+            on_pressure="stop",
+            probe=FakeProbe(readings=[reading()]),
+            pressure=FakePressure([None] if rank == 0 else [1, 4]),
+            top_consumers=lambda: TOP,
+            ckpt_path=str(tmp_path / "last.ckpt"),
+        )
+
+    trainers, monitors = two_ranks(make, batches=6)
+    assert trainers[0].strategy.calls == trainers[1].strategy.calls
+    assert trainers[1].strategy.calls == [(2, "broadcast"), (4, "broadcast"), (6, "broadcast")]
+    assert [t.global_step for t in trainers] == [6, 6]
+    assert [m.stop_reason for m in monitors] == [None, None]

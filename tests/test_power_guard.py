@@ -18,6 +18,7 @@ from laptrain.callbacks.power_guard import PowerGuard
 from laptrain.callbacks.run_report import RunReport
 from laptrain.hardware.power import BatteryReading, FakeBattery
 from tests.conftest import CONF_FIXTURES, TINY, quiet_trainer, run_train, write_texts
+from tests.fake_ranks import two_ranks
 from tests.test_power import awake
 
 PLUGGED, HALF = BatteryReading(90.0, True), BatteryReading(50.0, False, 3600)
@@ -318,7 +319,7 @@ def test_train_py_stops_on_a_low_battery_and_the_rerun_resumes_from_that_step(tm
     ]
     first = run_train([*args, "callbacks=fake_battery_low"], tmp_path)
     out = first.stdout + first.stderr
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 75, first.stderr[-3000:]  # paused: rerun later
     assert "battery at 18 % (below callbacks.power_guard.min_percent=20) at step 4" in out
     assert "Plug in and rerun the same command to resume" in out
     assert "memory: macOS memory pressure is warning (yellow in Activity Monitor)" in out
@@ -340,3 +341,53 @@ def test_train_py_stops_on_a_low_battery_and_the_rerun_resumes_from_that_step(tm
     assert report["run"]["status"] == "finished" and report["run"]["sessions"] == 2
     assert report["run"]["global_step"] == 6 and not report["power"]["stopped_on_battery"]
     assert report["power"]["events"][0]["kind"] == "stop"  # the first session's, kept
+
+
+@pytest.mark.parametrize("rank1_script", [[], [HALF, None]], ids=["no-battery", "probe-fails"])
+def test_a_battery_probe_failing_on_one_rank_keeps_the_collectives_together(rank1_script):
+    """Rank 1 finds no battery at the start, or its probe fails at a check, while rank 0 reads
+    its battery running low: both broadcast at the start and at every check, and both stop at
+    rank 0's step with a save (under DDP rank 0 would otherwise wait in a broadcast alone)."""
+    low = BatteryReading(19.0, False)
+
+    def make(rank: int) -> PowerGuard:
+        script = [HALF, HALF, low] if rank == 0 else rank1_script
+        return guard_with(script, check_every_n_steps=2, ckpt_path="unused/last.ckpt")
+
+    trainers, guards = two_ranks(make, batches=6)
+    assert trainers[0].strategy.calls == trainers[1].strategy.calls
+    assert trainers[0].strategy.calls == [
+        (0, "broadcast"),  # on_train_start: does rank 0 have a battery
+        (1, "broadcast"),
+        (2, "broadcast"),
+        (2, "barrier"),  # the stop's checkpoint
+    ]
+    assert [t.global_step for t in trainers] == [2, 2]
+    assert [g.stop_reason for g in guards] == ["battery", "battery"]
+
+
+def test_a_pause_ends_on_rank_0s_verdict_on_every_rank():
+    """Paused on battery: rank 0's battery drains below min_percent while rank 1 sees the charger
+    back. Every slice of the pause is one broadcast on both ranks (when to read is a clock's
+    call), and both stop at the same step with a save instead of rank 1 training on alone."""
+    drained = BatteryReading(15.0, False)
+
+    def make(rank: int) -> PowerGuard:
+        script = [PLUGGED, HALF, drained] if rank == 0 else [PLUGGED, HALF, PLUGGED]
+        return guard_with(
+            script,
+            check_every_n_steps=1,
+            pause_on_battery=True,
+            pause_check_seconds=10,
+            ckpt_path="unused/last.ckpt",
+        )
+
+    trainers, guards = two_ranks(make, batches=6)
+    calls = trainers[0].strategy.calls
+    assert calls == trainers[1].strategy.calls
+    assert (
+        calls[-1] == (1, "barrier") and calls.count((1, "broadcast")) == 1 + 11
+    )  # 10 s, 1 s slices
+    assert [t.global_step for t in trainers] == [1, 1]
+    assert [g.stop_reason for g in guards] == ["battery", "battery"]
+    assert [g.pauses for g in guards] == [1, 1]

@@ -12,6 +12,7 @@ from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.stop_checkpoint import StopCheckpoint
 from tests.conftest import quiet_trainer
+from tests.fake_ranks import two_ranks
 
 
 class FakeClock:
@@ -131,3 +132,24 @@ def test_budget_that_runs_out_on_the_last_step_is_not_a_session_stop(tmp_path):
 def test_bad_values_name_their_config_key(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SessionBudget(**kwargs)
+
+
+def test_both_ranks_broadcast_every_batch_and_stop_on_rank_0s_clock_and_flag():
+    """Rank 1's clock runs three times as fast (its own budget would end at step 2), and at step 6
+    rank 1 alone has ``should_stop`` set (a callback before this one deciding alone). Both ranks
+    broadcast at every batch, so rank 0 never waits alone, and both stop at rank 0's step 6."""
+    clocks = [FakeClock(), FakeClock()]
+
+    def before_batch_end(trainer) -> None:
+        clocks[trainer.global_rank].now += 10.0 if trainer.global_rank == 0 else 30.0
+        if trainer.global_rank == 1 and trainer.global_step == 6:
+            trainer.should_stop = True
+
+    def make(rank: int) -> SessionBudget:
+        return SessionBudget(max_minutes=1, ckpt_path="unused/last.ckpt", clock=clocks[rank])
+
+    trainers, budgets = two_ranks(make, batches=10, before_batch_end=before_batch_end)
+    assert trainers[0].strategy.calls == trainers[1].strategy.calls
+    assert trainers[0].strategy.calls == [(s, "broadcast") for s in range(1, 7)] + [(6, "barrier")]
+    assert [t.global_step for t in trainers] == [6, 6]
+    assert [b.stop_reason for b in budgets] == ["session", "session"]

@@ -15,6 +15,7 @@ from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
 from tests.conftest import quiet_trainer
+from tests.fake_ranks import two_ranks
 
 NOMINAL, SERIOUS = ThermalReading(level=0), ThermalReading(level=2)
 
@@ -325,3 +326,27 @@ def test_hot_micro_batch_divisor_splits_batches_only_while_hot(tmp_path):
 def test_divisor_below_one_names_its_key():
     with pytest.raises(ValueError, match="thermal_guard.hot_micro_batch_divisor"):
         ThermalGuard(hot_micro_batch_divisor=0)
+
+
+def test_ranks_take_rank_0s_cooling_breaks_with_the_same_collectives():
+    """Rank 0 reads a serious thermal state, rank 1 has no reading: one broadcast per check on
+    both, and both take rank 0's breaks (a rank that trains on meanwhile only waits for the
+    other in the next all-reduce, and its step times and break counts no longer match)."""
+
+    def make(rank: int) -> ThermalGuard:
+        clock = FakeClock()
+        return ThermalGuard(
+            source=FakeThermal([SERIOUS] if rank == 0 else [None]),
+            check_every_n_steps=2,
+            break_seconds=5,
+            drift_threshold_pct=None,
+            probe=FakeProbe(),
+            clock=clock,
+            sleep=clock.sleep,
+        )
+
+    trainers, guards = two_ranks(make, batches=6)
+    assert trainers[0].strategy.calls == trainers[1].strategy.calls
+    assert trainers[0].strategy.calls == [(2, "broadcast"), (4, "broadcast"), (6, "broadcast")]
+    assert [g.breaks for g in guards] == [3, 3]
+    assert [g.cooling_s for g in guards] == [15.0, 15.0]

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import TINY, TRAIN, run_train, write_texts
@@ -56,6 +57,31 @@ def test_run_writes_checkpoint_events_and_finite_metrics_then_resumes(tmp_path):
     assert "resuming from" in second.stdout and "global step 4" in second.stdout
     assert ckpt_step(run / "checkpoints" / "last.ckpt") == 8
     assert not (tmp_path / "outputs" / "t-2").exists()
+
+
+@pytest.mark.parametrize("stage", ["sanity", "val", "test"])
+def test_sigterm_in_any_stage_exits_143_with_the_hint_and_the_rerun_completes(tmp_path, stage):
+    """Outside training Lightning's own handler ends the stage with a SystemExit of code 0; the
+    run turns it into 143 and the resume hint, and the same command then finishes the run."""
+    args = [
+        *BASE,
+        *data_args(tmp_path),
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=3",
+        "trainer.num_sanity_val_steps=1",
+    ]
+    signal_in = [
+        "+callbacks.signal._target_=tests.rank_record.SignalIn",
+        f"+callbacks.signal.stage={stage}",
+    ]
+    stopped = run_train([*args, *signal_in], tmp_path)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "SIGTERM: stopped" in stopped.stdout and "Resume with the same command" in stopped.stdout
+    run = tmp_path / "outputs" / "t"
+    assert not (run / "metrics.json").exists()
+    rerun = run_train(args, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "test/acc" in json.loads((run / "metrics.json").read_text())
 
 
 def test_resume_false_keeps_the_old_run_and_starts_a_new_folder(tmp_path):

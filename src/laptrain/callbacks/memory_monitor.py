@@ -41,13 +41,23 @@ class MemoryMonitor(VersionedState, Callback):
     empties the allocator cache at epoch end and under memory pressure only: doing it on every log
     throws the cache away and slows the next steps (docs/hardware.md §7). On unified memory a job that does
     not fit swaps instead of failing (docs/hardware.md §1), so swap growth gets one warning, or with
-    ``on_swap="stop"`` a checkpoint and a clean stop (``stop_reason = "swap"``, run.py exits 0).
+    ``on_swap="stop"`` a checkpoint and a clean stop (``stop_reason = "swap"``, run.py exits 75, paused).
 
     On macOS it also reads the kernel's memory-pressure level (Activity Monitor's green / yellow /
     red; docs/hardware.md §16) and logs it as ``memory/pressure_level``. At "warning" it names, once,
     the three other processes holding the most memory (field note 004 advises closing other apps;
     this says which); at "critical" it warns, or with ``on_pressure="stop"`` checkpoints and stops
     (``stop_reason = "memory pressure"``).
+
+    With several processes (DDP), every rank reaches a check point at the same optimizer step (the
+    check points follow ``global_step`` alone) and makes one ``strategy.broadcast`` there, whatever
+    it read: rank 0's swap growth and pressure level decide for every rank (``on_swap`` and
+    ``on_pressure`` are config, the same on every rank). A broadcast made only by the rank whose
+    reading fired leaves that rank waiting for ever (``DDPStrategy.broadcast`` is
+    ``torch.distributed.broadcast_object_list`` on every rank, lightning/pytorch/strategies/ddp.py
+    :306-312 in 2.6.6; with one process it returns its argument, single_device.py:91-92), and so
+    does a stop's save on one rank only (``Trainer.save_checkpoint`` ends in ``strategy.barrier``,
+    trainer/trainer.py:1465).
 
     Args:
         enabled: False makes every hook a no-op.
@@ -144,8 +154,10 @@ class MemoryMonitor(VersionedState, Callback):
             metrics["memory/cleanup_freed_mb"] = self.cleanup(
                 f"system memory at {reading.system_percent:.0f}%"
             )
-        self._check_swap(trainer, reading)
-        self._check_pressure(trainer, metrics)
+        local = (self._swap_growth(reading), self._pressure_level())
+        grown, level = trainer.strategy.broadcast(local)  # every rank, every check point
+        self._check_swap(trainer, grown)
+        self._check_pressure(trainer, metrics, level)
         rate = self.trend.update(step, reading.device_allocated or reading.rss)
         if rate is not None and self.leak_mb_per_100_steps is None:
             self.leak_mb_per_100_steps = rate
@@ -222,14 +234,22 @@ class MemoryMonitor(VersionedState, Callback):
             if value is not None:
                 self.peaks[key] = max(self.peaks.get(key, value), value)
 
-    def _check_swap(self, trainer: pl.Trainer, r: MemoryReading) -> None:
+    def _swap_growth(self, r: MemoryReading) -> float | None:
+        """This rank's swap growth once past the threshold (None below it); keeps the peak."""
         grown = self.swap.update(r.swap_used)
         session_growth = (r.swap_used - (self.swap.start or 0)) / MB
         self.peaks["swap_grew_mb"] = max(self.peaks.get("swap_grew_mb", 0.0), session_growth)
+        return grown
+
+    def _pressure_level(self) -> int | None:
+        return self.pressure.read() if self.pressure is not None else None
+
+    def _check_swap(self, trainer: pl.Trainer, grown: float | None) -> None:
+        """Warn or stop on ``grown``, rank 0's swap growth: the same call on every rank."""
         if grown is None or self._warned_swap:
             return
         self._warned_swap = True
-        stop = trainer.strategy.broadcast(self.on_swap == "stop")
+        stop = self.on_swap == "stop"
         action = (
             "stopping with a checkpoint (memory_monitor.on_swap=stop)" if stop else "continuing"
         )
@@ -240,8 +260,10 @@ class MemoryMonitor(VersionedState, Callback):
             self.stop_reason = "swap"
             self.checkpoint.stop(trainer)
 
-    def _check_pressure(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
-        level = self.pressure.read() if self.pressure is not None else None
+    def _check_pressure(
+        self, trainer: pl.Trainer, metrics: dict[str, float], level: int | None
+    ) -> None:
+        """Log, name the top consumers or stop on ``level``, rank 0's pressure level."""
         if level is None:
             return
         metrics["memory/pressure_level"] = float(level)
@@ -257,7 +279,7 @@ class MemoryMonitor(VersionedState, Callback):
         if level < PRESSURE_CRITICAL or self._warned_critical:
             return
         self._warned_critical = True
-        stop = trainer.strategy.broadcast(self.on_pressure == "stop")
+        stop = self.on_pressure == "stop"
         action = (
             "stopping with a checkpoint (memory_monitor.on_pressure=stop)" if stop else "continuing"
         )

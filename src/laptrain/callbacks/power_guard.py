@@ -33,9 +33,22 @@ class PowerGuard(VersionedState, Callback):
       ``power/percent`` and ``power/plugged``, and warns once when training starts on battery, with
       the step-time cost measured in the run's earlier sessions when there is one;
     - on battery below ``min_percent``: saves ``ckpt_path`` at that batch boundary and stops
-      (``stop_reason = "battery"``; run.py exits 0 with "resume with the same command");
+      (``stop_reason = "battery"``; run.py exits 75 (paused) with "resume with the same command");
     - with ``pause_on_battery``: sleeps between steps while on battery until the charger is back
       (logged like a cooling break; weights untouched), and still stops below ``min_percent``.
+
+    With several processes (DDP), rank 0's battery speaks for every rank: each rank reads its own,
+    then all make one ``strategy.broadcast`` of rank 0's reading at the start and at every check
+    (every ``check_every_n_steps`` batches, a count that is the same on every rank), also where
+    their own probe found nothing; a rank that skipped it would leave the others waiting for ever
+    (``DDPStrategy.broadcast`` is ``torch.distributed.broadcast_object_list`` on every rank,
+    lightning/pytorch/strategies/ddp.py:306-312 in 2.6.6; with one process it returns its
+    argument, single_device.py:91-92). A battery stop saves on every rank at the same batch
+    (``Trainer.save_checkpoint`` ends in ``strategy.barrier``, trainer/trainer.py:1465). When a
+    pause reads the battery again is a clock's call, so while paused every rank makes one broadcast
+    per sleep slice (at most 1 s) and follows rank 0's verdict: wait, resume or stop (a signal
+    that reaches another rank only is acted on once the pause ends: ``GracefulStop`` shares it at
+    the batch end).
 
     Args:
         enabled: False makes every hook a no-op (profiles switch it with ``hardware.guards``).
@@ -102,6 +115,7 @@ class PowerGuard(VersionedState, Callback):
         # per power state: [timed steps, seconds], over every session of the run
         self.step_time = {"battery": [0, 0.0], "plugged": [0, 0.0]}
         self._batches, self._t0, self._cooling0 = 0, 0.0, 0.0
+        self._last_read = 0.0  # while paused: when this rank last read the battery
 
     @property
     def cooling_s(self) -> float:
@@ -126,7 +140,7 @@ class PowerGuard(VersionedState, Callback):
         self.stop_reason, self._batches = None, 0
         if not self.enabled or self.battery is None:
             return
-        reading = self._read(trainer)
+        reading = trainer.strategy.broadcast(self._read(trainer))  # rank 0's, on every rank
         if reading is None:
             rank_zero_info(
                 "power: no battery found (a desktop, or the OS does not say): battery checks off"
@@ -160,14 +174,12 @@ class PowerGuard(VersionedState, Callback):
         self._batches += 1
         if self._batches != 1 and self._batches % self.every_n:
             return
-        reading = self._read(trainer)
+        reading = trainer.strategy.broadcast(self._read(trainer))  # rank 0's, on every rank
         if reading is None:
             return
-        low = trainer.strategy.broadcast(self._too_low(reading))
-        pause = trainer.strategy.broadcast(reading.on_battery and self.pause_on_battery)
-        if low:
+        if self._too_low(reading):
             self._stop(trainer, reading)
-        elif pause:
+        elif reading.on_battery and self.pause_on_battery:
             self._pause(trainer, reading)
 
     @override
@@ -225,18 +237,14 @@ class PowerGuard(VersionedState, Callback):
             f"power: paused at step {trainer.global_step} on battery ({_describe(reading)}) until the "
             "charger is back (callbacks.power_guard.pause_on_battery=false trains on battery)"
         )
-        start = last_read = self.clock()
+        start = self._last_read = self.clock()
         while True:
-            if stop_requested(trainer):  # the stopping callback saves and stops at this boundary
+            # every rank, every slice: rank 0's clock says when the battery is read again
+            verdict, reading = trainer.strategy.broadcast(self._pause_verdict(trainer))
+            if verdict == "low":
+                self._stop(trainer, reading)
+            if verdict != "wait":
                 break
-            if self.clock() - last_read >= self.pause_check_seconds:
-                last_read = self.clock()
-                reading = self._read(trainer)
-                if reading is None or not reading.on_battery:
-                    break
-                if self._too_low(reading):
-                    self._stop(trainer, reading)
-                    break
             self.sleep(min(1.0, self.pause_check_seconds))
         taken = self.clock() - start
         self.pauses += 1
@@ -249,6 +257,20 @@ class PowerGuard(VersionedState, Callback):
                 f"power: charger back after a pause of {taken:.0f} s; training resumes at step "
                 f"{trainer.global_step}"
             )
+
+    def _pause_verdict(self, trainer: pl.Trainer) -> tuple[str, BatteryReading | None]:
+        """This rank's view of a pause at the end of a slice, with the reading it took (if any):
+        "asked" (a stop is asked for: the stopping callback saves and stops at this boundary),
+        "resume" (the charger is back, or no reading), "low" (stop) or "wait"."""
+        if stop_requested(trainer):
+            return "asked", None
+        if self.clock() - self._last_read < self.pause_check_seconds:
+            return "wait", None
+        self._last_read = self.clock()
+        reading = self._read(trainer)
+        if reading is None or not reading.on_battery:
+            return "resume", reading
+        return ("low" if self._too_low(reading) else "wait"), reading
 
     def _event(self, trainer: pl.Trainer, kind: str, reason: str, seconds: float) -> None:
         event = {"step": trainer.global_step, "kind": kind, "reason": reason, "s": seconds}

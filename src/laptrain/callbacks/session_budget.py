@@ -21,8 +21,15 @@ class SessionBudget(Callback):
     so its budget is cumulative over resumes (docs/lightning.md, "Timer and max_time") and a resumed run would stop at once.
     This budget is per process: "train 2-3 epochs at a time, then let the machine rest" (field note 000, docs/field_notes.md).
     When it runs out it sets ``trainer.should_stop`` and ``stop_reason = "session"`` (saving
-    ``ckpt_path`` at that batch boundary); ``run.train`` then exits 0 with "resume with the same command". A
+    ``ckpt_path`` at that batch boundary); ``run.train`` then exits 75 (paused) with "resume with the same command". A
     run that would end anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.
+
+    With several processes (DDP), every rank makes one ``strategy.broadcast`` at every batch end
+    (while ``max_minutes`` is set), before anything it alone may have seen: rank 0's clock and
+    rank 0's ``should_stop`` decide for every rank, so that no rank waits in the broadcast alone or
+    in a stop's save (``DDPStrategy.broadcast`` is ``torch.distributed.broadcast_object_list`` on
+    every rank, lightning/pytorch/strategies/ddp.py:306-312 in 2.6.6; ``Trainer.save_checkpoint``
+    ends in ``strategy.barrier``, trainer/trainer.py:1465).
 
     Args:
         max_minutes: wall-clock minutes of training per process; None = no limit.
@@ -74,9 +81,12 @@ class SessionBudget(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if self.max_minutes is None or trainer.should_stop:
+        if self.max_minutes is None:
             return
-        spent = trainer.strategy.broadcast(self.clock() - self._start)
+        local = (self.clock() - self._start, trainer.should_stop)
+        spent, stopping = trainer.strategy.broadcast(local)  # rank 0's, on every rank
+        if stopping:
+            return
         # Mid-epoch, or at the next batch when a validation follows this one
         # (laptrain/callbacks/stop_checkpoint.py).
         if (

@@ -26,6 +26,14 @@ class ThermalGuard(VersionedState, Callback):
     says "hot" sleeps between two steps. A break changes timing only: weights, batches and
     optimizer state are untouched, so results are the same with or without breaks.
 
+    With several processes (DDP), every rank reaches a check at the same batch (every
+    ``check_every_n_steps`` batches, a count that is the same on every rank) and makes one
+    ``strategy.broadcast`` there, hot or not: rank 0's verdict (its source, its step times, its
+    clock against the hourly budget) decides every rank's break and micro-batch divisor, so that
+    all ranks pause together (``DDPStrategy.broadcast`` is
+    ``torch.distributed.broadcast_object_list`` on every rank, lightning/pytorch/strategies/ddp.py
+    :306-312 in 2.6.6; with one process it returns its argument, single_device.py:91-92).
+
     Args:
         enabled: False makes every hook a no-op (profiles switch the guard with ``hardware.guards``).
         source: thermal source; None = the first that works on this machine (may be none).
@@ -135,8 +143,9 @@ class ThermalGuard(VersionedState, Callback):
             self.max_drift_pct = max(drift, self.max_drift_pct or drift)
             metrics["thermal/drift_pct"] = drift
         reason = self._reason(reading.level if reading else None, drift)
+        allowed = self.budget.allowed(self.clock()) if reason else 0.0
+        reason, seconds = trainer.strategy.broadcast((reason, allowed))  # rank 0's, every rank
         self._split_while_hot(trainer, hot=reason is not None)
-        seconds = trainer.strategy.broadcast(self.budget.allowed(self.clock()) if reason else 0.0)
         if reason and seconds > 0:
             metrics["thermal/cooling_break_s"] = self._cool(trainer, reason, seconds)
         elif reason and not self._warned_cap:

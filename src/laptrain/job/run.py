@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
@@ -144,10 +145,17 @@ def _single_log_stream() -> None:
         logger.propagate = True
 
 
+# A run a callback paused on purpose (session budget, swap, battery) and that the same command
+# resumes: sysexits.h's EX_TEMPFAIL ("a temporary failure; the user is invited to retry"), so a
+# script or scheduler can tell it from a finished run (0) and from a signal (128 + its number).
+PAUSED_EXIT = 75
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """How a run ended: ``exit_code`` for the shell (0: done or paused on purpose; 128 + signal
-    number after Ctrl-C/SIGTERM) and the metric a sweeper optimises (None unless done)."""
+    """How a run ended: ``exit_code`` for the shell (0: done; ``PAUSED_EXIT``: paused on purpose;
+    128 + signal number after Ctrl-C/SIGTERM) and the metric a sweeper optimises (None unless
+    done)."""
 
     status: str  # "done", "paused" (session budget, swap) or "interrupted"
     exit_code: int = 0
@@ -214,12 +222,18 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         rank_zero_info(
             f"resuming from {ckpt_path} (global step {step}, epoch {epoch}); resume=false starts a new run"
         )
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    except SystemExit as stop:
+        return _interrupted(stop, "fit", cfg, output_dir, trainer)
     stopped = _stopped(cfg, output_dir, trainer, callbacks)
     if stopped is not None:
         return stopped
     best = best_checkpoint(trainer)  # before test, which restores the callbacks' older state
-    metrics = _test(cfg, trainer, model, datamodule)
+    try:
+        metrics = _test(cfg, trainer, model, datamodule)
+    except SystemExit as stop:
+        return _interrupted(stop, "test", cfg, output_dir, trainer)
     # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
     metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
     log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
@@ -307,7 +321,7 @@ def _stopped(
             f"checkpoint {last}. {resume_hint(cfg, output_dir)} (or ckpt_path=<that file>)."
         )
         return Outcome("interrupted", 128 + signum)
-    # A callback that stops the run on purpose (session budget, swap) leaves it resumable: exit 0.
+    # A callback that stops the run on purpose (session budget, swap) leaves it resumable.
     paused = stop_reason(callbacks)
     if paused:
         # The stopping callback saved last.ckpt at the batch boundary (laptrain/callbacks/
@@ -316,8 +330,32 @@ def _stopped(
             f"stopped ({paused}) at global step {trainer.global_step}; checkpoint {last}. "
             f"{resume_hint(cfg, output_dir)}."
         )
-        return Outcome("paused")
+        return Outcome("paused", PAUSED_EXIT)
     return None
+
+
+def _interrupted(
+    stop: SystemExit, stage: str, cfg: DictConfig, output_dir: Path, trainer: pl.Trainer
+) -> Outcome:
+    """A signal where GracefulStop does not hold the handlers (the sanity check before training,
+    the test after it): Lightning ends the stage with ``SIGTERMException``, a ``SystemExit`` with
+    no code, i.e. exit 0 (lightning/pytorch/loops/evaluation_loop.py:470-471), or on Ctrl-C with
+    ``sys.exit(1)`` inside its ``except KeyboardInterrupt`` (lightning/pytorch/trainer/call.py:
+    56-65). Either becomes 128 + the signal's number with the resume hint; any other exit is
+    passed on."""
+    if isinstance(stop, SIGTERMException):
+        signum = signal.SIGTERM
+    elif isinstance(stop.__context__, KeyboardInterrupt):
+        signum = signal.SIGINT
+    else:
+        raise stop
+    last = Path(cfg.paths.last_ckpt)
+    kept = f"checkpoint {last}" if last.is_file() else "no checkpoint yet, so it starts over"
+    rank_zero_info(
+        f"{signum.name}: stopped during the {stage} at global step {trainer.global_step}; "
+        f"{kept}. {resume_hint(cfg, output_dir)}."
+    )
+    return Outcome("interrupted", 128 + signum)
 
 
 def _test(cfg: DictConfig, trainer: pl.Trainer, model: Any, datamodule: Any) -> dict[str, float]:
