@@ -7,7 +7,13 @@ temporary file to appear and kill during that write), then checks every checkpoi
 the end and compares the final ``last.ckpt`` with an uninterrupted run's, tensor by tensor.
 One run at a time (2 cores). Prints a markdown table.
 
-    python benchmarks/kill_test.py --runs 50 [--seed 0] [--interval 5]
+``--setup workers`` trains with 2 persistent DataLoader workers and gradient accumulation 4;
+``--setup ddp`` on 2 processes (``trainer=ddp_cpu trainer.strategy=ddp``, Lightning re-running the
+command for rank 1). ``--group`` sends each signal to the run's whole process group (what Ctrl-C in
+a terminal or ``kill -TERM -<pgid>`` does: workers and ranks get it too); DDP rounds always do,
+since a SIGKILL of rank 0 alone would leave rank 1 waiting in its next collective.
+
+    python benchmarks/kill_test.py --runs 50 [--seed 0] [--interval 5] [--setup workers] [--group]
 """
 
 from __future__ import annotations
@@ -105,7 +111,18 @@ def corrupt_files(folder: Path) -> list[str]:
     return bad
 
 
-def command(work: Path, data: Path, run: str, interval: int) -> list[str]:
+SETUPS = {
+    "plain": [],
+    "workers": [
+        "hardware.num_workers=2",
+        "hardware.persistent_workers=true",
+        "trainer.accumulate_grad_batches=4",
+    ],
+    "ddp": ["trainer=ddp_cpu", "trainer.strategy=ddp"],
+}
+
+
+def command(work: Path, data: Path, run: str, interval: int, setup: str = "plain") -> list[str]:
     return [
         sys.executable,
         str(ROOT / "train.py"),
@@ -118,6 +135,7 @@ def command(work: Path, data: Path, run: str, interval: int) -> list[str]:
         "trainer.deterministic=true",
         f"callbacks.periodic_checkpoint.every_n_train_steps={interval}",
         "test=false",
+        *SETUPS[setup],
         f"run_name={run}",
         "+callbacks.step_marker._target_=kill_test.StepMarker",
         f"+callbacks.step_marker.path={work / (run + '.step')}",
@@ -134,7 +152,13 @@ def run_to_end(cmd: list[str], work: Path) -> subprocess.CompletedProcess:
 
 
 def interrupt(
-    cmd: list[str], work: Path, rnd: Round, rng: random.Random, total_steps: int, step_s: float
+    cmd: list[str],
+    work: Path,
+    rnd: Round,
+    rng: random.Random,
+    total_steps: int,
+    step_s: float,
+    group: bool = False,
 ) -> None:
     run_dir = work / "outputs" / cmd[-3].split("=", 1)[1]
     proc = subprocess.Popen(
@@ -143,6 +167,7 @@ def interrupt(
         env=environment(work),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=group,  # its own process group, which the signal then goes to
     )
     marker = work / (cmd[-3].split("=", 1)[1] + ".step")
     deadline = time.monotonic() + 180
@@ -165,10 +190,22 @@ def interrupt(
             time.sleep(0.005)
         time.sleep(rng.uniform(0, step_s))
     if proc.poll() is None:
-        proc.send_signal(getattr(signal, rnd.signal))
+        signum = getattr(signal, rnd.signal)
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
     else:
         rnd.notes.append("ended before the signal")
-    rnd.exit_code = proc.wait(timeout=300)
+    try:
+        rnd.exit_code = proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:  # a hang: end the group, count the round as failed
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        rnd.exit_code = proc.wait()
+        rnd.notes.append("hung for 300 s after the signal")
     if rnd.exit_code == 0 and "ended before the signal" not in rnd.notes:
         rnd.notes.append("ended before the signal")  # it finished between the poll and the kill
     rnd.reached = int(marker.read_text()) if marker.exists() else 0
@@ -202,13 +239,16 @@ def main(argv: list[str] | None = None) -> list[Round]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--interval", type=int, default=5, help="periodic checkpoint, in steps")
     parser.add_argument("--work", type=Path, default=None, help="folder to work in (temporary)")
+    parser.add_argument("--setup", choices=sorted(SETUPS), default="plain")
+    parser.add_argument("--group", action="store_true", help="signal the whole process group")
     args = parser.parse_args(argv)
+    group = args.group or args.setup == "ddp"
     rng = random.Random(args.seed)
     work = args.work or Path(tempfile.mkdtemp(prefix="laptrain-kill-"))
     work.mkdir(parents=True, exist_ok=True)
     data = write_data(work / "texts.csv")
 
-    span = reference_run(command(work, data, "reference", args.interval), work)
+    span = reference_run(command(work, data, "reference", args.interval, args.setup), work)
     ref_last = work / "outputs" / "reference" / "checkpoints" / "last.ckpt"
     total_steps = int(load_state(ref_last)["global_step"])
     step_s = span / max(1, total_steps)
@@ -217,8 +257,8 @@ def main(argv: list[str] | None = None) -> list[Round]:
     for i in range(args.runs):
         sig = SIGNALS[i % 3] if args.runs >= 3 else rng.choice(SIGNALS)
         rnd = Round(sig, during_save=sig == "SIGKILL" and rng.random() < 1 / 3)
-        cmd = command(work, data, f"r{i}", args.interval)
-        interrupt(cmd, work, rnd, rng, total_steps, step_s)
+        cmd = command(work, data, f"r{i}", args.interval, args.setup)
+        interrupt(cmd, work, rnd, rng, total_steps, step_s, group)
         done = run_to_end(cmd, work)
         if done.returncode != 0:
             rnd.notes.append(f"rerun exit {done.returncode}: {done.stderr.strip()[-200:]}")
@@ -232,17 +272,20 @@ def main(argv: list[str] | None = None) -> list[Round]:
             f"corrupt {rnd.corrupt}, identical {rnd.identical} {' '.join(rnd.notes)}",
             flush=True,
         )
-    print(table(rounds, args.interval))
+    print(table(rounds, args.interval, args.setup, group))
     return rounds
 
 
-def table(rounds: list[Round], interval: int) -> str:
+def table(rounds: list[Round], interval: int, setup: str = "plain", group: bool = False) -> str:
     lines = [
-        f"interval between periodic checkpoints: {interval} steps",
+        f"setup: {setup} ({' '.join(SETUPS[setup]) or 'no workers, one process'}); signals to "
+        f"{'the process group' if group else 'the main process'}; interval between periodic "
+        f"checkpoints: {interval} steps",
         "",
-        "| signal | runs | signal arrived in training | reruns completed | corrupt checkpoints "
-        "| steps lost (max) | steps lost (mean) | final weights == uninterrupted |",
-        "|---|---|---|---|---|---|---|---|",
+        "| signal | runs | signal arrived in training | hangs | reruns completed "
+        "| corrupt checkpoints | steps lost (max) | steps lost (mean) "
+        "| final weights == uninterrupted |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for sig in SIGNALS:
         rs = [r for r in rounds if r.signal == sig]
@@ -253,6 +296,7 @@ def table(rounds: list[Round], interval: int) -> str:
         name = f"{sig} ({during} during a save)" if during else sig
         lines.append(
             f"| {name} | {len(rs)} | {sum('ended before the signal' not in r.notes for r in rs)} "
+            f"| {sum(any(n.startswith('hung') for n in r.notes) for r in rs)} "
             f"| {sum(r.rerun_ok for r in rs)} "
             f"| {sum(r.corrupt for r in rs)} | {max(lost)} | {sum(lost) / len(lost):.1f} "
             f"| {sum(bool(r.identical) for r in rs)}/{len(rs)} |"

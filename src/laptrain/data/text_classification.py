@@ -33,6 +33,7 @@ from laptrain.data.labelled_files import (
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader, replicas_of
 from laptrain.data.splits import check_train_fraction, train_subset
 from laptrain.data.tokenizer import load_tokenizer, train_wordpiece
+from laptrain.data.workers import WorkerInit
 from laptrain.files import file_digest
 
 CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.data.labelled_files
@@ -366,6 +367,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         if workers > 0:  # both are errors with workers == 0 (docs/hardware.md §5)
             kwargs["persistent_workers"] = bool(self.persistent_workers)
             kwargs["prefetch_factor"] = self.prefetch_factor
+            kwargs["worker_init_fn"] = WorkerInit(rank)  # signals stay with the main process
         return (ResumableDataLoader if train else DataLoader)(ds, **kwargs)
 
     def train_dataloader(self) -> DataLoader:
