@@ -9,6 +9,7 @@ import pytest
 from tests.test_benchmarks import run
 
 
+@pytest.mark.slow  # ~25 s; benchmarks/real_lora.py's smoke stays in the fast suite
 def test_real_minilm_smoke_prints_the_three_arms(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")  # Hugging Face's Trainer needs it (the [dev] extra)
     out = run("real_minilm.py", ["--smoke"], tmp_path)

@@ -36,7 +36,11 @@ def test_a_saved_folder_loads_through_the_same_path_as_a_hub_name(tmp_path):
 
 
 def test_offline_hub_name_or_missing_folder_fails_with_a_hint(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # read once at import: without it the lookup waited on the network's timeouts (46 s)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(OSError, match="hub name \\(offline\\?\\): set model.pretrained"):
         TextClassifierModule(num_labels=2, pretrained="nobody-here/no-such-model")
     with pytest.raises(ValueError, match="model.pretrained=.*missing-model does not exist"):

@@ -223,6 +223,7 @@ def make_trainer(
     return instantiate_trainer(
         job.cfg,
         job.plan,
+        job.model,
         callbacks,
         loggers,
         max_steps=steps,

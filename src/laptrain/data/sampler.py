@@ -49,8 +49,9 @@ class LengthGroupedBatchSampler(Sampler[list[int]]):
     ) -> None:
         if isinstance(lengths, Sampler):
             raise ValueError(
-                "Lightning rebuilt laptrain's batch sampler for several processes, which would "
-                "train every rank on the same examples: set trainer.use_distributed_sampler=false"
+                "Lightning rebuilt laptrain's batch sampler (for several processes or for "
+                "trainer.predict), which would give it indices for lengths: keep "
+                "trainer.use_distributed_sampler=false, and predict with laptrain predict"
             )
         if batch_size < 1:
             raise ValueError(f"batch size must be >= 1 (got {batch_size}): set hardware.batch_size")

@@ -292,9 +292,13 @@ class SudokuBoardsDataModule(pl.LightningDataModule):
 
     def _eval_loader(self, split: str) -> DataLoader:
         """The boards in order; under several processes each rank takes its share of every
-        batch of ``eval_batch_size * replicas`` (``laptrain.data.sampler``)."""
+        batch of ``eval_batch_size * replicas`` (``laptrain.data.sampler``). One process keeps a
+        plain loader, which ``trainer.predict`` can rebuild to track indices."""
         data = self.splits[split]
+        boards = BoardDataset(data["inputs"], data["labels"])
         replicas, rank = replicas_of(self.trainer)
+        if replicas == 1:
+            return DataLoader(boards, batch_size=self.eval_batch_size)
         batches = LengthGroupedBatchSampler(
             [1] * len(data["inputs"]),
             self.eval_batch_size,
@@ -302,7 +306,7 @@ class SudokuBoardsDataModule(pl.LightningDataModule):
             replicas=replicas,
             rank=rank,
         )
-        return DataLoader(BoardDataset(data["inputs"], data["labels"]), batch_sampler=batches)
+        return DataLoader(boards, batch_sampler=batches)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")

@@ -48,6 +48,7 @@ from laptrain.job.plan import RunPlan, build_run_plan, plan_device
 from laptrain.launch.device import check_device, without_unsafe_fused
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
+from laptrain.model.fsdp_units import fsdp_strategy_for
 from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
 from laptrain.preflight.budget import device_budget
 from laptrain.run_folder.listing import resume_command
@@ -214,7 +215,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
 def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     _set_up_process(cfg)
     datamodule, model, plan = build(cfg, env, output_dir)
-    trainer, callbacks, loggers = _make_trainer(cfg, plan)
+    trainer, callbacks, loggers = _make_trainer(cfg, plan, model)
     _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan)
     ckpt_path = checked_resume_checkpoint(cfg, model)
     if ckpt_path:
@@ -258,22 +259,30 @@ def _set_up_process(cfg: DictConfig) -> None:
         torch.set_num_threads(int(cfg.hardware.torch_threads))
 
 
-def _make_trainer(cfg: DictConfig, plan: RunPlan) -> tuple[pl.Trainer, list[Any], list[Any]]:
+def _make_trainer(
+    cfg: DictConfig, plan: RunPlan, model: Any
+) -> tuple[pl.Trainer, list[Any], list[Any]]:
     """The Trainer of the config with the plan's arguments, its callbacks and its loggers."""
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
-    return instantiate_trainer(cfg, plan, callbacks, loggers), callbacks, loggers
+    return instantiate_trainer(cfg, plan, model, callbacks, loggers), callbacks, loggers
 
 
 def instantiate_trainer(
-    cfg: DictConfig, plan: RunPlan, callbacks: list[Any], loggers: list[Any], **overrides: Any
+    cfg: DictConfig,
+    plan: RunPlan,
+    model: Any,
+    callbacks: list[Any],
+    loggers: list[Any],
+    **overrides: Any,
 ) -> pl.Trainer:
     """``cfg.trainer`` with the plan's arguments, these callbacks and loggers, and the
     checkpoint plugins; keyword arguments win over the config's keys (``laptrain bench`` passes
-    its step count and folder this way)."""
-    return instantiate(
+    its step count and folder this way). Under ``trainer=fsdp`` the strategy gets ``model``'s
+    units (one per layer: laptrain.model.fsdp_units)."""
+    trainer = instantiate(
         cfg.trainer,
         **plan.trainer_kwargs(),
         callbacks=callbacks,
@@ -282,6 +291,8 @@ def instantiate_trainer(
         _convert_="all",
         **overrides,
     )
+    fsdp_strategy_for(model, trainer.strategy)
+    return trainer
 
 
 def _announce(

@@ -1,5 +1,5 @@
 """The model families: ``families.py`` is the registry every other floor asks (precision rules,
 sizing from config, adapters), each family has its own package (``classifier/``, ``lora/``,
 ``trm/``), and the pieces they share sit beside it: ``contracts.py`` (what the run may ask of a
-module), ``checkpointing.py`` (``gradient_checkpointing: auto``) and ``chunked_backward.py`` (the
-out-of-memory backoff). docs/model_families.md walks through adding a family."""
+module), ``checkpointing.py`` (``gradient_checkpointing: auto``), ``chunked_backward.py`` (the
+out-of-memory backoff) and ``fsdp_units.py`` (the FSDP units of ``trainer=fsdp``). docs/model_families.md walks through adding a family."""

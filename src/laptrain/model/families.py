@@ -33,6 +33,9 @@ class ModelFamily:
         smoke: the module with the family's smoke-test build: ``build(seed, steps)`` and
             ``predict(module, batch)`` (``laptrain/model/<family>/smoke.py``), which the device
             smoke test fits, saves, resumes and predicts on every precision.
+        fsdp_layers: ``"module:Name"``, the layer class whose every instance ``trainer=fsdp``
+            wraps as its own FSDP unit, or a function of the built module returning those
+            classes (``laptrain/model/fsdp_units.py``; None: the root alone).
     """
 
     name: str
@@ -42,12 +45,20 @@ class ModelFamily:
     refuse_precision: str | None = None
     sized_from_config: bool = False
     adapters: bool = False
+    fsdp_layers: str | None = None
 
     def refusal(self, device_kind: str, precision: str) -> str | None:
         """Why this family does not train at ``precision`` on ``device_kind`` (None: it does)."""
         if self.refuse_precision is None:
             return None
         return _load(self.refuse_precision)(device_kind, precision)
+
+    def fsdp_layer_classes(self, module: Any) -> set[type]:
+        """The classes of ``module`` (this family's built LightningModule) that FSDP wraps."""
+        if self.fsdp_layers is None:
+            return set()
+        found = _load(self.fsdp_layers)
+        return {found} if isinstance(found, type) else set(found(module))
 
 
 FAMILIES: dict[str, ModelFamily] = {
@@ -58,6 +69,7 @@ FAMILIES: dict[str, ModelFamily] = {
             "laptrain.model.classifier.text_classifier.TextClassifierModule",
             "a transformers encoder with a classification head (tiny BERT, MiniLM, SciBERT)",
             "laptrain.model.classifier.smoke",
+            fsdp_layers="laptrain.model.fsdp_units:transformers_layers",
         ),
         ModelFamily(
             "lora",
@@ -67,6 +79,7 @@ FAMILIES: dict[str, ModelFamily] = {
             refuse_precision="laptrain.model.lora.causal_lm:refuse_precision",
             sized_from_config=True,
             adapters=True,
+            fsdp_layers="laptrain.model.fsdp_units:transformers_layers",
         ),
         ModelFamily(
             "trm",
@@ -74,6 +87,7 @@ FAMILIES: dict[str, ModelFamily] = {
             "the Tiny Recursive Model on Sudoku (deep supervision, ACT halting, EMA)",
             "laptrain.model.trm.smoke",
             refuse_precision="laptrain.model.trm.module:refuse_precision",
+            fsdp_layers="laptrain.model.trm.network:Block",
         ),
     )
 }
@@ -87,6 +101,16 @@ def _load(path: str) -> Callable[..., Any]:
 def family_of_target(target: object) -> ModelFamily | None:
     """The family whose LightningModule is ``target`` (a ``_target_`` string), or None."""
     return next((f for f in FAMILIES.values() if f.module == str(target)), None)
+
+
+def family_of_module(module: object) -> ModelFamily | None:
+    """The family whose LightningModule ``module`` is an instance of (a subclass counts), or None."""
+    names = {cls.__name__ for cls in type(module).__mro__}
+    for family in FAMILIES.values():
+        path, _, name = family.module.rpartition(".")
+        if name in names and isinstance(module, getattr(importlib.import_module(path), name)):
+            return family
+    return None
 
 
 def family_of(model: Mapping[str, Any] | None) -> ModelFamily | None:

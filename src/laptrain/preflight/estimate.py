@@ -2,6 +2,7 @@
 
     peak = overhead + weights (all params) + grads + optimizer state (trainable params only)
            + saved activations (measured, activations.py) + backward's transient buffers
+           + under FSDP, the units gathered at once (weights, grads and optimizer are then 1/N)
 
 The transient part and the CPU overhead are calibrated on measurements (benchmarks/preflight.py).
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from laptrain.model.fsdp_units import gathered_units
 from laptrain.preflight.activations import (
     ActivationProfile,
     LossFn,
@@ -77,6 +79,7 @@ class Estimate:
     activations: float
     transient: float
     overhead: float
+    gathered: float = 0.0  # FSDP: the units' full weights and grads gathered at the peak
 
     @property
     def total(self) -> float:
@@ -87,6 +90,7 @@ class Estimate:
             + self.activations
             + self.transient
             + self.overhead
+            + self.gathered
         )
 
     def line(self) -> str:
@@ -96,7 +100,7 @@ class Estimate:
             ("optimizer", self.optimizer),
             ("activations", self.activations + self.transient),
             ("overhead", self.overhead),
-        )
+        ) + ((("gathered by FSDP", self.gathered),) if self.gathered else ())
         detail = ", ".join(f"{name} {value / GB:.2f}" for name, value in parts)
         return f"{self.total / GB:.2f} GB at micro batch {self.micro_batch} x {self.seq_len} tokens ({detail})"
 
@@ -111,6 +115,9 @@ class ModelMemory:
     materialized_cpu_bytes: int  # parameter bytes already resident in this process (CPU)
     activations: ActivationProfile
     activation_scale: float  # 0.5 for 16-true/bf16-true, 2 for 64-true (measured in fp32)
+    # bytes FULL_SHARD holds unsharded at the peak (fsdp_units.gathered_units in the precision
+    # FSDP computes in); None: not counted, the model is one root unit (all of it gathered)
+    fsdp_gathered: float | None = None
 
     def estimate(
         self,
@@ -122,8 +129,12 @@ class ModelMemory:
         checkpointing: bool | None = None,
         shards: int = 1,
     ) -> Estimate:
-        """``shards`` > 1: FSDP, each rank holds 1/shards of the weights, grads and optimizer
-        state (full sharding; the gathered layer during forward is in the transient term)."""
+        """``shards`` > 1: FSDP with FULL_SHARD. Each rank holds 1/shards of the weights, grads
+        and optimizer state, plus, at the peak, the units it has gathered whole
+        (``Estimate.gathered``): the root unit for the whole step, the two largest other units
+        (the one computing, the one prefetched) and the unsharded gradients of the root and of one
+        unit before their reduce-scatter (``laptrain.model.fsdp_units.GatheredUnits``). With the
+        root as the only unit that is the whole model again (``fsdp_gathered`` None)."""
         acts = self.activations
         on = acts.checkpointing if checkpointing is None else checkpointing
         calibration = CALIBRATION["cpu" if kind == "cpu" else "device", bool(on and acts.blocks)]
@@ -137,14 +148,26 @@ class ModelMemory:
         weights = float(self.params * self.param_bytes) / shards
         grads = float(self.trainable * self.param_bytes) / shards
         optimizer = float(self.trainable * self.param_bytes * optimizer_states) / shards
+        gathered = 0.0
+        if shards > 1:
+            whole = float((self.params + self.trainable) * self.param_bytes)
+            gathered = whole if self.fsdp_gathered is None else self.fsdp_gathered
         overhead = calibration.step_overhead
         if kind == "cpu":
             overhead += baseline
         else:
-            static = weights + grads + optimizer
+            static = weights + grads + optimizer + gathered
             overhead += DEVICE_ALLOCATOR_SLACK * (static + activations + transient)
         return Estimate(
-            micro_batch, seq_len, weights, grads, optimizer, activations, transient, overhead
+            micro_batch,
+            seq_len,
+            weights,
+            grads,
+            optimizer,
+            activations,
+            transient,
+            overhead,
+            gathered,
         )
 
 
@@ -157,6 +180,13 @@ def _param_bytes(model: nn.Module, precision: str) -> tuple[int, float]:
     return (first.element_size() if first is not None else 4), 1.0
 
 
+def fsdp_compute_bytes(precision: str) -> int:
+    """Bytes per parameter FSDP gathers in: Lightning's FSDP precision plugin sets FSDP's
+    ``MixedPrecision.param_dtype`` to fp16/bf16 for the 16-bit precisions and to fp32 for
+    ``32-true`` (``lightning/pytorch/plugins/precision/fsdp.py``, ``mixed_precision_config``)."""
+    return 2 if precision.startswith(("16", "bf16")) else 4
+
+
 def model_memory(
     model: nn.Module,
     seq_len: int,
@@ -164,8 +194,8 @@ def model_memory(
     make_batch: MakeBatch | None = None,
     loss_fn: LossFn | None = None,
 ) -> ModelMemory:
-    """Count parameters (a frozen base once, trainable ones again for grads and optimizer) and
-    measure activations."""
+    """Count parameters (a frozen base once, trainable ones again for grads and optimizer),
+    measure activations, and size the FSDP units the run would wrap."""
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     param_bytes, scale = _param_bytes(model, precision)
@@ -174,4 +204,6 @@ def model_memory(
     )
     measured_precision = precision if precision.endswith("-mixed") else "32-true"
     acts = measure_activations(model, seq_len, measured_precision, make_batch, loss_fn)
-    return ModelMemory(params, trainable, param_bytes, resident, acts, scale)
+    units = gathered_units(model)
+    gathered = float((units.params + units.grads) * fsdp_compute_bytes(precision))
+    return ModelMemory(params, trainable, param_bytes, resident, acts, scale, gathered)

@@ -1,0 +1,214 @@
+"""The FSDP units of a model: which modules ``trainer=fsdp`` wraps on their own, so that every
+unit's flat parameter has one dtype, and what a rank holds gathered at the peak of a step.
+
+Lightning's ``FSDPStrategy`` is FSDP1. Each unit flattens the parameters it manages (those of its
+subtree that no inner unit manages) into one ``FlatParameter``, and a flat parameter has one
+floating-point dtype (``_validate_tensors_to_flatten``, ``torch/distributed/fsdp/_flat_param.py``:
+"Must flatten tensors with uniform dtype"), with ``use_orig_params=True`` too. Without an
+``auto_wrap_policy`` Lightning wraps the whole LightningModule as one unit, so a LoRA model (a
+frozen bf16 base, fp32 adapters) fails at setup, and every step gathers the whole model.
+
+The units here (:func:`unit_rule`), after accelerate's and peft's FSDP policies:
+
+- the root, the module FSDP is given (always a unit);
+- every instance of the family's layer classes (``ModelFamily.fsdp_layers``; a transformers
+  model's ``_no_split_modules`` classes, which accelerate's ``transformer_auto_wrap_policy``
+  default and peft's ``fsdp_auto_wrap_policy`` wrap);
+- every leaf module whose own parameters differ in dtype or ``requires_grad`` from the bulk of the
+  unit around it: LoRA's ``lora_A`` / ``lora_B`` Linear leaves, the leaves peft's
+  ``fsdp_auto_wrap_policy`` wraps (trainable leaves), and fp32 norms inside a 16-bit layer. Such a
+  leaf must be run through its own ``forward`` (FSDP gathers a unit's parameters there), as
+  peft's policy assumes too.
+
+docs/sweeps.md ("Several processes") has the evidence, with torch's and Lightning's lines.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from laptrain.model.families import family_of_module
+
+UnitSpec = Callable[[nn.Module], bool] | Iterable[type[nn.Module]] | None
+"""Which modules besides the root become units: a predicate, a set of classes (torch's
+``ModuleWrapPolicy``), or None (the root alone: Lightning without a policy)."""
+
+
+def transformers_layers(module: nn.Module) -> set[type[nn.Module]]:
+    """The classes that the ``_no_split_modules`` of the transformers models in ``module`` name
+    (e.g. ``LlamaDecoderLayer``; ``BertEmbeddings`` and ``BertLayer``), found in the tree."""
+    names: set[str] = set()
+    for sub in module.modules():
+        names.update(getattr(type(sub), "_no_split_modules", None) or ())
+    return {type(sub) for sub in module.modules() if type(sub).__name__ in names}
+
+
+def layer_classes(module: nn.Module) -> set[type[nn.Module]]:
+    """The family's layer classes for the built ``module``; for a module of no family, the
+    classes its transformers models name (none: the root and the odd leaves are the units)."""
+    family = family_of_module(module)
+    if family is not None and family.fsdp_layers is not None:
+        return family.fsdp_layer_classes(module)
+    return transformers_layers(module)
+
+
+def _post_order(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Named modules, children before parents (torch's ``_get_post_order_named_modules``)."""
+    seen = {root}
+    stack, order = [("", root)], []
+    while stack:
+        name, module = stack.pop()
+        order.append((name, module))
+        for child_name, child in module.named_children():
+            if child is not None and child not in seen:
+                seen.add(child)
+                stack.append((f"{name}.{child_name}" if name else child_name, child))
+    return order[::-1]
+
+
+def _predicate(spec: UnitSpec) -> Callable[[nn.Module], bool]:
+    if spec is None:
+        return lambda _: False
+    if callable(spec) and not isinstance(spec, type):
+        return spec
+    classes = tuple(spec)
+    return lambda module: isinstance(module, classes)
+
+
+def unit_params(module: nn.Module, spec: UnitSpec) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """``{unit name: the (name, parameter) pairs it flattens}``, the root named ``""``, as FSDP
+    assigns them: units in post-order, each taking the parameters of its subtree that no inner
+    unit took (``_get_managed_param_to_fqn``, ``torch/distributed/fsdp/_wrap_utils.py``; a shared
+    parameter goes to the first, ``_get_orig_params`` in ``_init_utils.py``)."""
+    is_unit = _predicate(spec)
+    visited: set[nn.Module] = set()
+    taken: set[int] = set()
+    units: dict[str, list[tuple[str, nn.Parameter]]] = {}
+    for name, unit in _post_order(module):
+        if unit is not module and not is_unit(unit):
+            continue
+        managed: list[tuple[str, nn.Parameter]] = []
+        queue = deque([(unit, name)])
+        visited.add(unit)
+        while queue:
+            sub, prefix = queue.popleft()
+            for param_name, param in sub.named_parameters(recurse=False):
+                if id(param) not in taken:
+                    taken.add(id(param))
+                    managed.append((f"{prefix}.{param_name}" if prefix else param_name, param))
+            for child_name, child in sub.named_children():
+                if child is not None and child not in visited:
+                    visited.add(child)
+                    queue.append((child, f"{prefix}.{child_name}" if prefix else child_name))
+        units[name] = managed
+    return units
+
+
+def _kind(param: nn.Parameter) -> tuple[str, bool]:
+    return str(param.dtype), bool(param.requires_grad)
+
+
+@dataclass(eq=False)
+class UnitRule:
+    """The unit predicate FSDP's ``CustomPolicy`` calls: a layer class, or one of the odd leaves."""
+
+    layers: tuple[type[nn.Module], ...]
+    leaves: dict[int, nn.Module] = field(default_factory=dict)  # id -> module (kept alive)
+
+    def __call__(self, module: nn.Module) -> bool:
+        return isinstance(module, self.layers) or id(module) in self.leaves
+
+
+def unit_rule(module: nn.Module) -> UnitRule:
+    """The units of ``module`` (see the module docstring): its layer classes, and each leaf whose
+    parameters are not of the kind (dtype, requires_grad) that holds most of its unit's."""
+    rule = UnitRule(tuple(sorted(layer_classes(module), key=lambda c: c.__qualname__)))
+    owner: dict[int, tuple[str, bool]] = {}  # parameter id -> its unit's main kind
+    for params in unit_params(module, rule).values():
+        sizes: dict[tuple[str, bool], int] = {}
+        for _, param in params:
+            sizes[_kind(param)] = sizes.get(_kind(param), 0) + param.numel()
+        main = max(sizes, key=lambda kind: sizes[kind]) if sizes else None
+        owner.update({id(param): main for _, param in params if main is not None})
+    for sub in module.modules():
+        own = list(sub.parameters(recurse=False))
+        if sub is module or not own or next(sub.children(), None) is not None or rule(sub):
+            continue
+        if {_kind(p) for p in own} != {owner[id(own[0])]}:
+            rule.leaves[id(sub)] = sub
+    return rule
+
+
+def units_with_mixed_dtypes(module: nn.Module, spec: UnitSpec) -> list[str]:
+    """The units FSDP1 could not flatten under ``spec``: ``"name (dtype, dtype)"`` for a unit
+    whose parameters have several dtypes, ``"name (dtype: not floating point)"`` for integer
+    ones (a 4-bit base stored as uint8); ``<root>`` is the module itself. Empty: every unit has one
+    floating dtype."""
+    problems = []
+    for name, params in unit_params(module, spec).items():
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for _, p in params})
+        shown = name or "<root>"
+        if len(dtypes) > 1:
+            problems.append(f"{shown} ({', '.join(dtypes)})")
+        elif params and not params[0][1].is_floating_point():
+            problems.append(f"{shown} ({dtypes[0]}: not floating point)")
+    return problems
+
+
+def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
+    """``strategy`` with ``model``'s units as its ``auto_wrap_policy`` when it is Lightning's
+    ``FSDPStrategy`` (set in place: the Trainer already holds it; its ``_setup_model`` reads
+    ``strategy.kwargs`` when the fit starts). Any other strategy, or an FSDP strategy whose config
+    names a policy of its own, comes back untouched.
+
+    Raises ValueError (one line) when a unit would still mix dtypes: FSDP would refuse it at setup
+    on every rank.
+    """
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if not isinstance(strategy, FSDPStrategy) or "auto_wrap_policy" in strategy.kwargs:
+        return strategy
+    from torch.distributed.fsdp.wrap import CustomPolicy
+
+    rule = unit_rule(model)
+    mixed = units_with_mixed_dtypes(model, rule)
+    if mixed:
+        raise ValueError(
+            f"trainer=fsdp cannot shard {type(model).__name__}: FSDP flattens each unit's "
+            f"parameters into one tensor of one floating dtype, and {len(mixed)} unit(s) are not: "
+            f"{'; '.join(mixed[:3])}{' ...' if len(mixed) > 3 else ''} "
+            "(a 4-bit base needs a float quant storage dtype; or use trainer=ddp)"
+        )
+    strategy.kwargs["auto_wrap_policy"] = CustomPolicy(rule)
+    return strategy
+
+
+@dataclass(frozen=True)
+class GatheredUnits:
+    """What FULL_SHARD holds unsharded at the peak of a step, in parameters (docs/sweeps.md):
+    the root unit all step long (FSDP does not free the root after forward), the two largest other
+    units (the one computing and the one prefetched: ``limit_all_gathers`` in forward,
+    ``BACKWARD_PRE`` in backward), and the unsharded gradients of the root and of one other unit
+    before their reduce-scatter."""
+
+    params: int
+    grads: int
+
+
+def gathered_units(module: nn.Module) -> GatheredUnits:
+    """:class:`GatheredUnits` of ``module`` under :func:`unit_rule` (what ``fsdp_strategy_for``
+    sets)."""
+    units = unit_params(module, unit_rule(module))
+    root = units.pop("", [])
+    sizes = sorted((sum(p.numel() for _, p in params) for params in units.values()), reverse=True)
+    trainable = [sum(p.numel() for _, p in params if p.requires_grad) for params in units.values()]
+    root_trainable = sum(p.numel() for _, p in root if p.requires_grad)
+    return GatheredUnits(
+        params=sum(p.numel() for _, p in root) + sum(sizes[:2]),
+        grads=root_trainable + max(trainable, default=0),
+    )
