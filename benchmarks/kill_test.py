@@ -208,29 +208,38 @@ def interrupt(
         rnd.notes.append("hung for 300 s after the signal")
     if rnd.exit_code == 0 and "ended before the signal" not in rnd.notes:
         rnd.notes.append("ended before the signal")  # it finished between the poll and the kill
-    rnd.reached = int(marker.read_text()) if marker.exists() else 0
+    rnd.reached = int(marker.read_text() or 0) if marker.exists() else 0
+    if rnd.reached >= total_steps and rnd.exit_code not in (0, 130, 143):
+        rnd.notes.append("signal after training")  # ended by it during teardown, not a stop
     last = run_dir / "checkpoints" / "last.ckpt"
     rnd.corrupt = len(corrupt_files(run_dir / "checkpoints"))
     rnd.saved = load_state(last)["global_step"] if last.exists() and not rnd.corrupt else 0
 
 
 def reference_run(cmd: list[str], work: Path) -> float:
-    """The uninterrupted run; returns its training time (first step to exit), the window the
-    random signals are sent in."""
+    """The uninterrupted run; returns its training time (first step to the last step's marker),
+    the window the random signals are sent in. The time after the last step (teardown, the
+    second process of a DDP run exiting) is left out: a signal there would miss training."""
     marker = work / (cmd[-3].split("=", 1)[1] + ".step")
     log = work / "reference.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
             cmd, cwd=work, env=environment(work), stdout=out, stderr=subprocess.STDOUT
         )
-        started = None
+        started = last_change = None
+        seen = ""
         while proc.poll() is None:
-            if started is None and marker.exists():
-                started = time.monotonic()
-            time.sleep(0.02)
+            try:
+                text = marker.read_text()
+            except OSError:
+                text = ""
+            if text and text != seen:
+                seen, last_change = text, time.monotonic()
+                started = started or last_change
+            time.sleep(0.005)
     if proc.returncode != 0:
         raise SystemExit(f"the uninterrupted run failed:\n{log.read_text()[-3000:]}")
-    return max(1.0, time.monotonic() - (started or time.monotonic()))
+    return max(0.05, (last_change or time.monotonic()) - (started or time.monotonic()))
 
 
 def main(argv: list[str] | None = None) -> list[Round]:
@@ -276,6 +285,10 @@ def main(argv: list[str] | None = None) -> list[Round]:
     return rounds
 
 
+def _in_training(rnd: Round) -> bool:
+    return not {"ended before the signal", "signal after training"} & set(rnd.notes)
+
+
 def table(rounds: list[Round], interval: int, setup: str = "plain", group: bool = False) -> str:
     lines = [
         f"setup: {setup} ({' '.join(SETUPS[setup]) or 'no workers, one process'}); signals to "
@@ -295,7 +308,7 @@ def table(rounds: list[Round], interval: int, setup: str = "plain", group: bool 
         during = sum(r.during_save for r in rs)
         name = f"{sig} ({during} during a save)" if during else sig
         lines.append(
-            f"| {name} | {len(rs)} | {sum('ended before the signal' not in r.notes for r in rs)} "
+            f"| {name} | {len(rs)} | {sum(_in_training(r) for r in rs)} "
             f"| {sum(any(n.startswith('hung') for n in r.notes) for r in rs)} "
             f"| {sum(r.rerun_ok for r in rs)} "
             f"| {sum(r.corrupt for r in rs)} | {max(lost)} | {sum(lost) / len(lost):.1f} "

@@ -290,7 +290,7 @@ def test_reloaded_adapter_is_exact_and_merged_matches(tokenizer, calm_base, tmp_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from laptrain.model.lora.tools import export_merged
+    from laptrain.commands.lora_tools import export_merged
 
     torch.manual_seed(0)
     module = CausalLMLoRAModule(tokenizer, pretrained=calm_base, lora={"r": 8, **variant}).eval()

@@ -100,3 +100,25 @@ def test_fused_adamw_is_off_only_for_16_mixed_on_mps(
     assert optimizer.defaults["fused"] is fused
     said = [r.getMessage() for r in caplog.records if "fused" in r.getMessage()]
     assert said == ([] if fused else [UNFUSED_ON_MPS_FP16])
+
+
+@pytest.mark.parametrize(("kind", "local_rank", "index"), [("cuda", "1", 1), ("cpu", "1", 0)])
+def test_a_rank_reads_the_memory_of_its_own_gpu(tmp_path, monkeypatch, kind, local_rank, index):
+    """torchrun and srun start every rank at once, and each sizes its base from the budget it
+    reads: rank 1 reads GPU 1, not GPU 0 (cuda:LOCAL_RANK is the device it trains on)."""
+    asked = []
+
+    class Probe(run.TorchProbe):  # records what it is asked for, reads this CPU machine
+        def __init__(self, probe_kind: str, probe_index: int = 0) -> None:
+            asked.append((probe_kind, probe_index))
+            super().__init__("cpu")
+
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    monkeypatch.setattr(run, "check_device", lambda cfg, say: "32-true")
+    monkeypatch.setattr(run, "plan_device", lambda cfg: kind)
+    monkeypatch.setattr(run, "TorchProbe", Probe)
+    data = write_texts(tmp_path / "texts.csv", rows=60)
+    overrides = ["hardware=cpu", "preflight.enabled=false", "data=text_csv", *TINY]
+    cfg = compose_train([*overrides, f"data.files.train={data}"], tmp_path)
+    run.build(cfg, None, tmp_path)
+    assert asked[0] == (kind, index)

@@ -4,6 +4,7 @@ command for rank 1, the path GPU users take): each family's final weights equal 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,19 @@ def largest_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
     )
 
 
-def train_both(tmp_path: Path, common: list[str], one: list[str], two: list[str]) -> None:
-    """The same job on 1 process and on 2 (runs ``one`` and ``two``), one after the other."""
+def train_both(
+    tmp_path: Path, common: list[str], one: list[str], two: list[str], export: str | None = None
+) -> dict[str, float]:
+    """The same job on 1 process and on 2 (runs ``one`` and ``two``), one after the other; each
+    fits, validates and tests on its best checkpoint (on every rank) and writes metrics.json and
+    its ``export`` folder. Returns the 2-process run's metrics."""
     for run, extra in (("one", one), ("two", [*two, *DDP])):
         done = run_train([*common, *extra, f"run_name={run}"], tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
+    folder = tmp_path / "outputs" / "two"
+    if export:
+        assert (folder / export).is_dir()
+    return json.loads((folder / "metrics.json").read_text())
 
 
 def test_trm_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
@@ -44,11 +53,11 @@ def test_trm_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
         "data.train_size=200",
         "data.val_size=50",
         "data.test_size=50",
-        "test=false",
         "+callbacks.start._target_=tests.rank_record.RecordStartWeights",
         f"+callbacks.start.folder={record}",
     ]
-    train_both(tmp_path, common, ["data.batch_size=16"], ["data.batch_size=8"])
+    metrics = train_both(tmp_path, common, ["data.batch_size=16"], ["data.batch_size=8"])
+    assert "test/exact_acc" in metrics
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
     start = torch.load(record / "start.pt", weights_only=True)
     assert largest_difference(start, two) > 1e-5  # 3 warm-up steps moved them by 1.05e-4
@@ -75,9 +84,9 @@ def test_lora_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
         "trainer.max_steps=3",
         "trainer.accumulate_grad_batches=2",
         "trainer.val_check_interval=6",
-        "test=false",
     ]
-    train_both(tmp_path, common, ["data.batch_size=8"], ["data.batch_size=4"])
+    metrics = train_both(tmp_path, common, ["data.batch_size=8"], ["data.batch_size=4"], "adapter")
+    assert "test/loss" in metrics
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
     assert largest_difference(one, two) < 1e-6
 
@@ -93,9 +102,11 @@ def test_classifier_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_
         "model.backbone.hidden_dropout_prob=0",
         "model.backbone.attention_probs_dropout_prob=0",
         "trainer.max_steps=6",
-        "test=false",
     ]
-    train_both(tmp_path, common, ["hardware.batch_size=32"], ["hardware.batch_size=16"])
+    metrics = train_both(
+        tmp_path, common, ["hardware.batch_size=32"], ["hardware.batch_size=16"], "model"
+    )
+    assert "test/acc" in metrics
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
     assert largest_difference(one, two) < 1e-5
 
@@ -130,3 +141,26 @@ def test_sigterm_to_rank_0_only_stops_both_ranks_at_one_step_and_the_rerun_ends_
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "global step 3," in rerun.stdout
     assert largest_difference(final_weights(tmp_path, "whole"), final_weights(tmp_path, "cut")) == 0
+
+
+@pytest.mark.slow  # ~25 s
+def test_ddp_spawn_run_tests_on_both_processes_and_reports_its_step_and_best_score(tmp_path):
+    """`trainer=ddp_cpu` (ddp_spawn, what `-m` sweeps use on one machine): the main process's
+    Trainer gets back only the best checkpoint's path, yet the closing lines name the real step
+    and score (they said step 0 and nan)."""
+    args = [
+        "hardware=cpu",
+        "model=tiny_classifier",
+        "data=text_csv",
+        *TINY,
+        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
+        "trainer=ddp_cpu",
+        "trainer.max_steps=6",
+        "run_name=spawn",
+    ]
+    done = run_train(args, tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done at global step 6" in done.stdout
+    best = next(line for line in done.stdout.splitlines() if line.startswith("best checkpoint"))
+    assert "nan" not in best and "(val/acc " in best
+    assert "test/acc" in json.loads((tmp_path / "outputs" / "spawn" / "metrics.json").read_text())

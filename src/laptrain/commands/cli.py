@@ -8,7 +8,8 @@
 - ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``: is this machine ready.
 - ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
   job's memory estimate from config.json alone.
-- ``laptrain export|generate|eval <run or adapter folder>``: LoRA adapters.
+- ``laptrain export|generate|eval <run or adapter folder> [--device D] [--dtype T]``: LoRA
+  adapters, on the run's device and base dtype unless told.
 - ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.commands.bench).
 - ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.commands.fetch).
 """
@@ -98,9 +99,9 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def lora_command(args: argparse.Namespace) -> int:
-    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.model.lora.tools)."""
+    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.commands.lora_tools)."""
+    from laptrain.commands import lora_tools
     from laptrain.console import no_transformers_bars, quiet_libraries
-    from laptrain.model.lora import tools as lora_tools
 
     quiet_libraries()
     try:
@@ -112,11 +113,12 @@ def lora_command(args: argparse.Namespace) -> int:
 
 
 def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
+    where = {"device": args.device, "dtype": args.dtype}
     if args.command == "export":
-        out = lora_tools.export_merged(args.path, args.out, args.dtype)
+        out = lora_tools.export_merged(args.path, args.out, **where)
         print(f"merged model written to {out}")
     elif args.command == "generate":
-        model, tokenizer = lora_tools.load_for_generation(args.path)
+        model, tokenizer = lora_tools.load_for_generation(args.path, **where)
         lora_tools.generate(
             model,
             tokenizer,
@@ -127,9 +129,39 @@ def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
         )
         print()
     else:
-        result = lora_tools.evaluate(args.path, args.data, args.max_length, args.batch_size)
+        result = lora_tools.evaluate(
+            args.path, args.data, args.max_length, args.batch_size, **where
+        )
         print(result.markdown())
     return 0
+
+
+def _add_load_options(parser: argparse.ArgumentParser, export: bool = False) -> None:
+    """``--device`` and ``--dtype``: where and how the base is loaded (default: as the run did)."""
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "mps"),
+        default=None,
+        help="load the base here (default: the device the run trained on when this machine has "
+        "it, else cpu, said in one line)",
+    )
+    if export:
+        what = (
+            "the dtype the base is loaded and the merged model written in (default, or auto: the "
+            "run's model.base_dtype; a 4-bit run's: bfloat16 where the device has it)"
+        )
+    else:
+        what = (
+            "the base's dtype (default, or auto: the run's model.base_dtype, bfloat16 only where "
+            "the device has it; a 4-bit run reloads 4-bit on CUDA with bitsandbytes)"
+        )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "auto"),
+        default=None,
+        help=f"{what}. The base's weights at this dtype must fit the memory budget training would "
+        "use on this machine, else one line and exit 2",
+    )
 
 
 def _add_lora_commands(commands: Any) -> None:
@@ -137,18 +169,20 @@ def _add_lora_commands(commands: Any) -> None:
     export = commands.add_parser("export", help="merge a LoRA adapter into its base model")
     export.add_argument("path", help=where)
     export.add_argument("--out", help="output folder (default <run>/merged or <adapter>-merged)")
-    export.add_argument("--dtype", default="float32", help="float32, bfloat16 or auto (the base's)")
+    _add_load_options(export, export=True)
     gen = commands.add_parser("generate", help="reply to a prompt with a LoRA (or merged) model")
     gen.add_argument("path", help=f"{where}, or a merged model folder")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--system", default=None, help="system prompt")
     gen.add_argument("--max-new-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    _add_load_options(gen)
     ev = commands.add_parser("eval", help="masked loss/perplexity of base vs adapter on a file")
     ev.add_argument("path", help=where)
     ev.add_argument("--data", required=True, help="JSONL/CSV/Parquet rows as in training")
     ev.add_argument("--max-length", type=int, default=None)
     ev.add_argument("--batch-size", type=int, default=8)
+    _add_load_options(ev)
 
 
 def run_train_script(overrides: list[str]) -> int:

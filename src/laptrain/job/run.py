@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from laptrain.checkpoints.files import (
 )
 from laptrain.config.batch_request import batch_follows_profile
 from laptrain.config.check import LAPTRAIN_KEYS
+from laptrain.config.scale_out import local_rank
 from laptrain.config.tree import print_config
 from laptrain.console import (
     best_checkpoint,
@@ -43,7 +45,7 @@ from laptrain.data.contracts import SavesArtifacts, SizesTheModel
 from laptrain.files import write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
-from laptrain.job.hparams import final_metrics, hp_keys, log_hparams
+from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
 from laptrain.job.plan import RunPlan, build_run_plan, plan_device
 from laptrain.launch.device import check_device, without_unsafe_fused
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
@@ -179,7 +181,8 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
         model_cfg.pop(key, None)
     kind = plan_device(cfg)
     model_cfg = without_unsafe_fused(model_cfg, kind, precision)
-    probe = TorchProbe(kind)
+    # a rank reads its own GPU (torchrun and srun start ranks that each size their base here)
+    probe = TorchProbe(kind, local_rank() if kind == "cuda" else 0)
     hw = cfg.hardware
     decided = resolve_auto_base_dtype(  # model.base_dtype=auto: fp32 if it fits, else bf16
         model_cfg,
@@ -230,19 +233,20 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     stopped = _stopped(cfg, output_dir, trainer, callbacks)
     if stopped is not None:
         return stopped
-    best = best_checkpoint(trainer)  # before test, which restores the callbacks' older state
+    best = _best(trainer, callbacks)  # before test, which restores the callbacks' older state
+    step = _final_step(trainer, Path(cfg.paths.last_ckpt))
     try:
         metrics = _test(cfg, trainer, model, datamodule)
     except SystemExit as stop:
         return _interrupted(stop, "test", cfg, output_dir, trainer)
     # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
     metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
-    log_hparams(loggers, cfg, model, plan, metrics, trainer.global_step)
+    log_hparams(loggers, cfg, model, plan, metrics, step)
     if trainer.is_global_zero and isinstance(model, ExportsModel):
         with no_transformers_bars():
             model.export(output_dir / model.export_folder)
         write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=1))
-    for line in closing_lines(trainer, metrics, best, output_dir):
+    for line in closing_lines(step, metrics, best, output_dir):
         rank_zero_info(line)
     return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))
 
@@ -396,15 +400,33 @@ def resume_hint(cfg: DictConfig, output_dir: Path) -> str:
     return f"Resume with: {command}"
 
 
+def _best(trainer: pl.Trainer, callbacks: list[Any]) -> tuple[str, str, float] | None:
+    """The best checkpoint, its metric and score; after a ``ddp_spawn`` fit the main process gets
+    back only the path (docs/sweeps.md), so the score comes from that checkpoint."""
+    best = best_checkpoint(trainer)
+    if best is None or math.isfinite(best[2]):
+        return best
+    score = best_score(callbacks, best[1])
+    return best if score is None else (best[0], best[1], score)
+
+
+def _final_step(trainer: pl.Trainer, last: Path) -> int:
+    """The fit's last optimizer step; after a ``ddp_spawn`` fit the main process's Trainer still
+    says 0, so it is read from ``last.ckpt``."""
+    if trainer.global_step or not last.is_file():
+        return trainer.global_step
+    return checkpoint_step(str(last))[0]
+
+
 def closing_lines(
-    trainer: pl.Trainer,
+    step: int,
     metrics: dict[str, float],
     best: tuple[str, str, float] | None,
     output_dir: Path,
 ) -> list[str]:
     """What a finished run ends with: its last step, the final metrics (test ones on the
     best checkpoint), the best checkpoint and where the run folder is."""
-    lines = [f"done at global step {trainer.global_step}"]
+    lines = [f"done at global step {step}"]
     lines += metric_lines(metrics)
     if best:
         lines.append(f"best checkpoint: {relative(best[0])} ({best[1]} {best[2]:.4g})")

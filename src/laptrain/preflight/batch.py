@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from laptrain.config.batch_request import is_auto
-from laptrain.config.scale_out import extra_rank
+from laptrain.config.scale_out import extra_rank, local_rank
 from laptrain.data.contracts import KnowsLengths, loader_settings
 from laptrain.files import write_text_atomic
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
@@ -597,7 +597,8 @@ def preflight_for_run(
         PreflightError: nothing fits, or ``auto`` was asked for a model the preflight cannot measure.
     """
     auto = is_auto(hardware.get("batch_size"))
-    probe = TorchProbe(str(hardware.get("accelerator", "cpu")))
+    kind = str(hardware.get("accelerator", "cpu"))
+    probe = TorchProbe(kind, local_rank() if kind == "cuda" else 0)  # this rank's own GPU
     seq_len, length_note = training_length(datamodule)
     if not _measurable(model, seq_len, auto):
         return None

@@ -21,7 +21,7 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from laptrain.model.checkpointing import parse_setting
+from laptrain.model.checkpointing import parse_setting, replay_device_rng
 from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.pretrained.loading import Source, load_pretrained_model
 
@@ -109,7 +109,7 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         self.checkpointing_setting = parse_setting(gradient_checkpointing)
         self.gradient_checkpointing = self.checkpointing_setting is True
         if self.gradient_checkpointing:  # auto: off until the preflight says otherwise
-            self.model.gradient_checkpointing_enable()
+            self._checkpoint_backbone()
         self.optimizer_factory = optimizer or partial(torch.optim.AdamW, lr=5e-4, weight_decay=0.01)
         self.warmup_ratio = warmup_ratio
         self.metrics = torch.nn.ModuleDict(
@@ -127,8 +127,14 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         """Turn gradient checkpointing on after the fact (``gradient_checkpointing: auto`` when the
         preflight finds that the job does not fit without it)."""
         if not self.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            self._checkpoint_backbone()
             self.gradient_checkpointing = True
+
+    def _checkpoint_backbone(self) -> None:
+        """transformers' checkpointing with its default kwargs; on MPS the recompute replays the
+        forward's dropout masks (``laptrain.model.checkpointing.replay_device_rng``)."""
+        self.model.gradient_checkpointing_enable()
+        replay_device_rng(self.model)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits

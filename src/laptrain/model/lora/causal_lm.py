@@ -595,6 +595,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
                 accumulate_grad_batches=trainer.accumulate_grad_batches,
                 precision=str(trainer.precision),
                 max_steps=trainer.max_steps,
+                device=trainer.strategy.root_device.type,  # laptrain generate/eval/export load here
             )
         return json.loads(json.dumps(config, default=str))
 
