@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,49 @@ def test_file_digest_is_the_sha256_of_the_bytes(tmp_path):
     path = tmp_path / "data.csv"
     path.write_bytes(b"text,label\n" * 100_000)
     assert file_digest(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_export_is_swapped_in_whole_and_a_failed_one_leaves_the_old(tmp_path):
+    from laptrain.files import write_folder_atomic
+
+    def good(folder: Path) -> None:
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+
+    target = write_folder_atomic(tmp_path / "model", good)
+    (target / "stale.bin").write_text("from the last export")
+
+    def dies(folder: Path) -> None:
+        folder.mkdir()
+        (folder / "config.json").write_text("{")
+        raise KeyboardInterrupt  # a kill in the middle of writing
+
+    with pytest.raises(KeyboardInterrupt):
+        write_folder_atomic(target, dies)
+    assert (target / "stale.bin").is_file()  # the old export, untouched
+    assert not list(tmp_path.glob(".*"))  # no partial folder left
+    write_folder_atomic(target, good)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json"]  # replaced whole
+
+
+def test_an_export_replaces_a_symlink_and_refuses_a_users_folder(tmp_path):
+    from laptrain.files import write_folder_atomic
+
+    def good(folder: Path) -> None:
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "run" / "model"
+    link.parent.mkdir()
+    link.symlink_to(elsewhere)
+    write_folder_atomic(link, good)
+    assert not link.is_symlink() and (link / "config.json").is_file()
+    assert not any(elsewhere.iterdir())  # nothing written through the link
+    mine = tmp_path / "my_notes"
+    mine.mkdir()
+    (mine / "todo.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="is not an exported model folder"):
+        write_folder_atomic(mine, good)
+    assert (mine / "todo.txt").read_text() == "keep me"

@@ -5,13 +5,19 @@
 - :func:`pid_alive`: whether a process id is alive on this host (run-folder lock, stale caches).
 - :func:`write_text_atomic`: a run folder's records (``preflight.json``, ``run_info.json``,
   ``metrics.json``, the report) replaced whole, never left half-written by a kill.
+- :func:`write_folder_atomic`: an exported model folder, written beside its place and swapped in.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+
+# What makes a folder one laptrain (or transformers / peft) wrote, and so one it may replace whole.
+EXPORT_MARKERS = ("config.json", "adapter_config.json")
 
 
 def file_digest(path: Path) -> str:
@@ -59,3 +65,50 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_folder_atomic(target: str | Path, write: Callable[[Path], object]) -> Path:
+    """``write(folder)`` into ``.<name>.partial`` beside ``target``, then swap it in.
+
+    A kill or an error while writing leaves the old ``target`` (or none) and a hidden partial
+    folder the next export removes, never a half-written folder under the name asked for. A
+    symlink at ``target`` is replaced, not written through. An existing ``target`` is replaced
+    whole only when it is empty or an earlier export (it holds one of ``EXPORT_MARKERS``);
+    another non-empty folder is refused (ValueError, one line) before anything is written, so a
+    mistyped ``--out`` never deletes a user's files.
+    """
+    target = Path(target)
+    if _foreign_folder(target):
+        raise ValueError(
+            f"{target} exists and is not an exported model folder (no "
+            f"{' or '.join(EXPORT_MARKERS)}): "
+            "choose another output folder, or empty this one"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.parent / f".{target.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        write(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    old = target.parent / f".{target.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if target.is_symlink():
+        target.unlink()
+    elif target.exists():
+        target.rename(old)
+    partial.rename(target)
+    fsync_dir(target.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _foreign_folder(target: Path) -> bool:
+    """A file, or a real non-empty folder no export wrote (it holds none of ``EXPORT_MARKERS``);
+    a symlink is not foreign: it is replaced, never followed."""
+    if target.is_symlink() or not target.exists():
+        return False
+    if not target.is_dir():
+        return True
+    return any(target.iterdir()) and not any((target / n).is_file() for n in EXPORT_MARKERS)

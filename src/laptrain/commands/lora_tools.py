@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from laptrain.files import write_folder_atomic
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK
 from laptrain.pretrained.loading import from_pretrained
@@ -438,29 +438,10 @@ def default_export_dir(adapter: Path) -> Path:
 
 
 def write_folder(target: Path, write: Callable[[Path], None]) -> Path:
-    """``write`` into ``.<name>.partial`` beside ``target``, then rename it to ``target`` (or move
-    its files into an existing ``target``): a failed or interrupted export leaves no half-written
-    folder under the name asked for."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial_dir = target.parent / f".{target.name}.partial"
-    shutil.rmtree(partial_dir, ignore_errors=True)
-    try:
-        write(partial_dir)
-    except BaseException:
-        shutil.rmtree(partial_dir, ignore_errors=True)
-        raise
-    if target.is_dir() and not any(target.iterdir()):
-        target.rmdir()
-    if not target.exists():
-        partial_dir.rename(target)
-        return target
-    for item in partial_dir.iterdir():
-        dest = target / item.name
-        if dest.is_dir() and not dest.is_symlink():
-            shutil.rmtree(dest)
-        item.replace(dest)
-    partial_dir.rmdir()
-    return target
+    """``write`` the export into place through :func:`laptrain.files.write_folder_atomic`: a failed
+    or interrupted export leaves no half-written folder under the name asked for, and a non-empty
+    ``--out`` that is not an earlier export is refused."""
+    return write_folder_atomic(target, write)
 
 
 def export_merged(

@@ -42,7 +42,7 @@ from laptrain.console import (
     relative,
 )
 from laptrain.data.contracts import SavesArtifacts, SizesTheModel
-from laptrain.files import write_text_atomic
+from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
 from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
@@ -243,8 +243,8 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
     log_hparams(loggers, cfg, model, plan, metrics, step)
     if trainer.is_global_zero and isinstance(model, ExportsModel):
-        with no_transformers_bars():
-            model.export(output_dir / model.export_folder)
+        with no_transformers_bars():  # written beside its place, then swapped in
+            write_folder_atomic(output_dir / model.export_folder, model.export)
         write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=1))
     for line in closing_lines(step, metrics, best, output_dir):
         rank_zero_info(line)
