@@ -3,12 +3,13 @@ the line and the fix, by train.py before the run folder exists and by the datamo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from laptrain.data.instruction_rows import check_instructions
-from laptrain.data.labelled_files import DataError
+from laptrain.data.labelled_files import MAX_TEXT_CHARS, DataError
 from laptrain.data.precheck import check_data_config
 from tests.conftest import compose_train, run_train
 
@@ -23,6 +24,10 @@ CASES = {
     ),
     "header_only.csv": ({}, ["header_only.csv has a header (prompt, response) but no rows"]),
     "one_row.jsonl": ({}, ["one_row.jsonl has no row left for training", "add rows"]),
+    "open_quote.csv": (
+        {},
+        ["open_quote.csv:5: a quote opened in this row is never closed", "close it"],
+    ),
 }
 
 
@@ -56,4 +61,73 @@ def test_train_py_refuses_bad_instruction_rows_before_the_run_folder(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "bad_rows.jsonl:3 (not JSON)" in errors[0]
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
+
+
+def qa_csv(path: Path, n: int = 12, last: str = "") -> Path:
+    rows = "".join(f"What does function number {i} do?,It returns {i}.\n" for i in range(n))
+    path.write_text("prompt,response\n" + rows + last)
+    return path
+
+
+def test_a_csv_field_is_read_up_to_the_text_limit_and_refused_above_it_by_line(tmp_path):
+    """Python's csv stops at 131,072 characters per field (a csv.Error traceback); instruction
+    CSVs are read like labelled texts: up to MAX_TEXT_CHARS, then one line with the row."""
+    long = qa_csv(tmp_path / "long.csv", last=f'"{"word " * 40_000}",It is long.\n')
+    prompts = [
+        m[0]["content"]
+        for rows in check_instructions({"train": str(long)}).values()
+        for _, m, _ in rows
+    ]
+    assert max(map(len, prompts)) == len("word " * 40_000) - 1  # 200,000 characters, stripped
+    huge = qa_csv(tmp_path / "huge.csv", last=f'"{"x" * (MAX_TEXT_CHARS + 1)}",It is huge.\n')
+    with pytest.raises(DataError, match=r"huge\.csv:14: a text of over 1,000,000 characters.*cut"):
+        check_instructions({"train": str(huge)})
+
+
+def test_a_quote_left_open_or_unquoted_commas_are_refused_not_merged(tmp_path):
+    mid = qa_csv(tmp_path / "mid.csv", last='"open,ended\nWhat is "x" here?,It is x.\n')
+    with pytest.raises(
+        DataError, match=r"mid\.csv:14: a quote opened in this row runs on to line 15"
+    ):
+        check_instructions({"train": str(mid)})
+    commas = qa_csv(tmp_path / "commas.csv", last="What is a, b?,A pair.\n")
+    with pytest.raises(DataError, match=r"commas\.csv:14 \(3 fields, header 2: quote the text"):
+        check_instructions({"train": str(commas)})
+
+
+def test_json_nested_deeper_than_the_parser_allows_is_a_bad_row_not_a_traceback(tmp_path):
+    rows = [json.dumps({"prompt": f"q {i}", "response": f"r {i}"}) for i in range(12)]
+    rows[6] = '{"prompt": "deep", "response": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    path = tmp_path / "deep.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(DataError) as err:
+        check_instructions({"train": str(path)})
+    assert "deep.jsonl:7 (nested deeper than Python's JSON parser allows)" in str(err.value)
+    messages = [{"role": "user", "content": "q"}] * 3
+    csv_file = tmp_path / "deep.csv"  # a messages column holding JSON, as CSV rows carry it
+    csv_file.write_text(
+        "messages\n"
+        + "".join(
+            '"'
+            + json.dumps([*messages, {"role": "assistant", "content": f"a {i}"}]).replace('"', '""')
+            + '"\n'
+            for i in range(11)
+        )
+        + '"'
+        + "[" * 50_000
+        + "]" * 50_000
+        + '"\n'
+    )
+    with pytest.raises(DataError, match=r"deep\.csv:13 \(messages nested deeper"):
+        check_instructions({"train": str(csv_file)})
+
+
+def test_train_py_refuses_an_over_long_csv_field_in_one_line(tmp_path):
+    huge = qa_csv(tmp_path / "huge.csv", last=f'"{"x" * (MAX_TEXT_CHARS + 1)}",It is huge.\n')
+    done = run_train(["data=instructions", f"data.files.train={huge}", "run_name=bad"], tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "huge.csv:14: a text of over 1,000,000 characters" in errors[0]
+    assert "Traceback" not in done.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()

@@ -335,3 +335,20 @@ def test_longest_example_is_the_widest_training_batch_not_max_length(tmp_path, t
     packed.setup()
     rows = max(b["input_ids"].shape[1] for b in packed.train_dataloader())
     assert packed.longest_example("train") == rows <= 128 and rows > widest
+
+
+def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path, tokenizer_dir):
+    """Entries are sealed with each file's size and sha256 (text_classification.publish_entry);
+    one whose file was cut short (a crash, a partial copy) is built again."""
+    dm = module(tmp_path, tokenizer_dir)
+    dm.setup()
+    expected = list(dm.splits["train"]["input_ids"])
+    arrow = next((dm.entry / "train").glob("*.arrow"))
+    good = arrow.read_bytes()
+    del dm
+    arrow.unlink()  # a new file: the old one may still be memory-mapped
+    arrow.write_bytes(good[: len(good) // 2])
+    again = module(tmp_path, tokenizer_dir)
+    again.setup()
+    assert list(again.splits["train"]["input_ids"]) == expected and arrow.read_bytes() == good
+    assert not [p for p in (tmp_path / "c" / "instructions").iterdir() if p != again.entry]

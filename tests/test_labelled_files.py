@@ -50,6 +50,26 @@ CASES: dict[str, tuple[dict, list[str]]] = {
     "broken_line.jsonl": ({}, ["broken_line.jsonl:5: not valid JSON", "fix or delete the line"]),
     "json_array.jsonl": ({}, ["json_array.jsonl:1 is a JSON array of 12 items", ".json"]),
     "open_quote.csv": ({}, ["open_quote.csv:4: a quote opened", "never closed", "close it"]),
+    "swallowed_rows.csv": (
+        {},
+        [
+            "swallowed_rows.csv:4: a quote opened in this row runs on to line 6",
+            "line 5",
+            "close it",
+        ],
+    ),
+    "stray_integer_label.csv": (
+        {},
+        [
+            "stray_integer_label.csv:10: label 2000000 would make 2,000,001 classes",
+            "4 distinct integer labels",
+            "data.label_names=[0,1,2,2000000]",
+        ],
+    ),
+    "deep.jsonl": (
+        {},
+        ["deep.jsonl:5: nested deeper than Python's JSON parser allows", "fix or delete the line"],
+    ),
     "unseen_label.csv": (
         {"files": {"train": str(GOOD), "validation": str(BAD / "unseen_label.csv")}},
         ["label 'weather' in", "unseen_label.csv:2", "never occurs in", "data.label_names="],
@@ -158,6 +178,65 @@ def test_a_utf8_bom_and_integer_labels_read_as_before(tmp_path):
     assert data.label_names == ["0", "1", "2"] and sorted(set(data.labels["train"])) == [0, 1, 2]
 
 
+def test_integer_labels_are_positions_near_the_labels_seen_and_codes_can_be_listed(tmp_path):
+    """0..K-1 with a class no row has still gives K classes (ids stay the integers); a range far
+    wider than the labels (stray_integer_label.csv: one 2000000) is refused, and listing the
+    integers in data.label_names reads them as codes."""
+    path = tmp_path / "gap.csv"
+    path.write_text("text,label\n" + "".join(f"t {i},{(0, 1, 3)[i % 3]}\n" for i in range(30)))
+    data = read_labelled({"train": str(path)})
+    assert data.label_names == ["0", "1", "2", "3"] and set(data.labels["train"]) == {0, 1, 3}
+    stray = {"train": str(BAD / "stray_integer_label.csv")}
+    data = read_labelled(stray, label_names=[0, 1, 2, 2000000])  # as Hydra passes a list of ints
+    assert data.label_names == ["0", "1", "2", "2000000"]
+    assert set(data.labels["train"]) == {0, 1, 2, 3}
+
+
+def test_a_quote_left_open_is_named_on_the_line_where_it_opened(tmp_path):
+    rows = "".join(f"row {i} text,{'ab'[i % 2]}\n" for i in range(20))
+    shapes = {  # what follows the open quote on line 22 -> what the line says
+        '"never closed,a\nnext row,b\nsize 12",a\n': "runs on to line 24, taking in lines",
+        '"never closed,a\nnext row,b\nsize 12,a"\n': "runs on to line 24, leaving the row 1 of",
+        '"never closed,a\nnext row,b\n"q" z,a\n': "runs on to line 24 (broken CSV there",
+        '"never closed,a\nnext row,b\n': "is never closed",
+    }
+    for i, (opened, says) in enumerate(shapes.items()):
+        path = tmp_path / f"q{i}.csv"
+        path.write_text("text,label\n" + rows + opened + (rows if "size" in opened else ""))
+        with pytest.raises(DataError) as err:
+            read_labelled({"train": str(path)})
+        assert f"q{i}.csv:22: a quote opened in this row {says}" in str(err.value)
+        assert "\n" not in str(err.value)
+    # texts over several lines, with commas, code and labels in them, read as they are
+    path = tmp_path / "ok.csv"
+    texts = ['"Dear John,\nI hope you are well, truly.\nBye",a', '"call f(a,b)\nx = g(a,b)\nb,a",b']
+    path.write_text("text,label\n" + rows + "\n".join(texts) + "\n" + rows)
+    data = read_labelled({"train": str(path)})
+    assert "call f(a,b)\nx = g(a,b)\nb,a" in [t for ts in data.texts.values() for t in ts]
+
+
+def test_a_huge_line_is_refused_as_it_is_read_not_after_loading_the_file(tmp_path):
+    """A 40 MB single-line CSV or JSONL is refused after reading the line cap of it (8 M
+    characters), naming the line and the limit; the whole file is never held in memory."""
+    import tracemalloc
+
+    csv_file, jsonl_file = tmp_path / "one_line.csv", tmp_path / "one_line.jsonl"
+    csv_file.write_text("text,label\n" + "x" * 40_000_000)
+    jsonl_file.write_text('{"text": "' + "x" * 40_000_000 + '", "label": "a"}\n')
+    for path, line in ((csv_file, 2), (jsonl_file, 1)):
+        tracemalloc.start()
+        try:
+            with pytest.raises(DataError) as err:
+                read_labelled({"train": str(path)})
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        message = str(err.value)
+        assert f"{path.name}:{line}: line {line} is over 8,000,000 characters" in message
+        assert "1,000,000" in message and "cut or split the text" in message
+        assert peak < 30e6, f"{path.name}: {peak / 1e6:.0f} MB held to refuse it"
+
+
 def test_train_py_data_check_reads_the_composed_config(tmp_path, monkeypatch):
     cfg = compose_train(["data=text_csv", f"data.files.train={BAD / 'latin1.csv'}"], tmp_path)
     with pytest.raises(DataError, match="data.encoding=latin-1"):
@@ -182,10 +261,13 @@ def test_train_py_data_check_reads_the_composed_config(tmp_path, monkeypatch):
         check_data_config(compose_train(good, tmp_path).data)
 
 
-@pytest.mark.parametrize("name", ["latin1.csv", "broken_line.jsonl", "empty_labels.csv"])
+@pytest.mark.parametrize(
+    "name", ["latin1.csv", "broken_line.jsonl", "empty_labels.csv", "stray_integer_label.csv"]
+)
 def test_train_py_exits_2_with_one_line_and_no_run_folder(tmp_path, name):
     start = time.perf_counter()
-    done = run_train(["data=text_csv", f"data.files.train={BAD / name}", "run_name=bad"], tmp_path)
+    args = ["data=text_csv", f"data.files.train={BAD / name}", "run_name=bad"]
+    done = run_train(args, tmp_path, timeout=60)  # refused in seconds: never trains
     seconds = time.perf_counter() - start
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

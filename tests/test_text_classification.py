@@ -1,3 +1,10 @@
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from laptrain.data import text_classification
@@ -142,3 +149,93 @@ def test_longest_example_is_the_widest_training_batch_and_counts_padding_multipl
     padded = module(tmp_path, pad_to_multiple_of=24)
     padded.setup()
     assert padded.longest_example("train") == -(-widest // 24) * 24
+
+
+def test_a_tokenizer_retrained_into_the_same_folder_is_a_new_cache_entry(tmp_path):
+    """The key holds the tokenizer folder's contents, not its name: stale ids are never reused."""
+    from transformers import AutoTokenizer
+
+    from laptrain.data.tokenizer import train_wordpiece
+
+    folder = tmp_path / "tok"
+    train_wordpiece(["alpha beta gamma delta"] * 10, 40).save_pretrained(folder)
+    first = module(tmp_path, tokenizer=str(folder))
+    first.setup()
+    texts = (tmp_path / "t.csv").read_text().splitlines()
+    train_wordpiece(texts, 200).save_pretrained(folder)  # retrained, same folder
+    again = module(tmp_path, tokenizer=str(folder))
+    again.setup()
+    assert again.entry != first.entry
+    assert again.tokenizer.get_vocab() == AutoTokenizer.from_pretrained(folder).get_vocab()
+    assert again.tokenizer.get_vocab() != first.tokenizer.get_vocab()
+
+
+def test_a_cache_entry_is_sealed_with_checksums_and_a_damaged_one_is_rebuilt(tmp_path):
+    dm = module(tmp_path)
+    dm.setup()
+    expected = [dm.tokenizer.decode(ids) for ids in dm.splits["train"]["input_ids"]]
+    arrow = next((dm.entry / "train").glob("*.arrow"))
+    good = arrow.read_bytes()
+    del dm
+    for damaged in (good[: len(good) // 2], good[:-9] + bytes(9)):  # cut short; same size, changed
+        arrow.unlink()  # a new file: the old one may still be memory-mapped
+        arrow.write_bytes(damaged)
+        again = module(tmp_path)
+        again.setup()
+        assert [
+            again.tokenizer.decode(ids) for ids in again.splits["train"]["input_ids"]
+        ] == expected
+        assert text_classification.entry_ready(again.entry)
+        del again
+    files = json.loads((arrow.parents[1] / "meta.json").read_text())["files"]
+    assert files[f"train/{arrow.name}"][0] == arrow.stat().st_size
+    assert "tokenizer/tokenizer.json" in files
+
+
+def test_a_writer_that_loses_the_race_keeps_the_winners_entry_without_error(tmp_path, monkeypatch):
+    """Two runs build the same entry at once: the second rename finds the first's entry."""
+    rename = os.rename
+    raced = []
+
+    def rename_after_a_rival(src, dst, *args, **kwargs):
+        if not raced and Path(dst).parent.name == "tokenized":
+            raced.append(src)
+            module(tmp_path).prepare_data()  # the rival finishes first
+        return rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", rename_after_a_rival)
+    loser = module(tmp_path)
+    loser.setup()
+    assert raced and len(loser.splits["train"]) == 192
+    assert [p.name for p in (tmp_path / "c" / "tokenized").iterdir()] == [loser.entry.name]
+
+
+def test_tmp_folders_of_killed_runs_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    parent = tmp_path / "c" / "tokenized"
+    here = socket.gethostname()
+    killed = [f"0123abcd.tmp{dead.pid}", f"0123abcd.tmp{dead.pid}-a1b2c3@{here}"]
+    kept = [f"0123abcd.tmp{os.getppid()}", f"0123abcd.tmp{dead.pid}-a1b2c3@another-host"]
+    for name in killed + kept:
+        (parent / name / "train").mkdir(parents=True)
+    module(tmp_path).prepare_data()
+    assert sorted(p.name for p in parent.iterdir() if ".tmp" in p.name) == sorted(kept)
+
+
+def test_a_build_that_fails_leaves_nothing_half_written(tmp_path, monkeypatch):
+    import datasets
+
+    save = datasets.Dataset.save_to_disk
+    calls = []
+
+    def disk_full_on_the_second_split(self, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return save(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", disk_full_on_the_second_split)
+    with pytest.raises(OSError, match="No space left"):
+        module(tmp_path).prepare_data()
+    assert list((tmp_path / "c" / "tokenized").iterdir()) == []

@@ -9,17 +9,21 @@ that does not fit ``data.max_length``) stay in the datamodule.
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from laptrain.data.labelled_files import (
+    MAX_TEXT_CHARS,
     SPLIT_ALIASES,
+    TOO_DEEP,
     DataError,
     check_fractions,
     check_train_and_val,
+    csv_records,
+    json_lines,
+    parse_json,
+    read_parquet,
     read_text,
     resolve_files,
 )
@@ -50,37 +54,54 @@ def read_rows(path: Path, encoding: str = "utf-8") -> list[tuple[str, Any]]:
     """``(file:line, row)`` for each row; a row that cannot be parsed is the reason, as a string.
 
     JSONL and CSV are read here rather than through ``datasets`` so that bad rows are named by
-    their line in the file (a CSV row's first line); JSON arrays and Parquet rows by position. An
-    empty file, a header without rows and another encoding are refused as in
-    ``laptrain.data.labelled_files``.
+    their line in the file (a CSV row's first line); JSON arrays and Parquet rows by position.
+    They are read as ``laptrain.data.labelled_files`` reads labelled texts: streamed, strict CSV
+    quoting, texts of at most ``MAX_TEXT_CHARS``, lines of at most ``MAX_LINE_CHARS``; an empty
+    file, a header without rows, another encoding, an over-long text and a quote left open are
+    refused in one line.
     """
     suffix = path.suffix.lower()
-    out: list[tuple[str, Any]] = []
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return [(f"{path}:{i + 1}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
-    text = read_text(path, encoding)
+        return [(f"{path}:{i + 1}", r) for i, r in enumerate(read_parquet(path))]
     if suffix in (".csv", ".tsv"):
-        lines = text.splitlines(keepends=True)
-        reader = csv.DictReader(lines, delimiter="\t" if suffix == ".tsv" else ",")
-        start = 2
-        for row in reader:
-            out.append((f"{path}:{start}", row))
-            start = reader.line_num + 1
-        if not out:
-            header = ", ".join(reader.fieldnames or [])
-            raise DataError(f"{path} has a header ({header}) but no rows: add one row per example")
-        return out
-    if suffix == ".json" and text.lstrip().startswith("["):
-        rows = json.loads(text)
-        return [(f"{path}:{i + 1}", r) for i, r in enumerate(rows)]
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                out.append((f"{path}:{number}", json.loads(line)))
-            except json.JSONDecodeError:
-                out.append((f"{path}:{number}", "not JSON"))
+        return _read_csv_rows(path, encoding, "\t" if suffix == ".tsv" else ",")
+    out: list[tuple[str, Any]] = []
+    text = None
+    if suffix == ".json":
+        text = read_text(path, encoding)
+        if text.lstrip().startswith("["):
+            rows, why = parse_json(text)
+            if why is not None:
+                raise DataError(f"{path}: {why}: fix it, or write one JSON object per line")
+            return [(f"{path}:{i + 1}", r) for i, r in enumerate(rows)]
+    for number, value, why in json_lines(path, encoding, text):
+        bad = "not JSON" if why is not None and why != TOO_DEEP else why
+        out.append((f"{path}:{number}", value if bad is None else bad))
+    if not out:
+        raise DataError(f"{path} is empty: write one JSON object per line")
+    return out
+
+
+def _read_csv_rows(path: Path, encoding: str, delimiter: str) -> list[tuple[str, Any]]:
+    header: list[str] | None = None
+    out: list[tuple[str, Any]] = []
+    for line, fields in csv_records(path, encoding, delimiter):
+        if header is None:
+            header = [f.strip() for f in fields]
+            continue
+        where = f"{path}:{line}"
+        if len(fields) > len(header):
+            sep = "a tab" if delimiter == "\t" else f"a '{delimiter}'"
+            why = f"{len(fields)} fields, header {len(header)}: quote the text with {sep} in it"
+            out.append((where, why))
+            continue
+        out.append((where, dict(zip(header, fields, strict=False))))
+    if header is None:
+        raise DataError(f"{path} is empty: give it a header line and one row per example")
+    if not out:
+        raise DataError(
+            f"{path} has a header ({', '.join(header)}) but no rows: add one row per example"
+        )
     return out
 
 
@@ -92,10 +113,9 @@ def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
     messages = row.get("messages")
     if messages is not None and messages != "":
         if isinstance(messages, str):
-            try:
-                messages = json.loads(messages)
-            except json.JSONDecodeError:
-                return "messages not JSON"
+            messages, why = parse_json(messages)
+            if why is not None:
+                return "messages not JSON" if why != TOO_DEEP else f"messages {why}"
         if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
             return "messages not a list of {role, content}"
         for m in messages:
@@ -109,7 +129,7 @@ def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
             return "no assistant turn"
         if not assistant[-1]["content"]:
             return "empty response"
-        return messages
+        return _too_long(messages) or messages
     prompt = row.get("prompt")
     response = row.get("response", row.get("completion"))
     if prompt is None:
@@ -119,7 +139,15 @@ def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
     if not str(response).strip():
         return "empty response"
     messages = to_messages(str(prompt), system)
-    return [*messages, {"role": "assistant", "content": str(response).strip()}]
+    messages = [*messages, {"role": "assistant", "content": str(response).strip()}]
+    return _too_long(messages) or messages
+
+
+def _too_long(messages: Messages) -> str | None:
+    longest = max(len(m["content"]) for m in messages)
+    if longest > MAX_TEXT_CHARS:
+        return f"a text of {longest:,} characters, over the {MAX_TEXT_CHARS:,} laptrain reads"
+    return None
 
 
 def bad_rows_error(bad: list[tuple[str, str]], total: int) -> DataError:

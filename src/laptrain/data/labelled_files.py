@@ -29,10 +29,11 @@ import io
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from laptrain.data.splits import assign_splits
 
@@ -42,6 +43,10 @@ INCOMPLETE_ROWS = ("error", "skip")
 # Longer texts are refused: the model reads only data.max_length tokens, and in a CSV such a field
 # is nearly always a quote left open that swallowed the lines after it.
 MAX_TEXT_CHARS = 1_000_000
+# A physical line longer than this is refused as it is read (a CSV row of several long fields, or a
+# JSON line whose escapes make a text up to 6x longer, fits; a 1 GB line is never loaded whole).
+MAX_LINE_CHARS = 8 * MAX_TEXT_CHARS
+TOO_DEEP = "nested deeper than Python's JSON parser allows"
 _INTEGER = re.compile(r"[+-]?\d+")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -59,6 +64,7 @@ class Table:
     columns: list[str]
     rows: list[tuple[str, Mapping[str, Any]]]
     untyped: bool = False
+    delimiter: str = ","
 
 
 @dataclass(frozen=True)
@@ -116,98 +122,223 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
 
 
 # ---- reading -----------------------------------------------------------------------------------
+#
+# Text files are streamed: a CSV through ``csv.reader`` over the open file, JSONL line by line, each
+# physical line read with a cap (``MAX_LINE_CHARS``) and each CSV field capped by the csv module's
+# field limit, so a 1 GB line is refused after reading 8 M characters of it, not after loading,
+# decoding and copying the whole file. A ``.json`` array is one document and is read whole.
 
 
-def _decode(path: Path, data: bytes, encoding: str) -> str:
+def _codec(encoding: str) -> str:
+    """The codec to open text files with (``utf-8-sig`` for UTF-8: Excel's byte-order mark is
+    dropped), or a :class:`DataError` for an encoding Python does not know."""
     try:
-        codecs.lookup(encoding)
+        name = codecs.lookup(encoding).name
     except LookupError:
         raise DataError(
             f"data.encoding={encoding} is not an encoding Python knows: use utf-8, latin-1, "
             "cp1252 or utf-16"
         ) from None
-    utf8 = codecs.lookup(encoding).name == "utf-8"
-    try:
-        return data.decode("utf-8-sig" if utf8 else encoding)  # -sig: drop Excel's UTF-8 BOM
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        where = f"byte 0x{data[err.start]:02x} at offset {err.start}, line {line}"
-        if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
-            fix = "it starts with a UTF-16 byte-order mark: set data.encoding=utf-16"
-        elif utf8:
-            fix = "set data.encoding=latin-1 (or the file's encoding, e.g. cp1252)"
+    return "utf-8-sig" if name == "utf-8" else encoding
+
+
+def _decode_error(path: Path, encoding: str) -> DataError:
+    """Where ``path`` stops being ``encoding``: its first undecodable byte, offset and line (read
+    again from the start in blocks: only on the error path)."""
+    decoder = codecs.getincrementaldecoder(_codec(encoding))()
+    offset = lines = 0
+    head = b""
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            head = head or block[:2]
+            pending = len(decoder.getstate()[0])
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as err:
+                data = err.object
+                start = offset - pending + err.start
+                line = lines + data[pending : max(err.start, pending)].count(b"\n") + 1
+                where = f"byte 0x{data[err.start]:02x} at offset {start}, line {line}"
+                break
+            offset += len(block)
+            lines += block.count(b"\n")
         else:
-            fix = "set data.encoding=<the file's encoding>"
-        raise DataError(f"{path} is not {encoding} ({where}): {fix}") from None
+            where = "at its end"  # a sequence cut off by the end of the file
+    if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        fix = "it starts with a UTF-16 byte-order mark: set data.encoding=utf-16"
+    elif _codec(encoding) == "utf-8-sig":
+        fix = "set data.encoding=latin-1 (or the file's encoding, e.g. cp1252)"
+    else:
+        fix = "set data.encoding=<the file's encoding>"
+    return DataError(f"{path} is not {encoding} ({where}): {fix}")
+
+
+@contextmanager
+def open_text(path: Path, encoding: str = "utf-8", newline: str | None = "") -> Iterator[TextIO]:
+    """``path`` open for reading as text; a byte that is not ``encoding`` anywhere in what is read
+    inside the ``with`` is one :class:`DataError` naming its offset, line and the fix."""
+    codec = _codec(encoding)
+    try:
+        with path.open(encoding=codec, newline=newline) as f:
+            yield f
+    except UnicodeDecodeError:
+        raise _decode_error(path, encoding) from None
 
 
 def _too_long(where: str, chars: int | None = None) -> DataError:
     size = f"{chars:,} characters" if chars else f"over {MAX_TEXT_CHARS:,} characters"
     return DataError(
         f"{where}: a text of {size}, longer than the {MAX_TEXT_CHARS:,} laptrain reads: if a "
-        "quote was left open there, close it; otherwise cut the text (only data.max_length "
-        "tokens are used)"
+        "quote was left open there, close it; otherwise cut or split the text (only "
+        "data.max_length tokens are used)"
     )
 
 
-def _read_csv(path: Path, text: str, delimiter: str) -> Table:
+def _long_line(path: Path, number: int) -> DataError:
+    return DataError(
+        f"{path}:{number}: line {number} is over {MAX_LINE_CHARS:,} characters long; laptrain "
+        f"reads texts of up to {MAX_TEXT_CHARS:,} characters: cut or split the text there (only "
+        "data.max_length tokens are used), or end the rows with line breaks"
+    )
+
+
+def _lines(path: Path, f: TextIO) -> Iterator[str]:
+    """The lines of ``f`` (line breaks kept), each read with the ``MAX_LINE_CHARS`` cap."""
+    number = 0
+    while line := f.readline(MAX_LINE_CHARS + 1):
+        number += 1
+        if len(line) > MAX_LINE_CHARS:
+            raise _long_line(path, number)
+        yield line
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _breaks(text: str) -> int:
+    return len(_LINE_BREAK.findall(text)) if ("\n" in text or "\r" in text) else 0
+
+
+def _unclosed(where: str, what: str) -> DataError:
+    return DataError(
+        f"{where}: a quote opened in this row {what}: close it where the text ends (a quote "
+        'inside a quoted text is written "")'
+    )
+
+
+def csv_records(path: Path, encoding: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
+    """``(first line, fields)`` of each non-blank record of a CSV file, the header first.
+
+    Streamed with ``strict`` quoting (a malformed quote is an error, not a guess), every field
+    capped at ``MAX_TEXT_CHARS`` and every physical line at ``MAX_LINE_CHARS``. A quote left open
+    is named at the line where it opened: when the file ends inside it, when the text after its
+    closing quote is not a delimiter (``strict``), and when the record it makes has fewer fields
+    than the header. A record is never cut or guessed at.
+    """
     limit = csv.field_size_limit()
     csv.field_size_limit(MAX_TEXT_CHARS)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
-    header: list[str] | None = None
-    rows: list[tuple[str, Mapping[str, Any]]] = []
     start = 1
+    header = 0
     try:
-        for fields in reader:
-            where = f"{path}:{start}"
-            start = reader.line_num + 1
-            if not fields or (len(fields) == 1 and not fields[0].strip()):
-                continue
-            if header is None:
-                header = [f.strip() for f in fields]
-                continue
-            if len(fields) > len(header):
-                sep = "tab" if delimiter == "\t" else f"'{delimiter}'"
+        with open_text(path, encoding, newline="") as f:
+            reader = csv.reader(_lines(path, f), delimiter=delimiter, strict=True)
+            try:
+                for fields in reader:
+                    first, start = start, reader.line_num + 1
+                    if not fields or (len(fields) == 1 and not fields[0].strip()):
+                        continue
+                    if header and len(fields) < header and reader.line_num > first:
+                        raise _unclosed(  # the first field with a line break opened on `first`
+                            f"{path}:{first}",
+                            f"runs on to line {reader.line_num}, leaving the row "
+                            f"{len(fields)} of the header's {header} fields",
+                        )
+                    header = header or len(fields)
+                    yield first, fields
+            except csv.Error as err:
+                if "field larger than field limit" in str(err):
+                    raise _too_long(f"{path}:{start}") from None
+                if "unexpected end of data" in str(err):
+                    raise _unclosed(f"{path}:{start}", "is never closed") from None
+                if reader.line_num > start:  # the bad record began on an earlier line
+                    raise _unclosed(
+                        f"{path}:{start}",
+                        f"runs on to line {reader.line_num} (broken CSV there: {err})",
+                    ) from None
                 raise DataError(
-                    f"{where} has {len(fields)} fields but the header has {len(header)} "
-                    f"(a {sep} inside an unquoted text?): put that text in double quotes"
-                )
-            rows.append((where, dict(zip(header, fields, strict=False))))
-    except csv.Error as err:
-        if "field larger than field limit" in str(err):
-            raise _too_long(f"{path}:{start}") from None
-        if "unexpected end of data" in str(err):
-            raise DataError(
-                f"{path}:{start}: a quote opened in this row is never closed: close it "
-                '(a quote inside a quoted text is written "")'
-            ) from None
-        raise DataError(
-            f"{path}:{reader.line_num}: broken CSV ({err}): quote the whole field, and write a "
-            'quote inside it as ""'
-        ) from None
+                    f"{path}:{reader.line_num}: broken CSV ({err}): quote the whole field, and "
+                    'write a quote inside it as ""'
+                ) from None
     finally:
         csv.field_size_limit(limit)
+
+
+def _read_csv(path: Path, encoding: str, delimiter: str) -> Table:
+    header: list[str] | None = None
+    rows: list[tuple[str, Mapping[str, Any]]] = []
+    for line, fields in csv_records(path, encoding, delimiter):
+        where = f"{path}:{line}"
+        if header is None:
+            header = [f.strip() for f in fields]
+            continue
+        if len(fields) > len(header):
+            sep = "tab" if delimiter == "\t" else f"'{delimiter}'"
+            raise DataError(
+                f"{where} has {len(fields)} fields but the header has {len(header)} "
+                f"(a {sep} inside an unquoted text?): put that text in double quotes"
+            )
+        rows.append((where, dict(zip(header, fields, strict=False))))
     if header is None:
         raise DataError(f"{path} is empty: give it a header line and one row per text")
     if not rows:
         raise DataError(
             f"{path} has a header ({', '.join(header)}) but no rows: add one row per text"
         )
-    return Table(str(path), header, rows, untyped=True)
+    return Table(str(path), header, rows, untyped=True, delimiter=delimiter)
+
+
+def parse_json(text: str) -> tuple[Any, str | None]:
+    """``(value, None)``, or ``(None, why)`` for text that is not JSON (``why`` names the column)
+    or nests deeper than the parser's recursion allows (``RecursionError``, not a traceback)."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as err:
+        return None, f"not valid JSON ({err.msg}, column {err.colno})"
+    except RecursionError:
+        return None, TOO_DEEP
+
+
+def json_lines(
+    path: Path, encoding: str = "utf-8", text: str | None = None
+) -> Iterator[tuple[int, Any, str | None]]:
+    """``(line number, value, None)`` for each non-blank line of a JSON Lines file, or ``(line
+    number, None, why)`` for one that is not JSON; streamed line by line (``MAX_LINE_CHARS``
+    each) unless ``text`` is the file's contents, already read. Lines end at ``\\n`` only."""
+    if text is not None:
+        lines: Iterator[str] = _lines(path, io.StringIO(text, newline="\n"))
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                yield number, *parse_json(line)
+        return
+    with open_text(path, encoding, newline="\n") as f:
+        for number, line in enumerate(_lines(path, f), start=1):
+            if line.strip():
+                yield number, *parse_json(line)
 
 
 def _json_kind(value: Any) -> str:
     return {list: "an array", dict: "an object", str: "a string"}.get(type(value), "a value")
 
 
-def _read_json(path: Path, text: str) -> Table:
+def _read_json(path: Path, encoding: str) -> Table:
     records: list[tuple[str, Any]] = []
     whole: Any = None
+    text: str | None = None
     if path.suffix.lower() == ".json":
-        try:
-            whole = json.loads(text)
-        except json.JSONDecodeError:
-            whole = None  # not one document: read it as JSON Lines
+        text = read_text(path, encoding)  # one document: read whole
+        whole, why = parse_json(text)
+        if why == TOO_DEEP:
+            raise DataError(f"{path}: {TOO_DEEP}: flatten the data (one object per row)")
         if isinstance(whole, dict):
             raise DataError(
                 f"{path} holds one JSON object, not rows: write an array of objects "
@@ -215,15 +346,13 @@ def _read_json(path: Path, text: str) -> Table:
             )
         if isinstance(whole, list):
             records = [(f"{path} item {i + 1}", r) for i, r in enumerate(whole)]
+        else:
+            whole = None  # not one document: read it as JSON Lines
     if whole is None:
         broken: list[str] = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as err:
-                broken.append(f"{path}:{number}: not valid JSON ({err.msg}, column {err.colno})")
+        for number, value, why in json_lines(path, encoding, text):
+            if why is not None:
+                broken.append(f"{path}:{number}: {why}")
                 continue
             if isinstance(value, list) and not records and len(value) > 1:
                 raise DataError(
@@ -250,6 +379,12 @@ def _read_json(path: Path, text: str) -> Table:
 
 
 def _read_parquet(path: Path) -> Table:
+    rows = [(f"{path} row {i + 1}", r) for i, r in enumerate(read_parquet(path))]
+    return Table(str(path), list(rows[0][1]) if rows else [], rows)
+
+
+def read_parquet(path: Path) -> list[dict[str, Any]]:
+    """A Parquet file's rows, or a :class:`DataError` (unreadable, or columns without rows)."""
     import pyarrow.parquet as pq
 
     try:
@@ -261,16 +396,17 @@ def _read_parquet(path: Path) -> Table:
         raise DataError(
             f"{path} has columns ({', '.join(table.column_names)}) but no rows: add rows"
         )
-    rows = [(f"{path} row {i + 1}", r) for i, r in enumerate(table.to_pylist())]
-    return Table(str(path), list(table.column_names), rows)
+    return table.to_pylist()
 
 
 def read_text(path: Path, encoding: str = "utf-8") -> str:
-    """A text data file's contents; an empty file or another encoding is a :class:`DataError`."""
-    data = path.read_bytes()
-    if not data.strip():
+    """A text data file's whole contents (a ``.json`` document); an empty file or another
+    encoding is a :class:`DataError`."""
+    with open_text(path, encoding) as f:
+        text = f.read()
+    if not text.strip():
         raise DataError(f"{path} is empty: give it a header line and one row per text")
-    return _decode(path, data, encoding)
+    return text
 
 
 def read_table(path: Path, encoding: str = "utf-8") -> Table:
@@ -278,10 +414,9 @@ def read_table(path: Path, encoding: str = "utf-8") -> Table:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _read_parquet(path)
-    text = read_text(path, encoding)
     if suffix in (".csv", ".tsv"):
-        return _read_csv(path, text, "\t" if suffix == ".tsv" else ",")
-    return _read_json(path, text)
+        return _read_csv(path, encoding, "\t" if suffix == ".tsv" else ",")
+    return _read_json(path, encoding)
 
 
 # ---- checking rows -----------------------------------------------------------------------------
@@ -411,6 +546,40 @@ def _incomplete_note(
     return f"skipped {what} (data.incomplete_rows=skip)"
 
 
+def _swallowed_rows(table: Table, label_column: str) -> DataError | None:
+    """A CSV quote left open that closed by chance right before a delimiter, so that strict
+    parsing took the rows after it into one text: a field with line breaks whose first line ends
+    its own row, and one of whose next lines is a whole row with a label the file uses (split on
+    the delimiter, the label exactly as the file writes it: prose rarely matches)."""
+    columns, sep = table.columns, table.delimiter
+    if label_column not in columns:
+        return None
+    at = columns.index(label_column)
+    labels: set[str] | None = None
+    for where, record in table.rows:
+        fields = [record.get(c) or "" for c in columns]
+        k = next((i for i, v in enumerate(fields) if "\n" in v or "\r" in v), None)
+        if k is None:
+            continue
+        if labels is None:
+            labels = {v.strip() for _, r in table.rows if (v := r.get(label_column) or "")}
+        lines = _LINE_BREAK.split(fields[k])
+        head = lines[0].split(sep)
+        if len(head) != len(columns) - k or (at >= k and head[at - k] not in labels):
+            continue
+        for i, line in enumerate(lines[1:], start=1):
+            pieces = line.split(sep)
+            if len(pieces) == len(columns) and pieces[at] in labels and all(pieces):
+                start = int(where.rpartition(":")[2])
+                end = start + sum(_breaks(v) for v in fields)
+                return _unclosed(
+                    where,
+                    f"runs on to line {end}, taking in lines that look like rows of their own "
+                    f"(line {start + i}: {line[:40]!r})",
+                )
+    return None
+
+
 def check_rows(
     table: Table,
     text_column: str,
@@ -420,6 +589,9 @@ def check_rows(
 ) -> tuple[list[Row], list[str]]:
     """The usable rows of ``table`` and the notes to log (rows skipped), or a :class:`DataError`."""
     _check_columns(table, text_column, label_column, group_column)
+    swallowed = _swallowed_rows(table, label_column) if table.untyped else None
+    if swallowed:
+        raise swallowed
     found = _sort_rows(table, text_column, label_column, group_column)
     _check_texts(table, text_column, found)
     notes: list[str] = []
@@ -463,11 +635,38 @@ def _mixed_kinds_error(rows: Sequence[Row], label_column: str) -> DataError | No
 # ---- splits and label ids ----------------------------------------------------------------------
 
 
+def _integer_labels(rows: Sequence[Row]) -> list[int] | None:
+    values = [r.label for r in rows]
+    if values and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return values
+    return None
+
+
+def _check_label_range(train: Sequence[Row]) -> None:
+    """Integer labels are class positions 0..n: refuse a range where more than half the classes
+    would have no row (one stray 2000000 among 0..4 would build a 2,000,001-class head)."""
+    values = _integer_labels(train)
+    if values is None:
+        return
+    top, distinct = max(values), sorted(set(values))
+    if top + 1 > 2 * len(distinct):
+        where = next(r.where for r in train if r.label == top)
+        shown = ",".join(map(str, distinct)) if len(distinct) <= 8 else "..."
+        raise DataError(
+            f"{where}: label {top} would make {top + 1:,} classes for {len(distinct)} distinct "
+            "integer labels (integer labels are class positions 0..n, so every integer up to "
+            "the largest is a class): correct that label, or, if the integers are codes rather "
+            f"than positions, list them in data.label_names=[{shown}]"
+        )
+
+
 def _label_names(train: Sequence[Row]) -> list[str]:
-    values = [r.label for r in train]
-    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+    """Text labels sorted; integer labels 0..n name classes "0".."n" by position, a class no
+    training row has included (``_check_label_range`` keeps that range near the labels seen)."""
+    values = _integer_labels(train)
+    if values is not None:
         return [str(i) for i in range(max(values) + 1)]
-    return sorted({str(v) for v in values})
+    return sorted({str(r.label) for r in train})
 
 
 def check_train_and_val(
@@ -535,7 +734,7 @@ def _label_ids(
 ) -> tuple[dict[str, list[int]], tuple[str, str, list[str]] | None]:
     """Label ids per split (-1: unknown), and the first split with an unknown label: ``(split,
     label, places)``. Without ``fixed`` names a label training lacks is unknown too."""
-    index = {name: i for i, name in enumerate(names)}
+    index = {str(name): i for i, name in enumerate(names)}
     in_train = {str(r.label) for r in splits["train"]}
 
     def label_id(value: Any) -> int | None:
@@ -571,12 +770,14 @@ def split_rows(
     """Split off val / test where no file gives them (stratified, seeded), then give every row
     its label id; refuses labels the model could not learn or that ``label_names`` lacks."""
     source, base = named["train" if "train" in named else "all"]
+    fixed = [str(n) for n in label_names] if label_names else None
+    if not fixed:
+        _check_label_range(base)  # before the split: a stray label is named as itself
     splits, sources = _split_off(named, {"val": val_fraction, "test": test_fraction}, seed)
     mixed = _mixed_kinds_error([r for rows in splits.values() for r in rows], label_column)
     if mixed:
         raise mixed
     check_train_and_val(splits, source, f"{len(base)} usable rows", val_fraction)
-    fixed = list(label_names) if label_names else None
     names = fixed or _label_names(splits["train"])
     if len({str(r.label) for r in splits["train"]}) < 2:
         raise DataError(

@@ -15,7 +15,7 @@ from laptrain.data.labelled_files import read_labelled, resolve_files
 from laptrain.files import file_digest
 
 DATA_TARGET = "laptrain.data.text_classification.TextClassificationDataModule"
-CHECK_VERSION = 1  # raise when the rules change: files stamped as checked are read again
+CHECK_VERSION = 2  # raise when the rules change: files stamped as checked are read again
 
 _NONE = type(None)
 _SPLIT_ARGS: dict[str, type | tuple[type, ...]] = {

@@ -12,8 +12,13 @@ import copy
 import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,19 +37,127 @@ from laptrain.data.labelled_files import (
 )
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader, replicas_of
 from laptrain.data.splits import check_train_fraction, train_subset
-from laptrain.data.tokenizer import load_tokenizer, train_wordpiece
+from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_wordpiece
 from laptrain.data.workers import WorkerInit
-from laptrain.files import file_digest
+from laptrain.files import file_digest, fsync_dir, pid_alive
 
 CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.data.labelled_files
 
 
-def publish_entry(tmp: Path, entry: Path) -> None:
-    """Move a finished cache folder into place, unless another process finished first."""
-    if entry.exists():
-        shutil.rmtree(tmp, ignore_errors=True)
+META = "meta.json"
+# An entry up to this size has every file's sha256 checked each time a process first uses it
+# (sha256 reads ~1.7 GB/s here: 0.15 s at most); a larger one is checked by file list and sizes.
+VERIFY_DIGESTS_UP_TO = 256 << 20
+STALE_ELSEWHERE_SECONDS = 24 * 3600  # another host's tmp folder in a shared cache
+_TMP_NAME = re.compile(r"^[0-9a-f]+\.(?:tmp|old)(?P<pid>\d+)(?:-\w+)?(?:@(?P<host>.+))?$")
+
+
+def _tmp_path(entry: Path, kind: str = "tmp") -> Path:
+    """``<key>.tmp<pid>-<random>@<host>``: a folder of this process next to ``entry`` (``old``: a
+    broken entry moved aside), named so that a later run can tell whether its writer is gone."""
+    name = f"{entry.name}.{kind}{os.getpid()}-{secrets.token_hex(3)}@{socket.gethostname()}"
+    return entry.with_name(name)
+
+
+def remove_stale_tmp(parent: Path) -> None:
+    """Remove the ``<key>.tmp<pid>`` folders whose writer is gone: this host's whose pid is not
+    alive (a killed run), another host's (a shared cache) when a day old."""
+    try:
+        children = list(parent.iterdir())
+    except OSError:
+        return
+    host = socket.gethostname()
+    for child in children:
+        found = _TMP_NAME.match(child.name)
+        if not found:
+            continue
+        try:
+            if found["host"] in (None, host):  # no host: written by laptrain before 2026-12
+                stale = not pid_alive(int(found["pid"]))
+            else:
+                stale = time.time() - child.stat().st_mtime > STALE_ELSEWHERE_SECONDS
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _seal(tmp: Path, meta: Mapping[str, Any]) -> None:
+    """Write ``meta.json`` into the finished ``tmp`` with every file's size and sha256, after
+    making each file and folder durable (fsync), so a crash never leaves a renamed entry whose
+    files are missing or empty."""
+    files: dict[str, list[Any]] = {}
+    for path in sorted(tmp.rglob("*")):
+        if path.is_dir():
+            fsync_dir(path)
+        elif path.is_file() and path != tmp / META:
+            _fsync_file(path)
+            files[path.relative_to(tmp).as_posix()] = [path.stat().st_size, file_digest(path)]
+    with (tmp / META).open("w", encoding="utf-8") as f:
+        f.write(json.dumps({**meta, "files": files}, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+
+
+def entry_ready(entry: Path) -> bool:
+    """Whether ``entry`` is a complete cache entry: its ``meta.json`` lists every file with its
+    size and sha256, and they match (sha256 read only up to ``VERIFY_DIGESTS_UP_TO`` in all)."""
+    try:
+        files = json.loads((entry / META).read_text(encoding="utf-8"))["files"]
+        sizes = {rel: int(size) for rel, (size, _) in files.items()}
+        if any((entry / rel).stat().st_size != size for rel, size in sizes.items()):
+            return False
+        if sum(sizes.values()) <= VERIFY_DIGESTS_UP_TO:
+            return all(file_digest(entry / rel) == d for rel, (_, d) in files.items())
+        return True
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def publish_entry(tmp: Path, entry: Path, meta: Mapping[str, Any]) -> None:
+    """Seal the finished ``tmp`` folder (``meta`` plus checksums) and rename it into place. When
+    another writer published ``entry`` meanwhile, theirs is kept and ``tmp`` removed; a broken
+    ``entry`` (a crash, a checksum that no longer matches) is moved aside and replaced."""
+    _seal(tmp, meta)
+    for _ in range(4):
+        try:
+            os.rename(tmp, entry)
+            break
+        except OSError:
+            if entry_ready(entry):  # another writer won the race: theirs is as good
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+            aside = _tmp_path(entry, "old")
+            try:
+                os.rename(entry, aside)
+            except FileNotFoundError:  # another writer moved it aside first: try again
+                continue
+            shutil.rmtree(aside, ignore_errors=True)
     else:
-        tmp.rename(entry)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(f"could not publish the cache entry {entry}: remove it and run again")
+    fsync_dir(entry.parent)
+
+
+@contextmanager
+def building(entry: Path) -> Iterator[Path]:
+    """A fresh tmp folder for ``entry``, removed when the build fails (nothing half-written stays
+    behind; a killed build's folder is removed by a later run, ``remove_stale_tmp``)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_path(entry)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when it was published
 
 
 def _check_batch_size(batch_size: int | None) -> None:
@@ -146,6 +259,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         self.group_by_length, self.pad_to_multiple_of = group_by_length, pad_to_multiple_of
         self.seed, self.cache_dir = seed, Path(cache_dir)
         self.entry: Path | None = None
+        self._ready: Path | None = None  # the entry this process built or verified
         self.splits: dict[str, Any] = {}
         self.label_names: list[str] = []
         self.tokenizer: Any = None
@@ -175,10 +289,10 @@ class TextClassificationDataModule(pl.LightningDataModule):
             "split": [self.val_fraction, self.test_fraction, self.split_seed],
             "reading": [self.encoding, self.incomplete_rows],
             **({"train_fraction": self.train_fraction} if self.train_fraction < 1 else {}),
-            "tokenizer": (
-                dict(self.tokenizer_name)
-                if isinstance(self.tokenizer_name, Mapping)
-                else self.tokenizer_name or f"wordpiece-{self.vocab_size}"
+            "tokenizer": (  # by content: a tokenizer retrained into the same folder is a new key
+                tokenizer_fingerprint(self.tokenizer_name)
+                if self.tokenizer_name
+                else f"wordpiece-{self.vocab_size}"
             ),
             "max_length": self.max_length,
         }
@@ -222,13 +336,14 @@ class TextClassificationDataModule(pl.LightningDataModule):
         )
 
     def prepare_data(self) -> None:
-        """Build the tokenized cache entry if it is not there yet (atomically: tmp folder, then rename)."""
-        if self.entry is not None and (self.entry / "meta.json").exists():
+        """Build the tokenized cache entry unless a complete one is there (``entry_ready``): built
+        in a tmp folder, sealed with checksums, then renamed into place (``publish_entry``)."""
+        if self.entry is not None and self._ready == self.entry:
             return  # done earlier in this process: Lightning calls prepare_data again in fit
         files = None if (self.hub_name and not self.files) else self._resolve_files()
         entry = self.cache_dir / "tokenized" / self._cache_key(files)
         self.entry = entry
-        if (entry / "meta.json").exists():
+        if self._entry_ready(entry):
             return
         import datasets
 
@@ -243,25 +358,36 @@ class TextClassificationDataModule(pl.LightningDataModule):
             if self.tokenizer_name
             else train_wordpiece(data.texts["train"], self.vocab_size)
         )
-        tmp = entry.with_name(f"{entry.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
 
         def encode(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
             ids = tokenizer(batch["text"], truncation=True, max_length=self.max_length)["input_ids"]
             return {"input_ids": ids, "length": [len(x) for x in ids]}
 
-        for split, texts in data.texts.items():
-            ds = datasets.Dataset.from_dict({"text": texts, "labels": data.labels[split]})
-            encoded = ds.map(encode, batched=True, remove_columns=["text"])
-            encoded.save_to_disk(str(tmp / split))
-        tokenizer.save_pretrained(str(tmp / "tokenizer"))
-        meta = {
-            "label_names": data.label_names,
-            "sizes": {k: len(v) for k, v in data.texts.items()},
-            "notes": data.notes,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        publish_entry(tmp, entry)
+        with building(entry) as tmp:
+            for split, texts in data.texts.items():
+                ds = datasets.Dataset.from_dict({"text": texts, "labels": data.labels[split]})
+                encoded = ds.map(encode, batched=True, remove_columns=["text"])
+                encoded.save_to_disk(str(tmp / split))
+            tokenizer.save_pretrained(str(tmp / "tokenizer"))
+            meta = {
+                "label_names": data.label_names,
+                "sizes": {k: len(v) for k, v in data.texts.items()},
+                "notes": data.notes,
+            }
+            publish_entry(tmp, entry, meta)
+        self._ready = entry
+
+    def _entry_ready(self, entry: Path) -> bool:
+        """Whether ``entry`` is complete (then remembered for this process); a folder there that
+        is not (a crash before laptrain sealed entries, a file changed since) is rebuilt. The tmp
+        folders killed runs left next to it are removed first."""
+        remove_stale_tmp(entry.parent)
+        if entry_ready(entry):
+            self._ready = entry
+            return True
+        if entry.exists():
+            rank_zero_info(f"cache entry {entry} is incomplete or changed: building it again")
+        return False
 
     # ---- using it -----------------------------------------------------------------------------
 

