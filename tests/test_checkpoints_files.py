@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import laptrain.checkpoints.files as files
 from laptrain.checkpoints.files import (
     AtomicCheckpointIO,
     CheckpointWriteError,
@@ -20,6 +21,8 @@ from laptrain.checkpoints.files import (
     leftover_temp_files,
     read_checkpoint,
 )
+from tests.conftest import TINY, run_train, write_texts
+from tests.disk_full import open_dev_full, open_full
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,6 +92,102 @@ def test_disk_full_names_the_folder_and_its_free_space_and_keeps_the_previous_fi
     assert "\n" not in message
     assert read_checkpoint(target)["global_step"] == 1
     assert leftover_temp_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("disk", ["unbuffered", "buffered", "dev-full"])
+def test_a_real_full_disk_inside_torch_save_is_the_one_line_no_space_error(
+    tmp_path, monkeypatch, disk
+):
+    """The real serialiser on a full disk: torch.save's zip writer turns the write's OSError(ENOSPC)
+    into ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos ...`` with the
+    OSError only in ``__context__`` (unbuffered), or the file's close raises ENOSPC again over it
+    (buffered; /dev/full, where the kernel itself answers ENOSPC)."""
+    target = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(checkpoint(1), target)
+    if disk == "dev-full":
+        if not os.path.exists("/dev/full"):
+            pytest.skip("no /dev/full on this OS")
+        opener = open_dev_full
+    else:
+        opener = open_full(room=5000, buffered=disk == "buffered")
+    monkeypatch.setattr(files, "open", opener, raising=False)
+    with pytest.raises(CheckpointWriteError) as err:
+        io.save_checkpoint(checkpoint(2), target)
+    message = str(err.value)
+    assert err.value.errno == errno.ENOSPC and "\n" not in message
+    assert message.startswith("[Errno 28] no space left to write checkpoint")
+    assert f"MB free in {tmp_path}" in message and "paths.ckpt_dir=" in message
+    monkeypatch.undo()
+    assert leftover_temp_files(tmp_path) == []
+    assert read_checkpoint(target)["global_step"] == 1  # the previous one, whole
+    assert io.load_checkpoint(target)["state_dict"]["w"][0] == 1
+
+
+def test_the_unbuffered_full_disk_really_reaches_torch_as_inline_containers_error(tmp_path):
+    """What the test above stands on (torch 2.13): the serialiser's own error is the RuntimeError,
+    and the ENOSPC is only behind it."""
+    with (
+        open_full(room=5000)(str(tmp_path / "x"), "wb") as f,
+        pytest.raises(RuntimeError, match=r"inline_container\.cc.*unexpected pos") as err,
+    ):
+        torch.save(checkpoint(2), f)
+    assert isinstance(err.value.__context__, OSError)
+    assert err.value.__context__.errno == errno.ENOSPC
+
+
+def test_a_short_write_with_no_errno_is_one_line_too(tmp_path, monkeypatch):
+    target = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(checkpoint(1), target)
+
+    def short(obj, f):
+        f.write(b"x" * 1000)
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr("laptrain.checkpoints.files.torch.save", short)
+    with pytest.raises(CheckpointWriteError, match="torch's writer stopped short") as err:
+        io.save_checkpoint(checkpoint(2), target)
+    assert "MB free in" in str(err.value) and "\n" not in str(err.value)
+    assert leftover_temp_files(tmp_path) == [] and read_checkpoint(target)["global_step"] == 1
+
+
+def test_other_errors_of_a_save_are_raised_as_they_are(tmp_path, monkeypatch):
+    def bug(obj, f):
+        raise RuntimeError("a bug, not the disk")
+
+    monkeypatch.setattr("laptrain.checkpoints.files.torch.save", bug)
+    with pytest.raises(RuntimeError, match="a bug, not the disk"):
+        AtomicCheckpointIO().save_checkpoint(checkpoint(2), tmp_path / "last.ckpt")
+    assert leftover_temp_files(tmp_path) == []
+
+
+def test_a_full_disk_mid_run_stops_train_py_with_exit_2_and_keeps_last_ckpt(tmp_path):
+    """Through `python train.py`: epoch 1 checkpoints, then the disk fills up (tests/disk_full.py
+    in the child); the run ends with one `error:` line, exit 2, epoch 1's last.ckpt loadable and
+    no temporary file left."""
+    data = write_texts(tmp_path / "texts.csv", rows=96)
+    args = [
+        "hardware=cpu",
+        "data=text_csv",
+        *TINY,
+        f"data.files.train={data}",
+        "trainer.max_epochs=2",
+        "test=false",
+        "logger=none",
+        "run_name=full",
+        "+callbacks.full._target_=tests.disk_full.DiskFullFrom",
+        "+callbacks.full.epoch=1",
+    ]
+    done = run_train(args, tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    ckpts = tmp_path / "outputs" / "full" / "checkpoints"
+    assert "no space left to write checkpoint" in errors[0] and f"MB free in {ckpts}" in errors[0]
+    assert "Traceback" not in done.stderr
+    assert read_checkpoint(ckpts / "last.ckpt")["epoch"] == 0  # epoch 1's, whole
+    assert leftover_temp_files(ckpts) == []
 
 
 def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path):

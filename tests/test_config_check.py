@@ -54,6 +54,19 @@ def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_closest_argument(tmp_pa
         ("run_name=", "run_name='' must name one folder under outputs/"),
         ("run_name=..", "set run_name=<name>"),
         ("trainer.use_distributed_sampler=true", "trainer.use_distributed_sampler must stay false"),
+        ("hardware.memory_fraction=nan", "hardware.memory_fraction=nan must be a number in (0, 1]"),
+        ("hardware.memory_fraction=inf", "hardware.memory_fraction=inf must be a number in (0, 1]"),
+        ("hardware.memory_fraction=0", "e.g. hardware.memory_fraction=0.8"),
+        ("hardware.memory_fraction=1.5", "hardware.memory_fraction=1.5 must be"),
+        ("hardware.memory_fraction=abc", "hardware.memory_fraction=abc must be"),
+        (
+            "hardware.memory_budget_gb=nan",
+            "hardware.memory_budget_gb=nan must be a number of GB > 0",
+        ),
+        ("hardware.memory_budget_gb=inf", "hardware.memory_budget_gb=inf must be"),
+        ("hardware.memory_budget_gb=-2", "or null to take hardware.memory_fraction"),
+        ("hardware.torch_threads=-1", "hardware.torch_threads=-1 must be an int >= 1, or null"),
+        ("hardware.torch_threads=2.5", "hardware.torch_threads=2.5 must be an int >= 1"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_key_and_the_fix(override, expected):
@@ -61,6 +74,21 @@ def test_bad_input_is_one_line_naming_the_key_and_the_fix(override, expected):
         precheck(["train.py", override], str(CONF))
     assert expected in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "hardware.memory_fraction=1",
+        "hardware.memory_budget_gb=null",
+        "hardware.memory_budget_gb=0.5",
+        "hardware.torch_threads=null",
+        "hardware.torch_threads=0",  # falsy: torch's default, as laptrain.job.plan reads it
+        "hardware.torch_threads=3",
+    ],
+)
+def test_good_hardware_numbers_pass(override):
+    precheck(["train.py", "hardware=cpu", override], str(CONF))
 
 
 def test_all_problems_are_gathered_into_one_message():
@@ -97,6 +125,9 @@ def test_values_the_run_passes_itself_replace_the_config_placeholder():
         (["hardware=m9"], "hardware=m9"),
         (["data.files.nope=1"], "+data.files.nope=1"),
         (["run_name=../escaped"], "run_name='../escaped'"),
+        (["hardware=cpu", "hardware.memory_fraction=nan"], "hardware.memory_fraction=nan"),
+        (["hardware=cpu", "hardware.memory_budget_gb=inf"], "hardware.memory_budget_gb=inf"),
+        (["hardware=cpu", "hardware.torch_threads=-1"], "hardware.torch_threads=-1"),
     ],
 )
 def test_train_py_refuses_bad_input_in_one_line_before_any_work_and_writes_no_run_folder(

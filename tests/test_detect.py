@@ -1,4 +1,10 @@
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -154,3 +160,91 @@ def test_a_mac_whose_path_lacks_usr_sbin_still_runs_sysctl(monkeypatch, tmp_path
     assert ["/usr/sbin/sysctl", *detect.SYSCTL_KEYS] in asked
     # a sysctl that PATH finds is the one run, as for caffeinate
     assert sysctl_path(which=lambda name: f"/opt/tools/{name}") == "/opt/tools/sysctl"
+
+
+class WedgedProbe:
+    """A ``subprocess.Popen`` stand-in for a probe stuck in the kernel (a wedged ``nvidia-smi``):
+    it never answers, and killing it does not end it (uninterruptible sleep), so a wait without a
+    timeout blocks until the test releases it at teardown."""
+
+    made: ClassVar[list[WedgedProbe]] = []
+
+    def __init__(self, args, **kwargs) -> None:
+        self.args, self.killed, self.returncode, self.pid = args, False, None, 12345
+        self.released = threading.Event()
+        self.made.append(self)
+
+    def communicate(self, input=None, timeout=None):
+        self._block(timeout)
+        return "", ""
+
+    def wait(self, timeout=None):
+        self._block(timeout)
+        return -9
+
+    def _block(self, timeout) -> None:
+        if not self.released.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+
+    def kill(self) -> None:
+        self.killed = True
+
+    def poll(self):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wait()
+
+
+@pytest.fixture
+def wedged(monkeypatch):
+    WedgedProbe.made.clear()
+    monkeypatch.setattr(subprocess, "Popen", WedgedProbe)
+    monkeypatch.setattr(detect.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(detect, "WEDGED", set(), raising=False)
+    yield WedgedProbe.made
+    for probe in WedgedProbe.made:  # let the threads that still wait on it end
+        probe.released.set()
+
+
+def finishes_within(seconds: float, call):
+    """``call()``'s result, or an AssertionError if it is still running after ``seconds``."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    return result[0], time.monotonic() - started
+
+
+def test_a_probe_that_hangs_in_the_kernel_is_killed_reported_and_read_as_unknown(
+    wedged, monkeypatch, capsys
+):
+    """nvidia-smi stuck in the driver: subprocess.run(timeout=) kills it, then waits for it without
+    limit. The probe must return within its timeout, say so in one line, and read "no GPU"."""
+    monkeypatch.setattr(detect, "PROBE_TIMEOUT_S", 0.5, raising=False)
+    monkeypatch.setattr(detect.platform, "system", lambda: "Linux")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    raw, took = finishes_within(3, read_raw_machine)
+    assert took < 2.5 and raw.nvidia_smi == "" and machine_from_raw(raw).gpus == ()
+    assert [p.args[0] for p in wedged] == ["nvidia-smi"] and wedged[0].killed
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("warning: `nvidia-smi --query-gpu=name,memory.total")
+    assert "did not answer within 0.5 s" in lines[0] and "unknown" in lines[0]
+    # asked again (doctor after hardware=auto), the wedged command is not started again
+    raw, _ = finishes_within(1, read_raw_machine)
+    assert raw.nvidia_smi == "" and len(wedged) == 1 and capsys.readouterr().err == ""
+
+
+def test_a_hung_memory_pressure_reading_is_none_within_its_timeout(wedged, monkeypatch, capsys):
+    from laptrain.hardware import power
+
+    monkeypatch.setattr(power, "RUN_TIMEOUT_S", 0.5, raising=False)
+    level, _ = finishes_within(3, power.SysctlPressure().read)
+    assert level is None and wedged[0].killed
+    assert "did not answer within 0.5 s" in capsys.readouterr().err

@@ -91,3 +91,36 @@ def test_bad_folders_are_refused_in_one_line(tmp_path):
         ValueError, match="the run has not finished; rerun to finish it: python train.py run_name=r"
     ):
         Classifier(unfinished)
+
+
+@pytest.mark.parametrize("size", ["-1", "0"])
+def test_a_batch_size_below_one_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, size):
+    """`--batch-size -1` made no batch at all: nothing predicted, nothing written, exit 0."""
+    from laptrain.commands import cli
+
+    run, out = export_run(tmp_path / "r"), tmp_path / "out.csv"
+    capsys.readouterr()  # save_pretrained's bars
+    code = cli.main(["predict", str(run), "the team won", "--batch-size", size, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert (
+        err.strip()
+        == f"error: --batch-size {size} must be a whole number >= 1, e.g. --batch-size 32"
+    )
+    with pytest.raises(ValueError, match="must be a whole number >= 1"):
+        Classifier(run).predict(TEXTS, batch_size=-1)
+
+
+def test_the_batch_size_argparse_type_refuses_below_one_with_exit_2(capsys):
+    import argparse
+
+    from laptrain.commands.predict import batch_size_arg
+
+    parser = argparse.ArgumentParser(prog="laptrain predict")
+    parser.add_argument("--batch-size", type=batch_size_arg, default=32)
+    assert parser.parse_args(["--batch-size", "8"]).batch_size == 8
+    for bad in ("-1", "0", "two"):
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args(["--batch-size", bad])
+        assert stop.value.code == 2
+        assert f"{bad!r} is not a whole number >= 1" in capsys.readouterr().err

@@ -93,3 +93,70 @@ def test_a_missing_folder_is_one_line(tmp_path, cache):
     with pytest.raises(ValueError) as err:
         build_classifier(num_labels=2, pretrained=str(tmp_path / "nope" / "model"))
     assert "\n" not in str(err.value) and "does not exist" in str(err.value)
+
+
+def hub_answer(status: int, headers: dict[str, str], name: str) -> Exception:
+    """The exception huggingface_hub itself makes of the hub's HTTP answer (hf_raise_for_status)."""
+    import httpx2
+    from huggingface_hub.utils import hf_raise_for_status
+
+    url = f"https://huggingface.co/{name}/resolve/main/config.json"
+    response = httpx2.Response(status, headers=headers, request=httpx2.Request("GET", url))
+    with pytest.raises(Exception) as raised:
+        hf_raise_for_status(response)
+    return raised.value
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "expected"),
+    [
+        (
+            403,
+            {"X-Error-Code": "GatedRepo"},
+            "it is gated: accept the licence on the model page (https://huggingface.co/org/model)",
+        ),
+        (404, {"X-Error-Code": "RepoNotFound"}, "the hub has no repo 'org/model' that this login"),
+        (
+            401,
+            {"X-Error-Message": "Invalid credentials in Authorization header"},
+            "the hub refused the token for 'org/model' (HTTP 401): `hf auth login` again",
+        ),
+        (403, {"X-Error-Message": "Forbidden"}, "the token may not read 'org/model' (HTTP 403)"),
+    ],
+)
+def test_a_hub_refusal_is_named_not_reported_as_offline(monkeypatch, status, headers, expected):
+    """transformers wraps the hub's answer in an OSError (a 401/403 as "a specific connection
+    error"): each refusal gets its own line and fix, not "(offline?)"."""
+    import huggingface_hub.constants
+    import transformers.utils.hub
+
+    answer = hub_answer(status, headers, "org/model")
+
+    def download(*args, **kwargs):
+        raise answer
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(transformers.utils.hub, "hf_hub_download", download)
+    monkeypatch.setattr(transformers.utils.hub, "snapshot_download", download)
+    with pytest.raises(OSError) as err:
+        config_from_pretrained("org/model", "set model.pretrained=<a folder>")
+    text = str(err.value)
+    assert text.startswith("cannot load model config 'org/model' from the hub: ")
+    assert expected in text and "hf auth login" in text and "\n" not in text
+    assert "offline" not in text and text.endswith("; or set model.pretrained=<a folder>")
+
+
+def test_a_hub_that_cannot_be_reached_is_still_reported_as_offline(monkeypatch):
+    import httpx2
+    import huggingface_hub.constants
+    import transformers.utils.hub
+
+    def download(*args, **kwargs):
+        raise httpx2.ConnectError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(transformers.utils.hub, "hf_hub_download", download)
+    monkeypatch.setattr(transformers.utils.hub, "snapshot_download", download)
+    with pytest.raises(OSError, match=r"as a hub name \(offline\?\): set model") as err:
+        config_from_pretrained("org/model", "set model.pretrained=<a folder>")
+    assert "\n" not in str(err.value)

@@ -12,6 +12,16 @@ writes straight to a temporary file in the checkpoint's own folder, fsyncs it, r
 target (atomic on one filesystem) and fsyncs the folder. A full disk gives one error naming the
 folder and its free space, and the previous file is untouched.
 
+A full disk rarely surfaces as the ``OSError`` itself. ``torch.save`` into a file object writes
+through ``buffer.write`` (torch/csrc/jit/python/init.cpp, ``PyTorchFileWriter``); when that raises,
+``_open_zipfile_writer_buffer.__exit__`` (torch/serialization.py:853-854 in torch 2.13) still calls
+``write_end_of_file``, whose zip writer finds its position behind and throws ``RuntimeError: [enforce
+fail at inline_container.cc:672] . unexpected pos 704 vs 598`` (caffe2/serialize/inline_container.cc,
+``ostream_write_func``): the ``OSError(ENOSPC)`` is then only that RuntimeError's ``__context__``.
+So the whole ``__cause__``/``__context__`` chain is searched for ENOSPC/EDQUOT; a short write that
+torch reports with another errno behind it, or none (its path writer says ``PytorchStreamWriter
+failed writing file``), is one line too, with that reason and the free space (docs/lightning.md).
+
 Reading: :func:`check_resume_checkpoint` opens a checkpoint with ``weights_only=True`` (tensors and
 plain values only; every checkpoint laptrain writes loads this way, and Lightning is then asked to
 load it the same way) and compares its weights with the model's before any training, so a
@@ -23,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -33,6 +44,12 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from laptrain.files import fsync_dir
 
 MB = 1024 * 1024
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# What torch's zip writer says when a write came up short (caffe2/serialize/inline_container.cc):
+# the position check of ``ostream_write_func``, or ``valid()`` after a failed write.
+SHORT_WRITE = re.compile(
+    r"inline_container\.cc.*unexpected pos \d+|PytorchStreamWriter failed writing", re.DOTALL
+)
 
 
 class CheckpointWriteError(OSError):
@@ -61,15 +78,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(temp, target)
         except BaseException as err:
             _remove_quietly(temp)
-            if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = shutil.disk_usage(folder).free / MB
-                raise CheckpointWriteError(
-                    err.errno,
-                    f"no space left to write checkpoint {target} ({free:.0f} MB free in {folder}); "
-                    "the previous checkpoint there is intact. Free some space, or set "
-                    "paths.ckpt_dir=<folder on another disk>, and rerun the same command",
-                ) from err
-            raise
+            failed = write_failure(err) if isinstance(err, Exception) else None
+            if failed is None:  # not the disk's doing (a bug, Ctrl-C): raised as it is
+                raise
+            free = f"{shutil.disk_usage(folder).free / MB:.0f} MB free in {folder}"
+            if failed.errno in NO_SPACE:
+                head = f"no space left to write checkpoint {target} ({free})"
+            else:
+                head = f"could not write checkpoint {target}: {failed.strerror} ({free})"
+            raise CheckpointWriteError(
+                failed.errno,
+                f"{head}; the previous checkpoint there is intact. Free some space, or set "
+                "paths.ckpt_dir=<folder on another disk>, and rerun the same command",
+            ) from err
         fsync_dir(folder)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None) -> Any:
@@ -80,6 +101,35 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             map_location=map_location or (lambda storage, loc: storage),
             weights_only=True if weights_only is None else weights_only,
         )
+
+
+def exception_chain(err: BaseException) -> list[BaseException]:
+    """``err`` and every exception behind it (``__cause__`` and ``__context__``), each once."""
+    found: list[BaseException] = []
+    todo: list[BaseException | None] = [err]
+    while todo:
+        current = todo.pop(0)
+        if current is None or any(current is seen for seen in found):
+            continue
+        found.append(current)
+        todo += [current.__cause__, current.__context__]
+    return found
+
+
+def write_failure(err: BaseException) -> OSError | None:
+    """Why a checkpoint write failed, when the disk is to blame: the ENOSPC/EDQUOT ``OSError``
+    anywhere behind ``err``; else, when torch's zip writer reported a short write, the ``OSError``
+    behind it (or an EIO one where torch kept no errno); else None (raised as it is)."""
+    chain = exception_chain(err)
+    for current in chain:
+        if isinstance(current, OSError) and current.errno in NO_SPACE:
+            return current
+    if not any(isinstance(c, RuntimeError) and SHORT_WRITE.search(str(c)) for c in chain):
+        return None
+    behind = [c for c in chain if isinstance(c, OSError) and c.errno and c.strerror]
+    if behind:
+        return behind[0]
+    return OSError(errno.EIO, "torch's writer stopped short and the OS gave no reason")
 
 
 def _remove_quietly(path: str) -> None:

@@ -51,6 +51,26 @@ def _not_finished(run: Path) -> ValueError:
     )
 
 
+def check_batch_size(value: object) -> int:
+    """``value`` when it is an int >= 1, else a one-line ValueError naming ``--batch-size``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--batch-size {value} must be a whole number >= 1, e.g. --batch-size 32")
+    return value
+
+
+def batch_size_arg(text: str) -> int:
+    """``argparse`` type of ``laptrain predict --batch-size``: an int >= 1 (argparse then exits 2
+    with its usage line and this message)."""
+    import argparse
+
+    try:
+        return check_batch_size(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number >= 1 (e.g. --batch-size 32)"
+        ) from None
+
+
 class Classifier:
     """The exported model, tokenizer and label names of a classifier run folder.
 
@@ -97,7 +117,13 @@ class Classifier:
         )
 
     def predict(self, texts: Sequence[str], batch_size: int = 32) -> list[Prediction]:
-        """The most probable label of each text and its softmax probability."""
+        """The most probable label of each text and its softmax probability.
+
+        Raises:
+            ValueError: one line, when ``batch_size`` is not an int >= 1 (``range`` would make
+                no batch of a negative size, and so no prediction at all).
+        """
+        check_batch_size(batch_size)
         import torch
 
         out: list[Prediction] = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 import re
 import types
 import typing
@@ -200,6 +201,40 @@ def check_run_name(value: object) -> list[str]:
     return []
 
 
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_hardware_values(hardware: Mapping[str, Any]) -> list[str]:
+    """The profile's numbers that the run computes with, refused up front where they would give a
+    traceback mid-run (``nan`` as a batch size, ``torch.set_num_threads(-1)``) or a run that never
+    ends (an ``inf`` memory budget): ``memory_fraction`` in (0, 1], ``memory_budget_gb`` a finite
+    number > 0 or null, ``torch_threads`` an int >= 1, or null / 0 for torch's default
+    (laptrain.job.plan and job.run treat a falsy value as unset)."""
+    problems = []
+    fraction = hardware.get("memory_fraction")
+    if fraction is not None and not (_real(fraction) and 0 < fraction <= 1):
+        problems.append(
+            f"hardware.memory_fraction={fraction} must be a number in (0, 1], the share of free "
+            "memory the run may use: e.g. hardware.memory_fraction=0.8"
+        )
+    budget = hardware.get("memory_budget_gb")
+    if budget is not None and not (_real(budget) and math.isfinite(budget) and budget > 0):
+        problems.append(
+            f"hardware.memory_budget_gb={budget} must be a number of GB > 0, or null to take "
+            "hardware.memory_fraction of free memory: e.g. hardware.memory_budget_gb=12"
+        )
+    threads = hardware.get("torch_threads")
+    if threads is not None and not (
+        isinstance(threads, int) and not isinstance(threads, bool) and threads >= 0
+    ):
+        problems.append(
+            f"hardware.torch_threads={threads} must be an int >= 1, or null for torch's default: "
+            "e.g. hardware.torch_threads=4"
+        )
+    return problems
+
+
 def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` listing every problem of the composed config, or return.
 
@@ -220,6 +255,8 @@ def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -
     problems = check_targets(plain) + check_run_name(plain.get("run_name"))
     if isinstance(plain.get("trainer"), Mapping):
         problems += check_trainer_values(plain["trainer"])
+    if isinstance(plain.get("hardware"), Mapping):
+        problems += check_hardware_values(plain["hardware"])
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -11,12 +11,16 @@ not (tests/recordings/).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +45,7 @@ SYSCTL_KEYS = (
 SYSCTL = "/usr/sbin/sysctl"
 NVIDIA_SMI_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
 GB = 1024**3
+PROBE_TIMEOUT_S = 10.0  # nvidia-smi, sysctl, sw_vers: each answers in well under a second
 
 
 @dataclass(frozen=True)
@@ -252,15 +257,70 @@ def machine_from_raw(raw: RawMachine) -> MachineInfo:
     )
 
 
-def _run(command: list[str]) -> str:
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+# Commands that once hung past their timeout: asked again, they are not run (a wedged driver stays
+# wedged, and each try would leave one more unkillable child behind).
+WEDGED: set[tuple[str, ...]] = set()
+
+
+def run_probe(
+    command: list[str], timeout: float, warn: Callable[[str], None] = _warn
+) -> tuple[int, str] | None:
+    """(exit code, stdout) of a short probe command; None when it is missing, fails to start or
+    does not finish within ``timeout`` seconds.
+
+    ``subprocess.run(timeout=)`` is not enough for a probe that hangs in the kernel (a wedged
+    ``nvidia-smi``): after the timeout it kills the child and then waits for it with no limit
+    (CPython's Lib/subprocess.py, ``run``: ``process.kill()`` then ``process.wait()``), and a process
+    in uninterruptible sleep is never reaped. Here the child is killed and left to a daemon
+    thread to reap, one warning line names the command, and the caller reads "unknown".
+    """
+    key = tuple(command)
+    if key in WEDGED:
+        return None
+    try:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        WEDGED.add(key)
+        with contextlib.suppress(OSError):
+            process.kill()
+        threading.Thread(target=_reap, args=(process,), name="probe-reaper", daemon=True).start()
+        warn(
+            f"warning: `{shlex.join(command)}` did not answer within {timeout:g} s and was killed "
+            "(a hung driver or service?); its reading is taken as unknown"
+        )
+        return None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return process.returncode, out
+
+
+def _reap(process: subprocess.Popen) -> None:
+    """Wait for a killed probe (forever, if it never dies: a daemon thread, so the process may
+    exit regardless)."""
+    with contextlib.suppress(Exception):
+        process.communicate()
+
+
+def _run(command: list[str], timeout: float | None = None) -> str:
     """stdout of a command, or "" when it is missing, fails to start or hangs."""
     if not shutil.which(command[0]):
         return ""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout
+    done = run_probe(command, PROBE_TIMEOUT_S if timeout is None else timeout)
+    return done[1] if done else ""
 
 
 def _read(path: str) -> str:

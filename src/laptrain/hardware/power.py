@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from laptrain.hardware.detect import sysctl_path
+from laptrain.hardware.detect import run_probe, sysctl_path
 from laptrain.hardware.probe import next_scripted
 
 # kern.memorystatus_vm_pressure_level answers with XNU's dispatch levels (bsd/sys/event.h)
@@ -110,13 +110,14 @@ class PressureSource(Protocol):
     def read(self) -> int | None: ...
 
 
-def run_text(command: list[str]) -> str | None:
-    """stdout of a short command, or None when it fails or is missing."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
+RUN_TIMEOUT_S = 5.0  # run_text's limit for one reading (sysctl answers in milliseconds)
+
+
+def run_text(command: list[str], timeout: float | None = None) -> str | None:
+    """stdout of a short command, or None when it fails, is missing or hangs (a hung one is killed
+    and not waited for, with one warning line: ``laptrain.hardware.detect.run_probe``)."""
+    done = run_probe(command, RUN_TIMEOUT_S if timeout is None else timeout)
+    return done[1] if done and done[0] == 0 else None
 
 
 class SysctlPressure:

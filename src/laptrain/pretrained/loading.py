@@ -74,16 +74,73 @@ def _loaded(load: Callable[[str], T], local: str, source: Source, what: str, fix
         # for a hub name under HF_HUB_OFFLINE=1; a folder's RuntimeError is a real one
         if isinstance(err, RuntimeError) and folder:
             raise
+        name = describe_source(source)
+        refused = None if folder else hub_refusal(err, name)
+        if refused:  # the hub answered: the name is wrong, gated, private, or the token is
+            raise OSError(
+                f"cannot load {what} {name!r} from the hub: {refused}; or {fix}"
+            ) from None
         where = "folder" if folder else "hub name (offline?)"
         raise OSError(
-            f"cannot load {what} {describe_source(source)!r} as a {where}: {fix} "
-            f"({err.__class__.__name__})"
+            f"cannot load {what} {name!r} as a {where}: {fix} ({err.__class__.__name__})"
         ) from None
+
+
+def hub_refusal(err: BaseException, name: str) -> str | None:
+    """What the hub's answer behind ``err`` means, with its fix, when it answered (None for a
+    connection error, offline mode, or no hub error at all).
+
+    transformers re-raises the hub's errors as ``OSError(...) from e`` (transformers/utils/hub.py,
+    ``cached_files``), so the chain is searched. huggingface_hub's classes (huggingface_hub/errors.py;
+    ``hf_raise_for_status`` in huggingface_hub/utils/_http.py picks one): ``GatedRepoError`` (a gated
+    repo whose licence this account has not accepted), a subclass of ``RepositoryNotFoundError``
+    (no such repo, or a private or gated one asked for without a login: the hub answers 401 for
+    all of them), both subclasses of ``HfHubHTTPError`` (any other HTTP error; 401: a token the hub
+    refuses, 403: a token without the permission). docs/model_sources.md.
+    """
+    try:
+        from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    except ImportError:
+        return None
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [err]
+    while todo:
+        current = todo.pop(0)
+        if current is None or any(current is s for s in seen):
+            continue
+        seen.append(current)
+        todo += [current.__cause__, current.__context__]
+    page = f"https://huggingface.co/{name}"
+    for current in seen:
+        if isinstance(current, GatedRepoError):
+            return (
+                f"it is gated: accept the licence on the model page ({page}) with your account, "
+                "then `hf auth login` (or set HF_TOKEN) on this machine"
+            )
+        if isinstance(current, RepositoryNotFoundError):
+            return (
+                f"the hub has no repo {name!r} that this login may see: check the name on {page}, "
+                "or, for a private or gated repo, `hf auth login` with an account that has access"
+            )
+    for current in seen:
+        status = getattr(getattr(current, "response", None), "status_code", None)
+        if isinstance(current, HfHubHTTPError) and status == 401:
+            return (
+                f"the hub refused the token for {name!r} (HTTP 401): `hf auth login` again, "
+                "or unset a stale HF_TOKEN"
+            )
+        if isinstance(current, HfHubHTTPError) and status == 403:
+            return (
+                f"the token may not read {name!r} (HTTP 403): `hf auth login` with a token that "
+                "has read access to it"
+            )
+    return None
 
 
 def from_pretrained(load: Callable[[str], T], source: Source, what: str, fix: str) -> T:
     """``load`` of the folder or hub name ``source`` resolves to; an OSError becomes one line
-    saying whether a folder or a hub name (perhaps offline) failed, and ``fix``."""
+    saying whether a folder or a hub name failed (gated, not found or unauthorised when the hub
+    said so: :func:`hub_refusal`; else perhaps offline), and ``fix``."""
     local, _ = resolve(source, check=False)
     return _loaded(load, local, source, what, fix)
 
