@@ -95,18 +95,18 @@ def test_bad_folders_are_refused_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("size", ["-1", "0"])
 def test_a_batch_size_below_one_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, size):
-    """`--batch-size -1` made no batch at all: nothing predicted, nothing written, exit 0."""
+    """`--batch-size -1` made no batch at all: nothing predicted, nothing written, exit 0; now
+    the option refuses it in one line, and so does the Python API."""
     from laptrain.commands import cli
 
     run, out = export_run(tmp_path / "r"), tmp_path / "out.csv"
     capsys.readouterr()  # save_pretrained's bars
-    code = cli.main(["predict", str(run), "the team won", "--batch-size", size, "--out", str(out)])
+    # refused by the option's argparse type, before the model is loaded
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["predict", str(run), "the team won", "--batch-size", size, "--out", str(out)])
     err = capsys.readouterr().err
-    assert code == 2 and not out.exists()
-    assert (
-        err.strip()
-        == f"error: --batch-size {size} must be a whole number >= 1, e.g. --batch-size 32"
-    )
+    assert stop.value.code == 2 and not out.exists()
+    assert f"argument --batch-size: '{size}' is not a whole number >= 1" in err.splitlines()[-1]
     with pytest.raises(ValueError, match="must be a whole number >= 1"):
         Classifier(run).predict(TEXTS, batch_size=-1)
 

@@ -4,7 +4,9 @@
 - ``laptrain train [overrides]``: the repository's ``train.py``, exactly as ``python train.py``
   (``laptrain-train`` is the same).
 - ``laptrain predict <run folder> "text" ...`` / ``--file f.csv``: a finished classifier run's labels.
-- ``laptrain runs``: each run under ``outputs/``: status, step, best score, the command to resume.
+- ``laptrain runs``: each run under ``outputs/``: status, step, best score, the command to resume;
+  ``laptrain runs compare A B`` side by side, ``laptrain runs clean A`` removes (laptrain.run_folder).
+- ``laptrain why <run folder>``: what happened in the run and what to change (laptrain.commands.why).
 - ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``: is this machine ready.
 - ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
   job's memory estimate from config.json alone.
@@ -28,6 +30,7 @@ from laptrain.commands.bench import add_arguments as add_bench_arguments
 from laptrain.commands.bench import bench_command
 from laptrain.commands.fetch import add_arguments as add_fetch_arguments
 from laptrain.commands.fetch import fetch_command
+from laptrain.commands.predict import batch_size_arg
 from laptrain.model.families import family_of_preset
 from laptrain.project import ProjectNotFound, conf_dir, train_script
 
@@ -231,15 +234,35 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def runs(args: argparse.Namespace) -> int:
-    """The table of run folders under ``--root``."""
+    """The table of run folders under ``--root``; ``compare`` and ``clean`` of named runs."""
     from laptrain.run_folder.listing import find_runs, run_state, runs_table
 
+    if args.runs_command == "compare":
+        from laptrain.run_folder.compare import compare_command
+
+        return compare_command(args.runs, args.root, args.out)
+    if args.runs_command == "clean":
+        from laptrain.run_folder.clean import clean_command
+
+        return clean_command(args.runs, args.root, args.dry_run)
     root = Path(args.root)
     folders = find_runs(root)
     if not folders:
         print(f"no runs under {root}/ (python train.py starts one)")
         return 0
     print(runs_table([run_state(f) for f in folders], root))
+    return 0
+
+
+def why(args: argparse.Namespace) -> int:
+    """A few lines on what happened in a run, each with its step and value, and what to change."""
+    from laptrain.commands.why import why_lines
+
+    try:
+        print("\n".join(why_lines(args.run)))
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -265,11 +288,41 @@ def _add_run_commands(commands: Any) -> None:
     pred.add_argument("--file", help="a CSV (or .tsv) file of texts instead")
     pred.add_argument("--column", default="text", help="the text column of --file (default text)")
     pred.add_argument("--out", help="write a CSV: the rows plus predicted_label and probability")
-    pred.add_argument("--batch-size", type=int, default=32)
+    pred.add_argument("--batch-size", type=batch_size_arg, default=32)
     listing = commands.add_parser(
         "runs", help="the runs under outputs/: status, step, best score, command to resume"
     )
     listing.add_argument("--root", default="outputs", help="where runs live (default outputs)")
+    explain = commands.add_parser(
+        "why", help="what happened in a run (NaN, plateau, divergence, overfitting, slowdown, OOM)"
+    )
+    explain.add_argument(
+        "run", help="the run folder, e.g. outputs/tiny_classifier-stdlib_docstrings"
+    )
+    _add_runs_commands(listing.add_subparsers(dest="runs_command", metavar="{compare,clean}"))
+
+
+def _add_runs_commands(commands: Any) -> None:
+    """``laptrain runs compare`` and ``laptrain runs clean`` (plain ``laptrain runs`` lists)."""
+    named = "runs as `laptrain runs` names them (e.g. tiny_classifier-text_csv), or run folders"
+    # SUPPRESS: `laptrain runs --root x compare ...` keeps x (a default here would override it)
+    root = {"default": argparse.SUPPRESS, "help": "where runs live (default outputs)"}
+    compare = commands.add_parser(
+        "compare",
+        help="config differences, final and best metrics, speed, memory and wall time side "
+        "by side; a PNG of the validation curves",
+    )
+    compare.add_argument("runs", nargs="+", metavar="RUN", help=f"two or more {named}")
+    compare.add_argument(
+        "--out", default="runs_compare.png", help="the plot (default runs_compare.png)"
+    )
+    compare.add_argument("--root", **root)
+    clean = commands.add_parser(
+        "clean", help="remove the named runs (never a live one) and show the space freed"
+    )
+    clean.add_argument("runs", nargs="+", metavar="RUN", help=named)
+    clean.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
+    clean.add_argument("--root", **root)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -311,6 +364,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": train,
     "predict": predict,
     "runs": runs,
+    "why": why,
     "doctor": doctor,
     "preflight": preflight,
     "export": lora_command,

@@ -145,8 +145,21 @@ def run_state(folder: str | Path) -> RunState:
 
 
 def is_run_folder(folder: Path) -> bool:
+    """A folder a run left: it holds ``.hydra/``, ``checkpoints/``, ``report.json`` or the lock."""
     return folder.is_dir() and any(
         (folder / name).exists() for name in (".hydra", "checkpoints", "report.json", LOCK_NAME)
+    )
+
+
+def resolve_run(name: str | Path, root: str | Path = "outputs") -> Path:
+    """The run folder ``name`` names: a run as ``laptrain runs`` shows it (``<run>`` or
+    ``multirun/<sweep>/<job>``, under ``root``), else a path to a run folder. ValueError if neither."""
+    for candidate in (Path(root) / name, Path(name)):
+        if is_run_folder(candidate):
+            return candidate
+    raise ValueError(
+        f"no run folder {name}: neither a run under {root}/ nor a path to one "
+        "(`laptrain runs` lists them)"
     )
 
 

@@ -46,6 +46,12 @@ def _holder_text(path: Path) -> str:
     )
 
 
+def lock_holder(folder: str | Path) -> str:
+    """Who holds ``folder``'s lock, as written when it was taken: ``pid N on host, started HH:MM:
+    command`` (``another process`` where the lock file holds no record)."""
+    return _holder_text(Path(folder) / LOCK_NAME)
+
+
 def _busy(folder: Path, path: Path) -> RunFolderBusy:
     return RunFolderBusy(
         errno.EBUSY,

@@ -1,0 +1,673 @@
+"""``laptrain why <run>``: what happened in a run and what to change, read from the run's own records.
+
+The records (any one is enough):
+
+- the TensorBoard event files under ``<run>/tensorboard/`` (tensorboard's ``EventAccumulator``, as
+  TensorBoard itself reads them; ``<run>/csv/metrics.csv`` when the run logged with ``logger=csv``):
+  ``train/loss``, ``val/*``, ``lr-*`` (Lightning), ``memory/*``, ``thermal/*``, ``oom/*`` (the
+  guards);
+- ``report.json`` (``RunReport``): the status and step, the precision, the monitored metric, the
+  final metrics; its plot points give ``samples_per_s`` (logged nowhere else) and stand in for a
+  curve the event files lack (``loss``, ``val_history``, ``thermal_state``, ``rss_mb``); the NaN
+  guard's record (section ``nonfinite``: the steps it skipped; a stop shows only as the status
+  ``interrupted (NonFiniteLoss)`` at ``run.global_step``, the step the guard names) and the OOM
+  backoffs (section ``oom``, ``events``: step, micro-batch from and to);
+- the precision, where the report lacks it: ``run_info.json`` (the plan), then ``.hydra/config.yaml``.
+
+Steps are as each record numbers them: Lightning logs ``train/*``, ``val/*`` and ``lr-*`` at
+``trainer.global_step - 1`` (TensorBoard's x axis), the guards, the report and the checkpoint names
+at ``global_step``.
+
+:func:`diagnose` is a pure function of the series (``{name: [(step, value), ...]}``) and the report;
+each rule gives at most one :class:`Finding` naming the step and value it rests on. The rules and
+their thresholds (the constants below):
+
+- non-finite: the NaN guard stopped the run (status ``interrupted (NonFiniteLoss)``) or skipped
+  steps (``nonfinite.skipped``), else a NaN/inf in ``train/loss`` (guard off); with the learning
+  rate at that step (the ``lr-*`` scalar at or before it), the precision and the usual fixes
+  (gradient clipping only where the model trains with Lightning's automatic optimization: not
+  TRM, ``MANUAL_OPTIMIZATION``).
+- OOM backoff: ``oom.events`` (else drops of ``oom/micro_batch``): each micro-batch from -> to.
+- divergence: ``train/loss`` smoothed by an EMA over ``EMA_POINTS`` (10) logged points
+  (alpha 2 / 11) rises more than ``DIVERGENCE_RISE`` (20 %) above its minimum after that minimum,
+  and stays above that line to the last point, for at least ``DIVERGENCE_STAY`` (3) points; needs
+  ``DIVERGENCE_POINTS`` (10) points.
+- overfitting: ``val/loss`` had its lowest value at least ``OVERFIT_EVALS`` (3) evaluations before
+  the last (so the last 3 or more evaluations, all above it), the last one ``OVERFIT_RISE`` (2 %)
+  or more above it, while ``train/loss`` (the same EMA) is lower at the end than at that step.
+- plateau: the monitored validation metric (``report.json`` ``checkpoint.monitor``, else the
+  config's ``model._metric_`` or ``optimized_metric``, else ``val/loss``) spans less than ``PLATEAU_RELATIVE`` (1 %) of its
+  mean (max - min) over the last N >= ``PLATEAU_EVALS`` (4) evaluations (N as large as stays so).
+- throughput fall: the median samples/s (or tokens/s) of the last quarter of the points is below
+  ``THROUGHPUT_FALL`` (80 %) of the median of the first half; needs ``THROUGHPUT_POINTS`` (8)
+  points; with the thermal state, step-time drift, system memory, swap, memory pressure, cooling
+  breaks and OOM backoffs of that stretch, where recorded.
+
+No rule fires: one line, "nothing unusual found", with the final metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import logging
+import math
+import re
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from laptrain.hardware.power import PRESSURE_WARNING, pressure_name
+from laptrain.hardware.thermal import LEVEL_NAMES
+
+Points = list[tuple[int, float]]
+Series = dict[str, Points]
+
+EMA_POINTS = 10
+DIVERGENCE_RISE = 0.20
+DIVERGENCE_STAY = 3
+DIVERGENCE_POINTS = 10
+OVERFIT_EVALS = 3
+OVERFIT_RISE = 0.02
+PLATEAU_EVALS = 4
+PLATEAU_RELATIVE = 0.01
+THROUGHPUT_FALL = 0.80
+THROUGHPUT_POINTS = 8
+MAX_LINES = 8  # the header and up to 7 findings
+
+# RunReport's status after an exception is f"interrupted ({type(exception).__name__})"; the NaN
+# guard raises laptrain.callbacks.nonfinite_guard.NonFiniteLoss (named here: no torch import)
+NONFINITE_STOP = "NonFiniteLoss"
+# report.json plot-point fields and the TensorBoard tags the same callbacks log them under
+HISTORY_TAGS = {
+    "loss": "train/loss",
+    "thermal_state": "thermal/state",
+    "drift_pct": "thermal/drift_pct",
+    "rss_mb": "memory/rss_mb",
+}
+# models trained with manual optimization, where Lightning refuses trainer.gradient_clip_val
+MANUAL_OPTIMIZATION = ("laptrain.model.trm.",)
+CLIP = "trainer.gradient_clip_val=1.0"
+THROUGHPUT_TAGS = ("train/samples_per_s", "samples_per_s", "train/tokens_per_s", "tokens_per_s")
+# below this, a swap or system-memory change over the slow stretch is not named
+SWAP_GROWTH_MB = 100.0
+SYSTEM_PERCENT_GROWTH = 5.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One claim about the run: what (``kind``), where (``step``, ``value``), what to change.
+
+    ``value`` is the curve's value at ``step`` (the smoothed one for divergence, the median of the
+    slow stretch for throughput, the micro-batch reached for an OOM backoff, the learning rate for a
+    non-finite step the guard recorded)."""
+
+    kind: str  # nonfinite, oom, divergence, overfitting, plateau, throughput, ok
+    step: int | None
+    value: float | None
+    text: str
+    advice: str
+
+    def line(self) -> str:
+        return f"{self.text}: {self.advice}" if self.advice else self.text
+
+
+@dataclass
+class RunRecords:
+    """What ``laptrain why`` reads from a run folder."""
+
+    folder: Path
+    series: Series
+    report: dict[str, Any] | None
+    precision: str | None = None
+    monitor: str | None = None
+    can_clip: bool = True  # trainer.gradient_clip_val works with the run's model
+    checkpoints: dict[int, str] = field(default_factory=dict)  # best-step<N>.ckpt by N
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 1e6 or 0 < abs(value) < 1e-3:
+        return f"{value:.3g}"
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+def _lr(value: float) -> str:
+    """A learning rate as the NaN guard's own message writes it."""
+    return f"{value:.3g}"
+
+
+def _finite(points: Points) -> Points:
+    return [(s, v) for s, v in points if math.isfinite(v)]
+
+
+def _ema(values: list[float], points: int = EMA_POINTS) -> list[float]:
+    alpha = 2.0 / (points + 1)
+    out: list[float] = []
+    for v in values:
+        out.append(v if not out else alpha * v + (1 - alpha) * out[-1])
+    return out
+
+
+def _value_at(points: Points, step: int) -> float | None:
+    """The last value logged at or before ``step`` (the first one if all are later)."""
+    if not points:
+        return None
+    before = [v for s, v in points if s <= step]
+    return before[-1] if before else points[0][1]
+
+
+def _section(report: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    body = (report or {}).get(name)
+    return body if isinstance(body, dict) else {}
+
+
+def _lr_at(series: Series, report: Mapping[str, Any] | None, step: int) -> float | None:
+    tags = sorted(t for t in series if t.startswith("lr-"))
+    if tags:
+        return _value_at(series[tags[0]], step)
+    run = _section(report, "run")
+    logged = [v for k, v in sorted(run.items()) if k.startswith("lr-") and isinstance(v, float)]
+    return logged[0] if logged else None
+
+
+def nonfinite(
+    series: Series, report: Mapping[str, Any] | None, precision: str | None, can_clip: bool = True
+) -> Finding | None:
+    run, guard = _section(report, "run"), _section(report, "nonfinite")
+    skipped = [s for s in guard.get("skipped") or [] if isinstance(s, dict) and "step" in s]
+    value: float | None = None
+    facts: list[str] = []
+    if NONFINITE_STOP in str(run.get("status", "")) and run.get("global_step") is not None:
+        step = int(run["global_step"])
+        what = f"a NaN/inf loss or gradient stopped the run at step {step}"
+    elif skipped:
+        step = int(skipped[0]["step"])
+        what = f"{len(skipped)} non-finite step(s) skipped, the first at step {step}"
+        facts.append(str(skipped[0].get("why", "not finite")))
+    else:
+        bad = [(s, v) for s, v in series.get("train/loss", []) if not math.isfinite(v)]
+        if not bad:
+            return None
+        step, value = bad[0]
+        what = f"train/loss is {value} at step {step}"
+        facts.append("no NaN guard record")
+    lr = _lr_at(series, report, step)
+    facts.append(f"lr {_lr(lr)}" if lr is not None else "lr not recorded")
+    facts.append(f"precision {precision or 'not recorded'}")
+    fixes = [f"model.optimizer.lr={_lr(lr / 10)} (10x lower)"] if lr else []
+    fixes += [CLIP] if can_clip else []
+    if precision and precision.startswith("16"):
+        fixes.append("hardware.precision=bf16-mixed or 32-true (16-bit overflow)")
+    fixes.append("a bad row in that batch")
+    if not skipped and guard.get("action") != "skip":
+        fixes.append("callbacks.nonfinite_guard.action=skip")
+    return Finding(
+        "nonfinite",
+        step,
+        lr if value is None else value,
+        f"{what} ({', '.join(facts)})",
+        "usual fixes: " + ", ".join(fixes),
+    )
+
+
+def oom_backoff(series: Series, report: Mapping[str, Any] | None) -> Finding | None:
+    events = [
+        (int(e["step"]), int(e["from"]), int(e["to"]))
+        for e in _section(report, "oom").get("events") or []
+        if isinstance(e, dict) and {"step", "from", "to"} <= e.keys()
+    ]
+    if not events:  # no report (a killed run): the logged micro-batch
+        points = _finite(series.get("oom/micro_batch", []))
+        events = [
+            (s, int(prev), int(v)) for (_, prev), (s, v) in zip(points, points[1:]) if v < prev
+        ]
+    if not events:
+        return None
+    step, first, _ = events[0]
+    last = events[-1][2]
+    if len(events) == 1:
+        text = f"out of memory at step {step} with micro-batch {first}: continued at {last}"
+    else:
+        chain = ", ".join(f"{a} -> {b} at step {s}" for s, a, b in events)
+        text = f"out of memory {len(events)} times, micro-batch {chain}"
+    ratio = first // max(last, 1)
+    return Finding(
+        "oom",
+        step,
+        float(last),
+        f"{text} (same effective batch)",
+        f"start there: hardware.batch_size={last} with trainer.accumulate_grad_batches x{ratio} "
+        "keeps the effective batch; or model.gradient_checkpointing=true, a shorter "
+        "data.max_length",
+    )
+
+
+def divergence(
+    series: Series, report: Mapping[str, Any] | None, can_clip: bool = True
+) -> Finding | None:
+    points = _finite(series.get("train/loss", []))
+    if len(points) < DIVERGENCE_POINTS:
+        return None
+    steps, ema = [s for s, _ in points], _ema([v for _, v in points])
+    low = min(range(len(ema)), key=ema.__getitem__)
+    line = ema[low] + DIVERGENCE_RISE * abs(ema[low])
+    below = [i for i in range(low, len(ema)) if ema[i] <= line]
+    start = below[-1] + 1
+    if len(ema) - start < DIVERGENCE_STAY:
+        return None
+    rise = (ema[-1] - ema[low]) / abs(ema[low]) if ema[low] else math.inf
+    lr = _lr_at(series, report, steps[start])
+    try_lr = f" (it was {_lr(lr)} at step {steps[start]}: try {_lr(lr / 3)})" if lr else ""
+    return Finding(
+        "divergence",
+        steps[low],
+        ema[low],
+        f"train/loss rising after step {steps[low]}: smoothed {_num(ema[low])} there, "
+        f"{_num(ema[-1])} at step {steps[-1]} ({rise:+.0%}), over +{DIVERGENCE_RISE:.0%} "
+        f"since step {steps[start]}",
+        f"lower model.optimizer.lr{try_lr}" + (f" or set {CLIP}" if can_clip else ""),
+    )
+
+
+def overfitting(series: Series, checkpoints: Mapping[int, str]) -> Finding | None:
+    val = _finite(series.get("val/loss", []))
+    train = _finite(series.get("train/loss", []))
+    if len(val) <= OVERFIT_EVALS or len(train) < 2:
+        return None
+    values = [v for _, v in val]
+    best = max(i for i, v in enumerate(values) if v == min(values))  # the last of equal minima
+    after = len(values) - 1 - best
+    if after < OVERFIT_EVALS or values[-1] < values[best] + OVERFIT_RISE * abs(values[best]):
+        return None
+    step = val[best][0]
+    ema = _ema([v for _, v in train])
+    at_best = _value_at(list(zip([s for s, _ in train], ema)), step)
+    if at_best is None or ema[-1] >= at_best:
+        return None
+    kept = checkpoints.get(step) or checkpoints.get(step + 1)  # checkpoints name global_step
+    keep = f"keep {kept}" if kept else f"the weights of step {step} are the best"
+    return Finding(
+        "overfitting",
+        step,
+        values[best],
+        f"overfitting: val/loss rising after step {step}: {_num(values[best])} there, {_num(values[-1])} at "
+        f"step {val[-1][0]} over {after} evaluations, while train/loss (smoothed) fell "
+        f"{_num(at_best)} -> {_num(ema[-1])}",
+        f"{keep}; stop near step {step} next time, or regularize (more data, "
+        "dropout, model.optimizer.weight_decay)",
+    )
+
+
+def plateau(series: Series, monitor: str | None) -> Finding | None:
+    name = monitor if monitor in series else "val/loss"
+    evals = _finite(series.get(name, []))
+    if len(evals) < PLATEAU_EVALS:
+        return None
+
+    def flat(window: Points) -> bool:
+        values = [v for _, v in window]
+        spread = max(values) - min(values)
+        return spread == 0 or spread < PLATEAU_RELATIVE * abs(statistics.fmean(values))
+
+    n = PLATEAU_EVALS
+    if not flat(evals[-n:]):
+        return None
+    while n < len(evals) and flat(evals[-n - 1 :]):
+        n += 1
+    window = evals[-n:]
+    values = [v for _, v in window]
+    mean, half = statistics.fmean(values), (max(values) - min(values)) / 2
+    first, last = window[0][0], window[-1][0]
+    if n == len(evals):
+        advice = (
+            "the model is not learning; raise model.optimizer.lr (x3-10), check the labels, "
+            "or train longer"
+        )
+    else:
+        advice = (
+            f"no gain since step {first}: stop earlier (trainer.max_steps / max_epochs), or "
+            "raise model.optimizer.lr or use a bigger model to go further"
+        )
+    return Finding(
+        "plateau",
+        first,
+        mean,
+        f"{name} flat at {_num(mean)} ± {half:.1g} over the last {n} evaluations "
+        f"(steps {first}-{last})",
+        advice,
+    )
+
+
+def _throughput_series(series: Series) -> tuple[str, Points] | None:
+    names = [*THROUGHPUT_TAGS]
+    names += sorted(t for t in series if t.endswith(("samples_per_s", "tokens_per_s")))
+    for name in names:
+        points = [(s, v) for s, v in _finite(series.get(name, [])) if v > 0]
+        if len(points) >= THROUGHPUT_POINTS:
+            return name, points
+    return None
+
+
+def _in(points: Points, lo: int, hi: int) -> list[float]:
+    return [v for s, v in _finite(points) if lo <= s <= hi]
+
+
+def _slow_context(
+    series: Series, report: Mapping[str, Any] | None, early: tuple[int, int], late: tuple[int, int]
+) -> tuple[list[str], str]:
+    """What the guards recorded over the slow stretch (against the fast one); the advice."""
+    said, why = [], ""
+    state = _in(series.get("thermal/state", []), *late)
+    if state and max(state) >= 1:
+        level = int(max(state))
+        said.append(f"thermal state {LEVEL_NAMES[min(level, 3)]}")
+        why = why or ("thermal" if level >= 2 else "")
+    drift = _in(series.get("thermal/drift_pct", []), *late)
+    if drift and max(drift) > 0:
+        said.append(f"step time +{max(drift):.0f} % over the baseline")
+    breaks = [
+        e
+        for e in _section(report, "thermal").get("events") or []
+        if isinstance(e, dict) and late[0] <= e.get("step", -1) <= late[1]
+    ]
+    if breaks:
+        seconds = sum(float(e.get("s", 0)) for e in breaks)
+        said.append(f"{len(breaks)} cooling break(s), {seconds:.0f} s")
+        why = why or "thermal"
+    swap_early = _in(series.get("memory/swap_used_mb", []), *early)
+    swap_late = _in(series.get("memory/swap_used_mb", []), *late)
+    if swap_early and swap_late and max(swap_late) - min(swap_early) >= SWAP_GROWTH_MB:
+        said.append(f"swap {_num(max(swap_late))} MB (was {_num(min(swap_early))})")
+        why = why or "memory"
+    system_early = _in(series.get("memory/system_percent", []), *early)
+    system_late = _in(series.get("memory/system_percent", []), *late)
+    if (
+        system_early
+        and system_late
+        and max(system_late) - statistics.median(system_early) >= SYSTEM_PERCENT_GROWTH
+    ):
+        said.append(
+            f"system memory {max(system_late):.0f} % (was {statistics.median(system_early):.0f} %)"
+        )
+        why = why or "memory"
+    pressure = _in(series.get("memory/pressure_level", []), *late)
+    if pressure and max(pressure) >= PRESSURE_WARNING:
+        said.append(f"memory pressure {pressure_name(int(max(pressure)))}")
+        why = why or "memory"
+    halved = [
+        e
+        for e in _section(report, "oom").get("events") or []
+        if isinstance(e, dict) and early[0] <= e.get("step", -1) <= late[1]
+    ]
+    if halved:
+        said.append(f"micro-batch halved at step {halved[0]['step']} (OOM backoff)")
+        why = why or "oom"
+    advice = {
+        "thermal": "the machine throttled: let it cool (hard, open surface; charger in), or "
+        "lower hardware.batch_size; callbacks.thermal_guard paces it",
+        "memory": "memory ran short: close other applications, or lower hardware.batch_size / "
+        "data.max_length",
+        "oom": "smaller micro-batches are slower: start at the size that fits (see above)",
+        "": "nothing recorded explains it: look for other processes sharing the machine",
+    }[why]
+    if not said:
+        recorded = any(t.startswith(("thermal/", "memory/")) for t in series)
+        said.append(
+            "thermal state, memory and swap unchanged"
+            if recorded
+            else "no thermal or memory record (the guards were off)"
+        )
+    return said, advice
+
+
+def throughput(series: Series, report: Mapping[str, Any] | None) -> Finding | None:
+    found = _throughput_series(series)
+    if found is None:
+        return None
+    name, points = found
+    half, quarter = points[: len(points) // 2], points[-(len(points) // 4) :]
+    fast = statistics.median(v for _, v in half)
+    slow = statistics.median(v for _, v in quarter)
+    if slow >= THROUGHPUT_FALL * fast:
+        return None
+    unit = "tokens/s" if "tokens" in name else "samples/s"
+    early, late = (half[0][0], half[-1][0]), (quarter[0][0], quarter[-1][0])
+    said, advice = _slow_context(series, report, early, late)
+    return Finding(
+        "throughput",
+        late[0],
+        slow,
+        f"{unit} fell from {_num(fast)} (median, steps {early[0]}-{early[1]}) to {_num(slow)} "
+        f"(steps {late[0]}-{late[1]}, {slow / fast - 1:+.0%}); then: {', '.join(said)}",
+        advice,
+    )
+
+
+def _final_metrics(series: Series, report: Mapping[str, Any] | None, monitor: str | None) -> str:
+    metrics = {
+        k: float(v)
+        for k, v in _section(report, "metrics").items()
+        if isinstance(v, int | float) and k.startswith(("val/", "test/", "train/loss"))
+    }
+    if not metrics:
+        metrics = {
+            k: pts[-1][1]
+            for k, pts in series.items()
+            if pts and k.startswith(("val/", "test/", "train/loss"))
+        }
+    order = sorted(metrics, key=lambda k: (k != monitor, not k.startswith("val/"), k))
+    return " · ".join(f"{k} {_num(metrics[k])}" for k in order[:5]) or "no metrics recorded"
+
+
+def diagnose(
+    series: Series,
+    report: Mapping[str, Any] | None = None,
+    *,
+    precision: str | None = None,
+    monitor: str | None = None,
+    checkpoints: Mapping[int, str] | None = None,
+    can_clip: bool = True,
+) -> list[Finding]:
+    """The findings of every rule (module doc), most pressing first; "ok" when none fires.
+
+    ``series``: ``{name: [(step, value), ...]}`` sorted by step; ``report``: ``report.json``'s
+    contents; ``precision`` and ``monitor`` fill in what the report lacks; ``checkpoints``: the
+    run's ``best-step<N>.ckpt`` files by N, named when overfitting leaves one worth keeping;
+    ``can_clip``: False where the model's manual optimization refuses gradient clipping.
+    """
+    hardware, ckpt = _section(report, "hardware"), _section(report, "checkpoint")
+    precision = hardware.get("precision") or precision
+    monitor = ckpt.get("monitor") or monitor
+    found = [
+        nonfinite(series, report, precision, can_clip),
+        oom_backoff(series, report),
+        divergence(series, report, can_clip),
+        overfitting(series, checkpoints or {}),
+        plateau(series, monitor),
+        throughput(series, report),
+    ]
+    findings = [f for f in found if f is not None]
+    if findings:
+        return findings
+    steps = [pts[-1][0] for pts in series.values() if pts]
+    step = _section(report, "run").get("global_step") or (max(steps) if steps else None)
+    where = f" (step {step})" if step is not None else ""
+    return [
+        Finding(
+            "ok",
+            step,
+            None,
+            f"nothing unusual found{where}",
+            f"final {_final_metrics(series, report, monitor)}",
+        )
+    ]
+
+
+# ---- reading a run folder ----
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _add(series: Series, name: str, step: int, value: Any) -> None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        series.setdefault(name, []).append((int(step), float(value)))
+
+
+def read_event_dir(folder: Path) -> Series:
+    """Every scalar of the event files in ``folder`` (one TensorBoard run), as TensorBoard reads
+    them (a resumed run's orphaned steps purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    quiet = logging.getLogger("tensorboard")
+    level, quiet.level = quiet.level, logging.ERROR  # "out of order step" notes: not the user's
+    try:
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        tags = acc.Tags()
+        series: Series = {}
+        for tag in tags.get("scalars", []):
+            for event in acc.Scalars(tag):
+                _add(series, tag, event.step, event.value)
+        for tag in tags.get("tensors", []):  # tf.summary v2 scalars
+            for event in acc.Tensors(tag):
+                array = tensor_util.make_ndarray(event.tensor_proto)
+                if array.size == 1:
+                    _add(series, tag, event.step, float(array.reshape(-1)[0]))
+    finally:
+        quiet.level = level
+    return series
+
+
+def read_csv_metrics(path: Path) -> Series:
+    """Lightning's ``CSVLogger`` file: a ``step`` column and one column per metric."""
+    series: Series = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                step = int(float(row.get("step") or ""))
+            except ValueError:
+                continue
+            for name, cell in row.items():
+                if name != "step" and cell not in (None, ""):
+                    with contextlib.suppress(ValueError):
+                        _add(series, name, step, float(cell))
+    return series
+
+
+def _merge(into: Series, more: Series) -> None:
+    for name, points in more.items():
+        into[name] = sorted([*into.get(name, []), *points], key=lambda p: p[0])
+
+
+def _from_report(series: Series, report: Mapping[str, Any]) -> None:
+    """Plot points and validations of ``report.json`` for the curves the logs lack."""
+    extra: Series = {}
+    for point in report.get("history") or []:
+        if not isinstance(point, dict) or "step" not in point:
+            continue
+        _add(extra, "samples_per_s", point["step"], point.get("samples_per_s"))
+        for key, tag in HISTORY_TAGS.items():
+            _add(extra, tag, point["step"], point.get(key))
+    for point in report.get("val_history") or []:
+        if isinstance(point, dict) and "step" in point:
+            for key, value in point.items():
+                if key != "step":
+                    _add(extra, key, point["step"], value)
+    for name, points in extra.items():
+        if name not in series:
+            series[name] = points
+
+
+def _config_facts(folder: Path) -> tuple[str | None, str | None, bool]:
+    """(precision, monitored metric, whether gradient clipping works) from ``run_info.json`` and
+    ``.hydra/config.yaml``."""
+    import yaml
+
+    precision = ((_json(folder / "run_info.json") or {}).get("plan") or {}).get("precision")
+    try:
+        config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        config = None
+    config = config if isinstance(config, dict) else {}
+    hardware = config.get("hardware") if isinstance(config.get("hardware"), dict) else {}
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    metric = model.get("_metric_") if isinstance(model.get("_metric_"), dict) else {}
+    named = metric.get("name") or config.get("optimized_metric")
+    # conf/train.yaml: optimized_metric: ${oc.select:model._metric_.name,val/acc}
+    selected = re.fullmatch(r"\$\{oc\.select:[\w.]+,([^}]+)\}", str(named))
+    named = selected.group(1).strip() if selected else named
+    monitor = named if isinstance(named, str) and "${" not in named else None
+    can_clip = not str(model.get("_target_", "")).startswith(MANUAL_OPTIMIZATION)
+    configured = hardware.get("precision")
+    configured = configured if isinstance(configured, str) and "${" not in configured else None
+    return precision or configured, monitor, can_clip
+
+
+def read_run(folder: str | Path) -> RunRecords:
+    """The records of a run folder. Raises ValueError for a missing folder or one with none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(
+            f"no run folder {folder}: give a folder such as outputs/<run> (`laptrain runs` lists them)"
+        )
+    report = _json(folder / "report.json")
+    series: Series = {}
+    logs = folder / "tensorboard"
+    files = sorted(logs.rglob("events.out.tfevents.*")) if logs.is_dir() else []
+    files = files or sorted(folder.glob("events.out.tfevents.*"))
+    for directory in sorted({f.parent for f in files}):
+        _merge(series, read_event_dir(directory))
+    if not files and (folder / "csv" / "metrics.csv").is_file():
+        series = read_csv_metrics(folder / "csv" / "metrics.csv")
+    if report is None and not series:
+        raise ValueError(
+            f"{folder} has no run records (report.json, tensorboard/ event files): give a run "
+            "folder such as outputs/<run> (`laptrain runs` lists them)"
+        )
+    if report:
+        _from_report(series, report)
+    precision, monitor, can_clip = _config_facts(folder)
+    checkpoints = {}
+    for path in (folder / "checkpoints").glob("best-step*.ckpt"):
+        number = re.fullmatch(r"best-step(\d+)(-v\d+)?", path.stem)
+        if number:
+            checkpoints[int(number.group(1))] = f"checkpoints/{path.name}"
+    return RunRecords(folder, series, report, precision, monitor, can_clip, checkpoints)
+
+
+def _header(records: RunRecords) -> str:
+    run = _section(records.report, "run")
+    if run:
+        status = str(run.get("status", "status not recorded"))
+        return f"{records.folder}: {status} at step {run.get('global_step', '—')}"
+    steps = [pts[-1][0] for pts in records.series.values() if pts]
+    last = f"; logged to step {max(steps)}" if steps else ""
+    return f"{records.folder}: no report.json (killed before it wrote one?){last}"
+
+
+def why_lines(folder: str | Path, limit: int = MAX_LINES) -> list[str]:
+    """What ``laptrain why`` prints: a header, then one line per finding (``limit`` in all)."""
+    records = read_run(folder)
+    findings = diagnose(
+        records.series,
+        records.report,
+        precision=records.precision,
+        monitor=records.monitor,
+        checkpoints=records.checkpoints,
+        can_clip=records.can_clip,
+    )
+    return [_header(records), *(f.line() for f in findings)][:limit]
