@@ -3,10 +3,12 @@
     python benchmarks/device_smoke.py                       # every family x precision
     python benchmarks/device_smoke.py --families trm --precisions 32-true,bf16-mixed --steps 4
 
-Each cell fits a tiny model, saves a checkpoint, resumes it in a fresh Trainer, and predicts one
-batch, checking on the way that every tensor the module and its callbacks keep follows the
-parameters to the device (laptrain/devices/placement.py). Cells read ``ok (seconds)``,
-``refused: <reason>`` (the profile's precision rules, or the family's) or
+Each cell builds the family's preset at tiny size (its optimizer, dropout, dtypes, checkpointing,
+packing: laptrain/model/<family>/smoke.py), fits it with the guards that call the device during a
+fit, saves a checkpoint, resumes it in a fresh Trainer, and predicts one batch, checking on the way
+that every tensor the module and its callbacks keep follows the parameters to the device
+(laptrain/devices/placement.py). Lines under the table say what the cells ran. Cells read
+``ok (seconds)``, ``refused: <reason>`` (the profile's precision rules, or the family's) or
 ``failed: <error>`` (tracebacks follow the table). Exit status 1 when a cell failed.
 Paste the whole output into a bug report.
 """
@@ -17,7 +19,13 @@ import argparse
 import sys
 
 from laptrain.devices.families import FAMILIES
-from laptrain.devices.smoke import detect_device, header_lines, markdown_table, run_smoke
+from laptrain.devices.smoke import (
+    detect_device,
+    header_lines,
+    legend_lines,
+    markdown_table,
+    run_smoke,
+)
 
 
 def _csv(text: str) -> list[str]:
@@ -48,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     print(markdown_table(cells))
+    print()
+    for line in legend_lines(dict.fromkeys(c.family for c in cells), kind, args.steps):
+        print(line)
     failed = [c for c in cells if c.status == "failed"]
     for cell in failed:
         print(f"\n### {cell.family} / {cell.precision}\n```\n{cell.trace.rstrip()}\n```")

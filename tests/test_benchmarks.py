@@ -54,6 +54,7 @@ def test_run_all_smoke_prints_the_four_tables(tmp_path: Path) -> None:
     assert "| second (cache warm) |" in out
 
 
+@pytest.mark.slow  # ~28 s; the fast suite stays under 10 minutes on 2 cores
 def test_real_lora_smoke_prints_the_three_arms_and_the_mfu_line(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")  # Hugging Face's Trainer needs it (the [dev] extra)
     out = run("real_lora.py", ["--smoke"], tmp_path)

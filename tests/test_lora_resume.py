@@ -85,6 +85,7 @@ def assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: s
     assert not differ, f"{what}: {len(differ)} of {len(a)} tensors differ, e.g. {differ[0]}"
 
 
+@pytest.mark.slow  # ~37 s; the DDP and classifier resume tests stay in the fast suite
 def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_refused(
     tmp_path: Path,
 ) -> None:

@@ -42,6 +42,7 @@ def train_both(
     return json.loads((folder / "metrics.json").read_text())
 
 
+@pytest.mark.slow  # ~22 s; test_train_e2e keeps a 2-process run in the fast suite
 def test_trm_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
     """TRM optimizes manually; before, a rank never back-propagated under DDP (weights frozen)."""
     record = tmp_path / "record"

@@ -4,11 +4,17 @@ An entry is how to build a fresh module and datamodule and how to predict one ba
 the family's own ``smoke`` module that the family registry names (:mod:`laptrain.model.families`);
 which precisions the family refuses comes from the same registry, the rule the launch applies. A
 new family is picked up by ``benchmarks/device_smoke.py`` from its registry entry alone.
+
+A smoke build may take the device and precision of the cell (``build(seed, steps, kind=...,
+precision=...)``: the registry's builds read their preset and decide from them whether AdamW is
+fused and the LoRA base bfloat16), and its module may have ``note(kind)``, the line of the table's
+legend that says what the cells run.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +25,7 @@ import torch
 from laptrain.model.families import FAMILIES as MODEL_FAMILIES
 from laptrain.model.families import ModelFamily
 
-Build = Callable[[int, int], tuple[pl.LightningModule, pl.LightningDataModule]]
+Build = Callable[..., tuple[pl.LightningModule, pl.LightningDataModule]]
 Predict = Callable[[pl.LightningModule, Any], torch.Tensor]
 
 
@@ -30,12 +36,15 @@ class Family:
     Attributes:
         name: the row label in the table.
         build: ``build(seed, steps)`` -> a fresh (module, datamodule) whose training epoch is
-            ``steps`` batches, with validation data; the same seed gives the same weights.
+            ``steps`` batches, with validation data; the same seed gives the same weights. A build
+            that takes ``kind`` and ``precision`` keywords gets the cell's (see :meth:`make`).
         predict: ``predict(module, batch)`` -> predictions for one validation batch (on the device).
         refuse: ``refuse(device_kind, precision)`` -> why the family does not run there, or None
             (default: the registry's rule for ``name``).
         callbacks: extra callbacks the family trains with (its ``configure_callbacks`` are added
             by Lightning itself).
+        note: ``note(device_kind)`` -> one line of what the cells run (preset, optimizer, dtypes,
+            data), printed under the table; None: no line.
     """
 
     name: str
@@ -43,6 +52,20 @@ class Family:
     predict: Predict
     refuse: Callable[[str, str], str | None] | None = None
     callbacks: Callable[[], list[pl.Callback]] = field(default=list)
+    note: Callable[[str], str] | None = None
+
+    def make(
+        self, seed: int, steps: int, kind: str, precision: str
+    ) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+        """``build(seed, steps)``, given ``kind`` and ``precision`` where the build takes them."""
+        params = inspect.signature(self.build).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        extra = {
+            key: value
+            for key, value in (("kind", kind), ("precision", precision))
+            if takes_any or key in params
+        }
+        return self.build(seed, steps, **extra)
 
     def refusal(self, kind: str, precision: str) -> str | None:
         """Why this family does not run at ``precision`` on ``kind``, or None (a family the
@@ -55,7 +78,7 @@ class Family:
 
 def _from_registry(family: ModelFamily) -> Family:
     smoke = importlib.import_module(family.smoke)
-    return Family(family.name, smoke.build, smoke.predict)
+    return Family(family.name, smoke.build, smoke.predict, note=getattr(smoke, "note", None))
 
 
 FAMILIES: dict[str, Family] = {name: _from_registry(f) for name, f in MODEL_FAMILIES.items()}

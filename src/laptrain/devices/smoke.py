@@ -2,12 +2,19 @@
 
 Every fit runs with laptrain's callbacks that keep tensors (EMA, RNG state) and a
 :class:`~laptrain.devices.placement.PlacementCheck`, so a tensor left on the CPU, or in the old
-dtype, after Lightning moved the module fails the cell with its name. One cell's failure never
-stops the table. ``python benchmarks/device_smoke.py`` prints it.
+dtype, after Lightning moved the module fails the cell with its name. It also runs the default
+callbacks that call the device during a fit (:data:`GUARDS`: the memory monitor's memory reads and
+cache release, the thermal guard's synchronise and source reads, the non-finite guard's gradient
+check, the OOM backoff's probe), switched on and acting at every step, so a device where one of
+those calls breaks fails its cell. Each family's build is its preset's (``laptrain/model/<family>/
+smoke.py``), and :func:`legend_lines` says what that means on this device. One cell's failure
+never stops the table. ``python benchmarks/device_smoke.py`` prints it.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import platform
 import tempfile
@@ -30,6 +37,7 @@ from laptrain.devices.families import FAMILIES, Family
 from laptrain.devices.placement import PlacementCheck
 from laptrain.hardware.probe import TorchProbe
 from laptrain.hardware.profile import ProfileError, validate_precision
+from laptrain.project import conf_dir
 from laptrain.versions import package_versions
 
 # What each device is asked to run; the profile's rules (validate_precision) and the family's
@@ -39,6 +47,55 @@ PRECISIONS_BY_DEVICE = {
     "cuda": ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true"),
     "mps": ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true"),
 }
+
+
+# The default callbacks (conf/callbacks/default.yaml) that call the device during a fit, read from
+# their conf/callbacks/<name>.yaml with these overrides: on (the Apple profiles' hardware.guards),
+# acting at every step, no stop checkpoint of their own, and no cooling break (a break changes
+# timing only; the thermal guard still synchronises, reads its source and times every step).
+GUARDS: dict[str, dict[str, Any]] = {
+    "memory_monitor": {"enabled": True, "every_n_steps": 1, "ckpt_path": None},
+    "thermal_guard": {
+        "enabled": True,
+        "check_every_n_steps": 1,
+        "warmup_steps": 0,
+        "baseline_steps": 1,
+        "window_steps": 1,
+        "max_break_seconds_per_hour": 0,
+    },
+    "nonfinite_guard": {"last_ckpt": None},
+    "oom_backoff": {"every_n_steps": 1},
+}
+
+
+@functools.cache
+def _guard_config(name: str) -> Any:
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(conf_dir() / "callbacks" / f"{name}.yaml")[name]
+    return OmegaConf.merge(node, GUARDS[name])
+
+
+def guard_callbacks() -> list[pl.Callback]:
+    """Fresh :data:`GUARDS` callbacks, instantiated from their config files as a run does."""
+    from hydra.utils import instantiate
+
+    return [instantiate(_guard_config(name), _convert_="all") for name in GUARDS]
+
+
+@contextmanager
+def _old_objects_frozen() -> Iterator[None]:
+    """The memory monitor's cleanup runs ``gc.collect()``, which on its own walks every object of
+    torch, transformers and Lightning (0.2 s on 2 cores, each fit): objects that exist before the
+    fit are left out of collection meanwhile (``gc.freeze``), unless someone else froze some."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def detect_device() -> str:
@@ -76,8 +133,10 @@ def header_lines(kind: str) -> list[str]:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """Lightning's per-Trainer info lines and warnings would bury the table."""
-    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    """Lightning's per-Trainer info lines, transformers' notices and warnings would bury the table."""
+    loggers = [
+        logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "transformers")
+    ]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -127,12 +186,19 @@ def smoke_fit(
     Raises whatever fails, e.g. :class:`~laptrain.devices.placement.PlacementError` when a kept
     tensor did not follow the parameters. Returns the number of placement checks and predictions.
     """
+    with _old_objects_frozen():
+        return _fit_save_resume_predict(family, precision, accelerator, steps, workdir)
 
+
+def _fit_save_resume_predict(
+    family: Family, precision: str, accelerator: str, steps: int, workdir: Path
+) -> dict[str, Any]:
     def callbacks(ckpt_dir: Path) -> list[pl.Callback]:
         save = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1)
-        return [EMA(decay=0.9), RNGState(), *family.callbacks(), PlacementCheck(), save]
+        kept = [EMA(decay=0.9), RNGState(), *guard_callbacks(), *family.callbacks()]
+        return [*kept, PlacementCheck(), save]
 
-    module, data = family.build(0, steps)
+    module, data = family.make(0, steps, accelerator, precision)
     first = callbacks(workdir / "first")
     trainer = _trainer(accelerator, precision, steps, workdir, callbacks=first)
     trainer.fit(module, datamodule=data)
@@ -140,7 +206,7 @@ def smoke_fit(
     if not last or not Path(last).is_file():
         raise RuntimeError(f"no checkpoint written after {steps} steps")
 
-    module, data = family.build(1, steps)  # other weights: everything must come from the file
+    module, data = family.make(1, steps, accelerator, precision)  # weights from the file only
     second = callbacks(workdir / "second")
     trainer = _trainer(accelerator, precision, 2 * steps, workdir, callbacks=second)
     trainer.fit(module, datamodule=data, ckpt_path=last)
@@ -244,3 +310,18 @@ def markdown_table(cells: Sequence[Cell]) -> str:
         ]
         lines.append(f"| {fam} | " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def legend_lines(families: Iterable[str], kind: str, steps: int) -> list[str]:
+    """What each cell runs, under the table: the fit, the callbacks, and each family's note."""
+    guards = ", ".join(name.replace("_", " ") for name in GUARDS)
+    lines = [
+        f"each cell: fit {steps} step(s), save, resume in a fresh Trainer for {steps} more, "
+        f"predict; with EMA, RNG state, the guards {guards} (on, every step: device memory "
+        "reads, synchronize, cache release) and the placement check",
+    ]
+    for name in families:
+        family = FAMILIES[name]
+        if family.note is not None:
+            lines.append(f"{name}: {family.note(kind)}")
+    return lines

@@ -242,9 +242,11 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
     metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
     log_hparams(loggers, cfg, model, plan, metrics, step)
-    if trainer.is_global_zero and isinstance(model, ExportsModel):
-        with no_transformers_bars():  # written beside its place, then swapped in
-            write_folder_atomic(output_dir / model.export_folder, model.export)
+    if trainer.is_global_zero:
+        if isinstance(model, ExportsModel):
+            with no_transformers_bars():  # written beside its place, then swapped in
+                write_folder_atomic(output_dir / model.export_folder, model.export)
+        # every family, TRM too (it exports nothing: its metrics.json was never written)
         write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=1))
     for line in closing_lines(step, metrics, best, output_dir):
         rank_zero_info(line)

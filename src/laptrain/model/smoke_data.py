@@ -1,12 +1,90 @@
-"""Toy data for the families' smoke builds (``laptrain/model/<family>/smoke.py``): random token
-rows served in fixed batches, a training epoch of ``steps`` batches and one validation batch.
-The device smoke test (``laptrain/devices/``) fits, saves, resumes and predicts on them."""
+"""What the families' smoke builds (``laptrain/model/<family>/smoke.py``) share: the family's preset
+read from ``conf/model/<preset>.yaml`` and built the way ``train.py`` builds it (sizes shrunk to
+smoke size, every other choice the preset's), and random token rows served in fixed batches, a
+training epoch of ``steps`` batches and one validation batch. The device smoke test
+(``laptrain/devices/``) fits, saves, resumes and predicts on them.
+
+The preset's choices are followed with two smoke rules, each the branch a real run takes in one
+case, so that the smoke always runs it:
+
+- ``gradient_checkpointing: auto`` is built as ``true``: auto turns checkpointing on when the
+  preflight finds that the job does not fit without it (``laptrain.model.checkpointing``), which
+  is the case the presets' big bases are there for.
+- ``optimizer.fused`` stays on where torch has fused AdamW kernels for the device
+  (:data:`FUSED_DEVICES`), and is turned off for 16-mixed on MPS, the rule of the launch
+  (``laptrain.launch.device.without_unsafe_fused``; tests/test_device_smoke.py keeps them equal).
+"""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from laptrain.config.check import LAPTRAIN_KEYS
+from laptrain.project import conf_dir
+
+# torch 2.13's fused Adam/AdamW kernels, among the devices the smoke runs on
+# (torch/utils/_foreach_utils.py: _get_fused_kernels_supported_devices).
+FUSED_DEVICES = ("cpu", "cuda", "mps")
+
+
+def preset_config(name: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``conf/model/<name>.yaml`` with ``overrides`` merged in (nested keys merge, so a backbone
+    override keeps the preset's other backbone fields), resolved, laptrain's own keys removed:
+    the constructor arguments ``train.py`` would instantiate (``laptrain.job.run.build``)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.merge(
+        _load(conf_dir() / "model" / f"{name}.yaml"), OmegaConf.create(overrides or {})
+    )
+    model_cfg = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(model_cfg, dict)
+    for key in LAPTRAIN_KEYS:
+        model_cfg.pop(key, None)
+    return model_cfg
+
+
+@functools.cache
+def _load(path: Path) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(path)
+
+
+def smoke_fused(model_cfg: Mapping[str, Any], kind: str, precision: str) -> dict[str, Any]:
+    """``model_cfg`` with ``optimizer.fused`` as the smoke runs it on ``kind`` at ``precision``:
+    the preset's value where torch has fused kernels for ``kind``, off at 16-mixed on MPS."""
+    optimizer = model_cfg.get("optimizer")
+    if not isinstance(optimizer, Mapping) or not optimizer.get("fused"):
+        return dict(model_cfg)
+    fused = kind in FUSED_DEVICES and not (kind == "mps" and precision == "16-mixed")
+    return {**model_cfg, "optimizer": {**optimizer, "fused": fused}}
+
+
+def smoke_checkpointing(value: Any) -> Any:
+    """The preset's ``gradient_checkpointing`` as the smoke builds it: ``auto`` is ``True``."""
+    return True if str(value).lower() == "auto" else value
+
+
+def build_preset(
+    name: str, overrides: Mapping[str, Any], kind: str, precision: str, **kwargs: Any
+) -> pl.LightningModule:
+    """The preset's module, instantiated as ``train.py`` does (``_convert_="all"``, ``kwargs`` as
+    the datamodule's ``model_kwargs``), with the smoke rules applied (module docstring)."""
+    from hydra.utils import instantiate
+
+    model_cfg = smoke_fused(preset_config(name, overrides), kind, precision)
+    if "gradient_checkpointing" in model_cfg:
+        model_cfg["gradient_checkpointing"] = smoke_checkpointing(
+            model_cfg["gradient_checkpointing"]
+        )
+    return instantiate(model_cfg, _convert_="all", **kwargs)
 
 
 class TokenRows(Dataset):
@@ -45,14 +123,22 @@ class TokenRows(Dataset):
 
 
 class RowsData(pl.LightningDataModule):
-    """``train`` and ``val`` datasets served in batches of ``batch_size``, in order."""
+    """``train`` and ``val`` datasets served in batches of ``batch_size``, in order, through
+    ``collate_fn`` (default: torch's)."""
 
-    def __init__(self, train: Dataset, val: Dataset, batch_size: int = 8) -> None:
+    def __init__(
+        self,
+        train: Dataset,
+        val: Dataset,
+        batch_size: int = 8,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
         super().__init__()
         self.train, self.val, self.batch_size = train, val, batch_size
+        self.collate_fn = collate_fn
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train, batch_size=self.batch_size)
+        return DataLoader(self.train, batch_size=self.batch_size, collate_fn=self.collate_fn)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val, batch_size=self.batch_size)
+        return DataLoader(self.val, batch_size=self.batch_size, collate_fn=self.collate_fn)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.aggregation import MeanMetric
 
+from laptrain.files import write_folder_atomic
 from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.pretrained.loading import Source, load_pretrained_model, rank_device_map
@@ -616,12 +617,8 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         if step == self._adapter_step:  # top-k and last.ckpt of one step: one folder
             return
         root = Path(self.adapters_dir or Path(trainer.default_root_dir) / "adapters")
-        target = root / f"step-{step:06d}"
-        partial_dir = root / f".step-{step:06d}.partial"
-        shutil.rmtree(partial_dir, ignore_errors=True)
-        self.export(partial_dir)
-        shutil.rmtree(target, ignore_errors=True)
-        partial_dir.rename(target)
+        # written beside its place and swapped in; a symlink there is replaced, not followed
+        write_folder_atomic(root / f"step-{step:06d}", self.export)
         self._adapter_step = step
         for old in sorted(root.glob("step-*"))[:-KEEP_ADAPTERS]:
             shutil.rmtree(old, ignore_errors=True)
