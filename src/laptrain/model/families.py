@@ -30,9 +30,10 @@ class ModelFamily:
         sized_from_config: ``laptrain preflight`` estimates its memory from the YAML alone (no
             weights loaded); other families are measured by ``train.py``'s own preflight.
         adapters: the run exports adapters that ``laptrain eval/generate/merge`` read.
-        smoke: the module with the family's smoke-test build: ``build(seed, steps)`` and
-            ``predict(module, batch)`` (``laptrain/model/<family>/smoke.py``), which the device
-            smoke test fits, saves, resumes and predicts on every precision.
+        smoke: the module with the family's smoke-test build: ``build(seed, steps)`` (with
+            optional ``kind=``/``precision=`` keywords), ``predict(module, batch)`` and optionally
+            ``note(kind)`` (``laptrain/model/<family>/smoke.py``), which the device smoke test
+            fits, saves, resumes and predicts on every precision.
         fsdp_layers: ``"module:Name"``, the layer class whose every instance ``trainer=fsdp``
             wraps as its own FSDP unit, or a function of the built module returning those
             classes (``laptrain/model/fsdp_units.py``; None: the root alone).
