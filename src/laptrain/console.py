@@ -1,4 +1,5 @@
-"""What a run prints: the libraries' own chatter held back, and the closing lines of a run.
+"""What a run prints: the libraries' own chatter held back, the closing lines of a run, and the
+exception chain one-line errors are read from.
 
 Gap filled: Lightning, torch, matplotlib and transformers each print lines that say nothing about
 this run (which accelerators exist elsewhere, advertising tips, a deprecation inside Lightning, a
@@ -154,3 +155,16 @@ def relative(path: str | Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def exception_chain(err: BaseException) -> list[BaseException]:
+    """``err`` and every exception behind it (``__cause__`` and ``__context__``), each once."""
+    found: list[BaseException] = []
+    todo: list[BaseException | None] = [err]
+    while todo:
+        current = todo.pop(0)
+        if current is None or any(current is seen for seen in found):
+            continue
+        found.append(current)
+        todo += [current.__cause__, current.__context__]
+    return found

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from laptrain.console import exception_chain
 from laptrain.files import fsync_dir
 
 MB = 1024 * 1024
@@ -101,19 +102,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             map_location=map_location or (lambda storage, loc: storage),
             weights_only=True if weights_only is None else weights_only,
         )
-
-
-def exception_chain(err: BaseException) -> list[BaseException]:
-    """``err`` and every exception behind it (``__cause__`` and ``__context__``), each once."""
-    found: list[BaseException] = []
-    todo: list[BaseException | None] = [err]
-    while todo:
-        current = todo.pop(0)
-        if current is None or any(current is seen for seen in found):
-            continue
-        found.append(current)
-        todo += [current.__cause__, current.__context__]
-    return found
 
 
 def write_failure(err: BaseException) -> OSError | None:

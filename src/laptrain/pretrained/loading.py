@@ -18,6 +18,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from laptrain.console import exception_chain
+
 T = TypeVar("T")
 Source = str | os.PathLike[str] | Mapping[str, Any]
 
@@ -102,14 +104,7 @@ def hub_refusal(err: BaseException, name: str) -> str | None:
         from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
     except ImportError:
         return None
-    seen: list[BaseException] = []
-    todo: list[BaseException | None] = [err]
-    while todo:
-        current = todo.pop(0)
-        if current is None or any(current is s for s in seen):
-            continue
-        seen.append(current)
-        todo += [current.__cause__, current.__context__]
+    seen = exception_chain(err)
     page = f"https://huggingface.co/{name}"
     for current in seen:
         if isinstance(current, GatedRepoError):
