@@ -55,6 +55,13 @@ def normalize_precision(precision: object) -> str:
     return text
 
 
+def fused_optimizer_unsafe(kind: str, precision: str) -> bool:
+    """Whether a fused Adam/AdamW must be turned off on ``kind`` at ``precision``: 16-mixed on MPS,
+    whose fused kernel ignored the GradScaler's ``found_inf`` until pytorch PR #186360
+    (docs/hardware.md §3). One rule for the launch and the device smoke."""
+    return kind == "mps" and precision == "16-mixed"
+
+
 def validate_precision(precision: object, kind: str, bf16_supported: bool) -> str:
     """Refuse a precision the device cannot run, before Lightning fails deep in setup.
 

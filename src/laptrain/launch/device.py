@@ -17,7 +17,12 @@ from omegaconf import DictConfig
 from laptrain.config.check import ConfigError
 from laptrain.config.scale_out import asked_devices, requested_devices
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
-from laptrain.hardware.profile import ProfileError, precision_warning, validate_precision
+from laptrain.hardware.profile import (
+    ProfileError,
+    fused_optimizer_unsafe,
+    precision_warning,
+    validate_precision,
+)
 from laptrain.model.families import family_of
 
 UNFUSED_ON_MPS_FP16 = (
@@ -111,7 +116,7 @@ def without_unsafe_fused(
     is not established (docs/hardware.md §3). Any other device or precision keeps the config."""
     optimizer = model_cfg.get("optimizer")
     fused = isinstance(optimizer, Mapping) and bool(optimizer.get("fused"))
-    if not fused or kind != "mps" or precision != "16-mixed":
+    if not fused or not fused_optimizer_unsafe(kind, precision):
         return model_cfg
     say(UNFUSED_ON_MPS_FP16)
     return {**model_cfg, "optimizer": {**optimizer, "fused": False}}

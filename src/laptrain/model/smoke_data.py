@@ -11,8 +11,8 @@ case, so that the smoke always runs it:
   preflight finds that the job does not fit without it (``laptrain.model.checkpointing``), which
   is the case the presets' big bases are there for.
 - ``optimizer.fused`` stays on where torch has fused AdamW kernels for the device
-  (:data:`FUSED_DEVICES`), and is turned off for 16-mixed on MPS, the rule of the launch
-  (``laptrain.launch.device.without_unsafe_fused``; tests/test_device_smoke.py keeps them equal).
+  (:data:`FUSED_DEVICES`), and is turned off where the launch turns it off
+  (``laptrain.hardware.profile.fused_optimizer_unsafe``, which both call).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from laptrain.config.check import LAPTRAIN_KEYS
+from laptrain.hardware.profile import fused_optimizer_unsafe
 from laptrain.project import conf_dir
 
 # torch 2.13's fused Adam/AdamW kernels, among the devices the smoke runs on
@@ -63,7 +64,7 @@ def smoke_fused(model_cfg: Mapping[str, Any], kind: str, precision: str) -> dict
     optimizer = model_cfg.get("optimizer")
     if not isinstance(optimizer, Mapping) or not optimizer.get("fused"):
         return dict(model_cfg)
-    fused = kind in FUSED_DEVICES and not (kind == "mps" and precision == "16-mixed")
+    fused = kind in FUSED_DEVICES and not fused_optimizer_unsafe(kind, precision)
     return {**model_cfg, "optimizer": {**optimizer, "fused": fused}}
 
 
