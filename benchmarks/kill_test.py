@@ -1,11 +1,12 @@
 """Kill test: interrupt the tiny default job at random moments, rerun it, count what was lost.
 
 Each round starts `python train.py` on a small generated data set (tiny classifier, checkpoint every
-``--interval`` steps so that kills land during saves), sends SIGKILL, SIGINT or SIGTERM at a seeded
-random step, at a random moment inside it (a third of the SIGKILLs wait for a checkpoint's
-temporary file to appear and kill during that write), then checks every checkpoint file in the run folder, reruns the same command to
-the end and compares the final ``last.ckpt`` with an uninterrupted run's, tensor by tensor.
-One run at a time (2 cores). Prints a markdown table.
+``--interval`` steps so that kills land during saves), sends SIGKILL, SIGINT (one Ctrl-C: the run
+saves and goes on), a double SIGINT (0.3 s apart: the run stops) or SIGTERM at a seeded random
+step, at a random moment inside it (a third of the SIGKILLs wait for a checkpoint's temporary file
+to appear and kill during that write), then checks every checkpoint file in the run folder, reruns
+the same command to the end and compares the final ``last.ckpt`` with an uninterrupted run's,
+tensor by tensor. One run at a time (2 cores). Prints a markdown table.
 
 ``--setup workers`` trains with 2 persistent DataLoader workers and gradient accumulation 4;
 ``--setup ddp`` on 2 processes (``trainer=ddp_cpu trainer.strategy=ddp``, Lightning re-running the
@@ -22,6 +23,7 @@ import argparse
 import csv
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -33,7 +35,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 
 ROOT = Path(__file__).resolve().parents[1]
-SIGNALS = ("SIGKILL", "SIGINT", "SIGTERM")
+SIGNALS = ("SIGKILL", "SIGINT", "SIGINT x2", "SIGTERM")
+LABELS = {"SIGINT": "SIGINT once (saves, goes on)", "SIGINT x2": "SIGINT twice (stops)"}
+SAVED_ON_CTRL_C = re.compile(r"Ctrl-C: saved step (\d+)")
 TINY = [
     "model.backbone.hidden_size=32",
     "model.backbone.intermediate_size=64",
@@ -161,14 +165,16 @@ def interrupt(
     group: bool = False,
 ) -> None:
     run_dir = work / "outputs" / cmd[-3].split("=", 1)[1]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=work,
-        env=environment(work),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=group,  # its own process group, which the signal then goes to
-    )
+    log = work / f"{run_dir.name}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=work,
+            env=environment(work),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=group,  # its own process group, which the signal then goes to
+        )
     marker = work / (cmd[-3].split("=", 1)[1] + ".step")
     deadline = time.monotonic() + 180
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -189,12 +195,17 @@ def interrupt(
                 pass
             time.sleep(0.005)
         time.sleep(rng.uniform(0, step_s))
+    at_signal = None
     if proc.poll() is None:
-        signum = getattr(signal, rnd.signal)
-        if group:
-            os.killpg(proc.pid, signum)
-        else:
-            proc.send_signal(signum)
+        name, _, twice = rnd.signal.partition(" ")
+        signum = getattr(signal, name)
+        at_signal = int(marker.read_text() or 0) if marker.exists() else 0
+        for n in range(2 if twice else 1):
+            time.sleep(0.3 if n else 0)  # a second Ctrl-C, well within the run's 5 s
+            if group:
+                os.killpg(proc.pid, signum)
+            else:
+                proc.send_signal(signum)
     else:
         rnd.notes.append("ended before the signal")
     try:
@@ -206,6 +217,16 @@ def interrupt(
             proc.kill()
         rnd.exit_code = proc.wait()
         rnd.notes.append("hung for 300 s after the signal")
+    if rnd.signal == "SIGINT":  # one Ctrl-C: saved at the next boundary, and the run went on
+        saved = SAVED_ON_CTRL_C.search(log.read_text())
+        if at_signal is not None and saved is None and rnd.exit_code == 0:
+            rnd.notes.append("ended before the signal")
+        elif saved is None:
+            rnd.notes.append("no checkpoint after the Ctrl-C")
+        rnd.reached = at_signal or 0
+        rnd.saved = int(saved.group(1)) if saved else 0
+        rnd.corrupt = len(corrupt_files(run_dir / "checkpoints"))
+        return
     if rnd.exit_code == 0 and "ended before the signal" not in rnd.notes:
         rnd.notes.append("ended before the signal")  # it finished between the poll and the kill
     rnd.reached = int(marker.read_text() or 0) if marker.exists() else 0
@@ -264,7 +285,7 @@ def main(argv: list[str] | None = None) -> list[Round]:
 
     rounds = []
     for i in range(args.runs):
-        sig = SIGNALS[i % 3] if args.runs >= 3 else rng.choice(SIGNALS)
+        sig = SIGNALS[i % len(SIGNALS)] if args.runs >= len(SIGNALS) else rng.choice(SIGNALS)
         rnd = Round(sig, during_save=sig == "SIGKILL" and rng.random() < 1 / 3)
         cmd = command(work, data, f"r{i}", args.interval, args.setup)
         interrupt(cmd, work, rnd, rng, total_steps, step_s, group)
@@ -295,10 +316,10 @@ def table(rounds: list[Round], interval: int, setup: str = "plain", group: bool 
         f"{'the process group' if group else 'the main process'}; interval between periodic "
         f"checkpoints: {interval} steps",
         "",
-        "| signal | runs | signal arrived in training | hangs | reruns completed "
+        "| signal | runs | signal arrived in training | exit codes | hangs | reruns completed "
         "| corrupt checkpoints | steps lost (max) | steps lost (mean) "
         "| final weights == uninterrupted |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for sig in SIGNALS:
         rs = [r for r in rounds if r.signal == sig]
@@ -306,9 +327,10 @@ def table(rounds: list[Round], interval: int, setup: str = "plain", group: bool 
             continue
         lost = [max(0, (r.reached or 0) - (r.saved or 0)) for r in rs]
         during = sum(r.during_save for r in rs)
-        name = f"{sig} ({during} during a save)" if during else sig
+        name = LABELS.get(sig, sig) + (f" ({during} during a save)" if during else "")
+        codes = ", ".join(str(c) for c in sorted({r.exit_code for r in rs}))
         lines.append(
-            f"| {name} | {len(rs)} | {sum(_in_training(r) for r in rs)} "
+            f"| {name} | {len(rs)} | {sum(_in_training(r) for r in rs)} | {codes} "
             f"| {sum(any(n.startswith('hung') for n in r.notes) for r in rs)} "
             f"| {sum(r.rerun_ok for r in rs)} "
             f"| {sum(r.corrupt for r in rs)} | {max(lost)} | {sum(lost) / len(lost):.1f} "

@@ -84,11 +84,15 @@ def test_sigterm_mid_accumulation_before_a_validation_resumes_bit_identical(tmp_
 
 SLOW_CASES = {
     # mid-epoch, nothing special about the batch
-    "sigint-mid-epoch": (["trainer.max_epochs=2"], signal_at("SIGINT", step=5), 130),
+    "sigint-mid-epoch": (["trainer.max_epochs=2"], signal_at("SIGINT", step=5, times=2), 130),
     # the epoch's last batch: the stop waits past the validation
     "sigterm-last-batch": (["trainer.max_epochs=2"], signal_at("SIGTERM", step=12), 143),
     # right after a validation (the first batch of epoch 1)
-    "sigint-after-validation": (["trainer.max_epochs=2"], signal_at("SIGINT", step=13), 130),
+    "sigint-after-validation": (
+        ["trainer.max_epochs=2"],
+        signal_at("SIGINT", step=13, times=2),
+        130,
+    ),
     # a session budget that is spent at once: stops at the first batch boundary, exit 75 (paused)
     "session-budget": (
         ["trainer.max_epochs=2"],
@@ -113,6 +117,42 @@ def test_every_kind_of_stop_resumes_bit_identical(tmp_path, case):
     run_ok([*args, "run_name=stopped", *stopper], tmp_path, code)
     run_ok([*args, "run_name=stopped"], tmp_path)
     assert_same_run(tmp_path, "straight", "stopped")
+
+
+ASKED = {
+    "checkpoint-now": [
+        "+callbacks.ask._target_=tests.signal_at.RequestAt",
+        "+callbacks.ask.step=5",
+    ],
+    "ctrl-c": signal_at("SIGINT", step=5),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("asked", ASKED)
+def test_a_checkpoint_on_request_changes_nothing_and_resumes_bit_identical_after_a_kill(
+    tmp_path, asked
+):
+    """`laptrain checkpoint` (its request file) or a first Ctrl-C in step 5: the run saves there
+    and goes on; run to the end it ends as a run never asked, and SIGKILLed in step 9 (nothing
+    saves) its rerun resumes from step 5 and ends the same, bit for bit."""
+    args = classifier_args(
+        tmp_path, "trainer.max_epochs=2", "callbacks.graceful_stop.check_every_s=0"
+    )
+    ask = ASKED[asked] + (
+        ["+callbacks.ask.run_dir=${paths.output_dir}"] if asked == "checkpoint-now" else []
+    )
+    run_ok([*args, "run_name=straight"], tmp_path)
+    out = run_ok([*args, "run_name=asked", *ask], tmp_path)
+    assert "saved step 5 to" in out
+    assert_same_run(tmp_path, "straight", "asked")
+
+    kill = ["+callbacks.kill._target_=tests.signal_at.KillAt", "+callbacks.kill.step=9"]
+    run_ok([*args, "run_name=killed", *ask, *kill], tmp_path, -9)
+    assert load(tmp_path / "outputs" / "killed" / "checkpoints" / "last.ckpt")["global_step"] == 5
+    out = run_ok([*args, "run_name=killed"], tmp_path)
+    assert "global step 5" in out
+    assert_same_run(tmp_path, "straight", "killed")
 
 
 @pytest.mark.slow

@@ -1,8 +1,11 @@
-"""A NaN loss stops the run before it reaches the weights (or the step is skipped), and a NaN model
-is never saved as best or last."""
+"""A NaN loss stops the run before it reaches the weights (or the step is skipped), a NaN model
+is never saved as best or last, and the stop (step, loss or parameter, value, lr, precision) is in
+report.json for `laptrain why`."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -12,6 +15,8 @@ import torch
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.model_checkpoint import ModelCheckpoint
 from laptrain.callbacks.nonfinite_guard import NonFiniteGuard, NonFiniteLoss
+from laptrain.callbacks.run_report import RunReport
+from laptrain.commands import cli
 from tests.conftest import TINY, quiet_trainer, run_train, write_texts
 
 HOOKS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -105,14 +110,51 @@ def test_skip_drops_the_nan_step_counts_it_and_trains_on(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_non_finite_gradients_with_a_finite_loss_are_caught_too():
-    class Exploding(Regressor):
-        def on_after_backward(self):
-            if self.global_step == 1:
-                self.layer.weight.grad.fill_(float("inf"))
+class Exploding(Regressor):
+    """The gradient of ``layer.weight`` is -inf at step 1 while the loss stays finite."""
 
-    with pytest.raises(NonFiniteLoss, match="gradients are not finite at global step 1"):
-        quiet_trainer(max_steps=4, callbacks=[NonFiniteGuard()]).fit(Exploding())
+    def on_after_backward(self):
+        if self.global_step == 1:
+            self.layer.weight.grad.fill_(float("-inf"))
+
+
+def test_non_finite_gradients_with_a_finite_loss_are_caught_naming_the_parameter():
+    guard = NonFiniteGuard()
+    with pytest.raises(
+        NonFiniteLoss, match=r"^the gradient of layer\.weight is -inf at global step 1 "
+    ):
+        quiet_trainer(max_steps=4, callbacks=[guard]).fit(Exploding())
+    assert guard.summary()["stop"] == {
+        "step": 1,
+        "what": "gradients",
+        "parameter": "layer.weight",
+        "value": "-inf",
+        "lr": [0.05],
+        "precision": "32-true",
+    }
+
+
+def test_the_stop_is_in_the_report_written_after_the_exception(tmp_path):
+    """RunReport builds report.json in on_exception, after the guard raised: listed before the
+    guard, its on_exception runs first, so the guard must have kept the record before raising."""
+    model = Regressor(nan_at=4)
+    callbacks = [RunReport(output_dir=str(tmp_path)), NonFiniteGuard()]
+    with pytest.raises(NonFiniteLoss):
+        quiet_trainer(max_steps=10, callbacks=callbacks).fit(model)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["run"]["status"] == "interrupted (NonFiniteLoss)"
+    assert report["nonfinite"] == {
+        "action": "stop",
+        "skipped_steps": 0,
+        "skipped": [],
+        "stop": {"step": 3, "what": "loss", "value": "nan", "lr": [0.05], "precision": "32-true"},
+    }
+
+
+def test_a_clean_run_reports_no_stop():
+    guard = NonFiniteGuard()
+    quiet_trainer(max_steps=3, callbacks=[guard]).fit(Regressor())
+    assert guard.summary() == {"action": "stop", "skipped_steps": 0, "skipped": []}
 
 
 def test_an_unknown_action_is_refused_naming_the_choices():
@@ -120,7 +162,7 @@ def test_an_unknown_action_is_refused_naming_the_choices():
         NonFiniteGuard(action="pause")
 
 
-def test_train_py_with_a_nan_exits_2_in_one_line_and_never_saves_it(tmp_path):
+def test_train_py_with_a_nan_exits_2_in_one_line_never_saves_it_and_why_names_it(tmp_path, capsys):
     data = write_texts(tmp_path / "texts.csv")
     done = run_train(
         [
@@ -145,3 +187,21 @@ def test_train_py_with_a_nan_exits_2_in_one_line_and_never_saves_it(tmp_path):
     saved = torch.load(ckpts / "last.ckpt", weights_only=True)
     assert saved["global_step"] == 6
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())
+    # the report and `laptrain why` name the step, the loss and the lr of the error line
+    lr = re.search(r"the learning rate (\S+) ", errors[0]).group(1)
+    report = json.loads((tmp_path / "outputs" / "t" / "report.json").read_text())
+    stop = report["nonfinite"]["stop"]
+    assert {k: stop[k] for k in ("step", "what", "value", "precision")} == {
+        "step": 7,
+        "what": "loss",
+        "value": "nan",
+        "precision": "32-true",
+    }
+    assert f"{stop['lr'][0]:.3g}" == lr
+    capsys.readouterr()
+    assert cli.main(["why", str(tmp_path / "outputs" / "t")]) == 0
+    finding = capsys.readouterr().out.splitlines()[1]
+    assert finding.startswith(
+        f"the NaN guard stopped the run at step 7: the loss was nan (lr {lr}, precision 32-true): "
+        "fixes: check the data (a bad row in that batch: inputs or labels), model.optimizer.lr="
+    )

@@ -112,6 +112,8 @@ def test_auto_checkpointing_with_the_preflight_off_is_off_and_says_how_to_force_
     )
 
 
+# slow (~15 s): two train.py runs; the plan unit tests above cover the precision choice
+@pytest.mark.slow
 def test_trainer_precision_on_the_command_line_is_what_the_preflight_sizes(tmp_path):
     """The Trainer reads ``trainer.precision``; the preflight's estimate follows the same value
     (it used to read ``hardware.precision`` only), through ``python train.py``."""

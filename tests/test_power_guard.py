@@ -115,10 +115,11 @@ def test_caffeinate_is_ended_when_training_raises(tmp_path):
 
 
 def test_caffeinate_is_ended_after_ctrl_c_graceful_and_abrupt(tmp_path):
-    # first Ctrl-C: GracefulStop stops at the batch boundary; the holder lasts until then
+    # a Ctrl-C that stops (first_ctrl_c=stop): GracefulStop stops at the batch boundary; the
+    # holder lasts until then
     guard = guard_with()
     seen = HolderSeen(guard)
-    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"))
+    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"), first_ctrl_c="stop")
 
     def ctrl_c(step):
         if step == 2:
@@ -299,6 +300,8 @@ def test_bad_values_name_their_config_key(kwargs, match):
         PowerGuard(**kwargs)
 
 
+# slow (~19 s): the in-process battery tests above cover the stop; this is its train.py proof
+@pytest.mark.slow
 def test_train_py_stops_on_a_low_battery_and_the_rerun_resumes_from_that_step(tmp_path):
     """Acceptance: an Apple profile on CPU with a scripted battery (tests/conf/callbacks)."""
     args = [

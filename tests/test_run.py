@@ -47,6 +47,8 @@ def test_train_py_refuses_16_mixed_on_cpu_in_one_line_before_any_data_work(tmp_p
     assert not (tmp_path / "outputs").exists()  # checked before Hydra makes the run folder
 
 
+# slow (~14 s): several train.py runs, one per profile kind
+@pytest.mark.slow
 def test_any_profile_can_be_inspected_here_but_not_trained_on_a_device_this_machine_lacks(
     tmp_path,
 ):

@@ -302,6 +302,13 @@ def test_markdown_renders_without_optional_sections():
         {"run": {"name": "r", "status": "finished"}, "metrics": {"val/acc": 0.5}}
     )
     assert "| val/acc | 0.5 |" in text and "## thermal" not in text
+    assert "NaN guard" not in text
+
+
+def test_markdown_shows_the_nan_guard_stop():
+    stop = {"step": 37, "what": "gradients", "parameter": "head.weight", "value": "inf"}
+    text = render_markdown({"run": {"name": "r", "status": "x"}, "nonfinite": {"stop": stop}})
+    assert "## NaN guard stop" in text and '"parameter": "head.weight"' in text
 
 
 @pytest.mark.parametrize(

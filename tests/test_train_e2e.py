@@ -93,6 +93,8 @@ def test_sigterm_in_any_stage_exits_143_with_the_hint_and_the_rerun_completes(tm
     assert "test/acc" in json.loads((run / "metrics.json").read_text())
 
 
+# slow (~15 s): tests/test_run_folder_naming.py covers the folder choice without training
+@pytest.mark.slow
 def test_resume_false_keeps_the_old_run_and_starts_a_new_folder(tmp_path):
     # logger=none as well: the learning-rate monitor, which needs a logger, steps aside
     args = [*BASE, *data_args(tmp_path), "trainer.max_steps=2", "test=false", "logger=none"]
@@ -106,7 +108,19 @@ def test_resume_false_keeps_the_old_run_and_starts_a_new_folder(tmp_path):
     assert ckpt_step(tmp_path / "outputs" / "t-2" / "checkpoints" / "last.ckpt") == 2
 
 
-def test_sigint_saves_a_loadable_checkpoint_and_exits_nonzero(tmp_path):
+def wait_for(what, deadline_s: float = 120) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_checkpoint_on_request_and_a_first_ctrl_c_save_and_go_on_a_second_stops(tmp_path, capsys):
+    """What a user does to a live run from another terminal and from its own: `laptrain
+    checkpoint` and a first Ctrl-C each write last.ckpt and training goes on; a second Ctrl-C
+    within 5 s stops with exit 130 and the resume hint."""
+    from laptrain.commands.cli import main as laptrain
+
     args = [
         *BASE,
         *data_args(tmp_path),
@@ -115,37 +129,48 @@ def test_sigint_saves_a_loadable_checkpoint_and_exits_nonzero(tmp_path):
         "test=false",
     ]
     env = {**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen(
-        [sys.executable, str(TRAIN), *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    info = tmp_path / "outputs" / "t" / "run_info.json"
-    deadline = time.monotonic() + 120
-    while not info.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    time.sleep(3)  # let a few steps run
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGINT, out[-3000:]
+    log = tmp_path / "train.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(TRAIN), *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        run = tmp_path / "outputs" / "t"
+        wait_for(lambda: (run / "run_info.json").exists() or proc.poll() is not None)
+        root = str(tmp_path / "outputs")
+        assert laptrain(["checkpoint", "t", "--root", root, "--wait", "60"]) == 0
+        asked = int(capsys.readouterr().out.split("saved step ")[1].split()[0])
+        assert asked > 0 and proc.poll() is None  # it went on
+        assert f"checkpoint on request: saved step {asked} to" in log.read_text()
+
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "Ctrl-C: saved step" in log.read_text() or proc.poll() is not None)
+        saved = int(log.read_text().split("Ctrl-C: saved step ")[1].split()[0])
+        assert saved > asked and "going on (Ctrl-C again within 5 s stops)" in log.read_text()
+        time.sleep(0.5)
+        assert proc.poll() is None  # training goes on
+        proc.send_signal(signal.SIGINT)  # within the 5 s: stop
+        assert proc.wait(timeout=120) == 128 + signal.SIGINT, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = log.read_text()
     assert "Resume with the same command" in out
-    last = tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt"
-    state = torch.load(last, map_location="cpu", weights_only=True)
-    step = state["global_step"]
-    assert step > 0 and state["optimizer_states"]
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert state["global_step"] > saved and state["optimizer_states"]
     # mid-epoch: the checkpoint must not count the interrupted epoch as done (192 rows / 16 = 12)
     position = state["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     if position["served"] < 12:
         assert state["epoch"] == position["epoch"]
-
-    # rerunning continues from the interrupted step (a shorter budget so it ends)
-    again = run_train([*args, f"trainer.max_steps={step + 2}"], tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"global step {step}," in again.stdout
-    assert ckpt_step(last) == step + 2
+    # the run has ended: asking it for a checkpoint is refused in one line
+    assert laptrain(["checkpoint", "t", "--root", root]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not running" in err and "last.ckpt" in err
 
 
 def test_profile_env_reaches_torch_and_an_exported_value_wins(tmp_path):
@@ -265,9 +290,18 @@ def test_ddp_subprocess_ranks_split_every_batch_then_resume_and_test_without_han
     recorder = [
         "+callbacks.record._target_=tests.rank_record.RecordExamples",
         f"+callbacks.record.folder={record}",
+        # `laptrain checkpoint` during step 3: rank 0 alone sees the file; both ranks must save
+        # at the same step (else one waits in the save's barrier for ever)
+        "+callbacks.request._target_=tests.signal_at.RequestAt",
+        "+callbacks.request.step=3",
+        f"+callbacks.request.run_dir={tmp_path / 'outputs' / 't'}",
+        "callbacks.graceful_stop.check_every_s=0",
     ]
     done = run_train([*args, *recorder, "trainer.max_steps=6", "test=false"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "checkpoint on request: saved step 3" in done.stdout + done.stderr
+    answer = json.loads((tmp_path / "outputs" / "t" / "checkpoint_now.done").read_text())
+    assert answer["step"] == 3
     assert "effective batch size: 32" in done.stdout  # 16 per process x 2 processes
     last = tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt"
     assert ckpt_step(last) == 6  # 192 rows / 32 = 6 steps: one epoch

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
@@ -31,6 +32,21 @@ from tests.conftest import TINY, run_train, write_texts
 
 MB = 1024**2
 Curves = dict[str, list[tuple[int, float]]]
+HOOKS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+# a parameter of model=tiny_classifier (a transformers BERT under TextClassifierModule.model)
+TINY_PARAMETER = "model.bert.encoder.layer.0.output.dense.weight"
+
+
+class InfGradAt(pl.Callback):
+    """In the batch that makes optimizer step ``step`` (from 1), make the gradient of ``name``
+    inf while the loss stays finite: an exploding gradient, as the NaN guard sees one."""
+
+    def __init__(self, step: int, name: str) -> None:
+        self.step, self.name = step, name
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step + 1 == self.step:
+            dict(pl_module.named_parameters())[self.name].grad.fill_(float("inf"))
 
 
 def report(
@@ -139,15 +155,20 @@ def test_a_healthy_run_is_nothing_unusual_with_its_final_metrics(tmp_path, capsy
     ]
 
 
-def test_a_nan_stop_names_the_step_the_lr_then_the_precision_and_the_fixes(tmp_path, capsys):
+def test_an_old_report_s_nan_stop_names_the_step_the_lr_the_precision_and_the_fixes(
+    tmp_path, capsys
+):
+    """A report written before the guard kept a ``stop`` record: only the status tells the stop."""
     assert NonFiniteLoss.__name__ == why.NONFINITE_STOP  # RunReport's status names the exception
+    old = report(status=f"interrupted ({NonFiniteLoss.__name__})", step=57, precision="16-mixed")
+    old["nonfinite"] = {"action": "stop", "skipped_steps": 0, "skipped": []}  # no "stop"
     folder = write_run(
         tmp_path / "run",
         {
             "train/loss": falling(steps(0, 56, 1)),
             "lr-AdamW/pg1": [(s, 1e-3 * s / 100) for s in steps(0, 56, 1)],
         },
-        report(status=f"interrupted ({NonFiniteLoss.__name__})", step=57, precision="16-mixed"),
+        old,
     )
     lines, finding = explain(folder, capsys)
     assert (finding.kind, finding.step, finding.value) == ("nonfinite", 57, pytest.approx(5.6e-4))
@@ -181,6 +202,78 @@ def test_skipped_non_finite_steps_are_counted_from_the_guards_record(tmp_path, c
         "precision 32-true): usual fixes: model.optimizer.lr=0.0002 (10x lower)"
     )
     assert "action=skip" not in lines[0]  # it was on
+
+
+def guard_stop(step: int, precision: str, lr: float, bad: str) -> dict[str, Any]:
+    """The NaN guard's report section after it stopped at ``step``, made by its own hooks on a
+    two-layer model: ``bad`` is "loss" (a NaN loss) or a parameter name (its gradient -inf)."""
+    model = torch.nn.Sequential()
+    model.add_module("encoder", torch.nn.Linear(2, 2))
+    model.add_module("head", torch.nn.Linear(2, 1))
+    decay, no_decay = (
+        [model.encoder.weight, model.head.weight],
+        [model.encoder.bias, model.head.bias],
+    )
+    optimizer = torch.optim.AdamW(
+        [{"params": decay}, {"params": no_decay, "weight_decay": 0}], lr=lr
+    )
+    model(torch.ones(1, 2)).sum().backward()
+    trainer = SimpleNamespace(
+        global_step=step,
+        current_epoch=0,
+        optimizers=[optimizer],
+        precision=precision,
+        precision_plugin=SimpleNamespace(),  # no GradScaler: the gradients are checked
+        fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=step)),
+    )
+    guard = NonFiniteGuard()
+    with pytest.raises(NonFiniteLoss):
+        if bad == "loss":
+            guard.on_before_backward(trainer, model, torch.tensor(float("nan")))
+        else:
+            dict(model.named_parameters())[bad].grad.fill_(float("-inf"))
+            guard.on_before_optimizer_step(trainer, model, optimizer)
+    return guard.summary()
+
+
+def test_a_recorded_gradient_stop_names_the_parameter_and_its_value_then_clipping(tmp_path, capsys):
+    section = guard_stop(37, "16-true", 3e-4, "head.weight")
+    folder = write_run(
+        tmp_path / "run",
+        {"train/loss": falling(steps(0, 36, 1)), "lr-AdamW/pg1": [(s, 1e-3) for s in steps(0, 36)]},
+        report(status=f"interrupted ({NonFiniteLoss.__name__})", step=37, nonfinite=section),
+    )
+    lines, finding = explain(folder, capsys)
+    assert (finding.kind, finding.step, finding.value) == ("nonfinite", 37, 3e-4)
+    assert lines[0] == (
+        "the NaN guard stopped the run at step 37: the gradient of head.weight was -inf "
+        "(lr 0.0003, precision 16-true): fixes: trainer.gradient_clip_val=1.0, "
+        "model.optimizer.lr=3e-05 (10x lower), hardware.precision=bf16-mixed instead of 16-true, "
+        "callbacks.nonfinite_guard.action=skip"
+    )  # the guard's lr and precision, not the logged lr or the report's 32-true
+
+
+def test_a_recorded_loss_stop_at_step_0_points_at_the_data_not_the_lr(tmp_path, capsys):
+    section = guard_stop(0, "32-true", 1e-3, "loss")
+    assert section["stop"] == {
+        "step": 0,
+        "what": "loss",
+        "value": "nan",
+        "lr": [1e-3, 1e-3],
+        "precision": "32-true",
+    }
+    folder = write_run(
+        tmp_path / "run",
+        {},
+        report(status=f"interrupted ({NonFiniteLoss.__name__})", step=0, nonfinite=section),
+    )
+    lines, _ = explain(folder, capsys)
+    assert lines[0] == (
+        "the NaN guard stopped the run at step 0: the loss was nan (lr 0.001, precision 32-true): "
+        "fixes: check the data (a bad row in the first batch: inputs or labels), check the "
+        "model's initial weights (no update ran yet: not the lr), "
+        "callbacks.nonfinite_guard.action=skip"
+    )
 
 
 def test_a_plateau_names_the_flat_value_the_evaluations_and_their_steps(tmp_path, capsys):
@@ -369,7 +462,7 @@ def test_on_a_real_run_the_nan_stop_is_named_as_the_guard_named_it(tmp_path, cap
     done = run_train(args, tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     said = re.search(
-        r"error: (?:loss is \w+|gradients are not finite) at global step (\d+) .*?"
+        r"error: (loss is \S+|the gradient of \S+ is \S+) at global step (\d+) .*?"
         r"the learning rate (\S+) ",
         done.stderr,
     )
@@ -380,8 +473,46 @@ def test_on_a_real_run_the_nan_stop_is_named_as_the_guard_named_it(tmp_path, cap
         assert records.series.get(name), (name, sorted(records.series))
     assert records.precision == "32-true" and records.monitor == "val/acc"
     lines, finding = explain(folder, capsys)
-    step, lr = said.groups()
+    seen, step, lr = said.groups()
     assert (finding.kind, finding.step) == ("nonfinite", int(step))
+    seen = seen.replace("loss is", "the loss was").replace(" is ", " was ")
     assert lines[0].startswith(
-        f"a NaN/inf loss or gradient stopped the run at step {step} (lr {lr}, precision 32-true)"
+        f"the NaN guard stopped the run at step {step}: {seen} (lr {lr}, precision 32-true): "
+    )
+
+
+def test_on_a_real_run_an_inf_gradient_is_recorded_and_named_with_its_parameter(tmp_path, capsys):
+    """train.py where one parameter's gradient turns inf at optimizer step 5 (the loss finite):
+    report.json keeps the guard's record, and `laptrain why` names the step and the parameter,
+    then gradient clipping first."""
+    args = [
+        "hardware=cpu",
+        "data=text_csv",
+        "run_name=inf",
+        *TINY,
+        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
+        "+callbacks.inf._target_=tests.test_why.InfGradAt",
+        "+callbacks.inf.step=5",
+        f"+callbacks.inf.name={TINY_PARAMETER}",
+    ]
+    done = run_train(args, tmp_path, env=HOOKS)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"error: the gradient of {TINY_PARAMETER} is inf at global step 4 " in done.stderr
+    folder = tmp_path / "outputs" / "inf"
+    stop = json.loads((folder / "report.json").read_text())["nonfinite"]["stop"]
+    lr = stop.pop("lr")
+    assert stop == {
+        "step": 4,
+        "what": "gradients",
+        "parameter": TINY_PARAMETER,
+        "value": "inf",
+        "precision": "32-true",
+    }
+    assert lr and all(v > 0 for v in lr)
+    lines, finding = explain(folder, capsys)
+    assert (finding.kind, finding.step, finding.value) == ("nonfinite", 4, lr[0])
+    assert lines[0] == (
+        f"the NaN guard stopped the run at step 4: the gradient of {TINY_PARAMETER} was inf "
+        f"(lr {lr[0]:.3g}, precision 32-true): fixes: trainer.gradient_clip_val=1.0, "
+        f"model.optimizer.lr={lr[0] / 10:.3g} (10x lower), callbacks.nonfinite_guard.action=skip"
     )

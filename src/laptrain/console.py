@@ -1,5 +1,5 @@
-"""What a run prints: the libraries' own chatter held back, the closing lines of a run, and the
-exception chain one-line errors are read from.
+"""What a run prints: the libraries' own chatter held back, the closing lines of a run, the
+exception chain one-line errors are read from, and the question after a first Ctrl-C.
 
 Gap filled: Lightning, torch, matplotlib and transformers each print lines that say nothing about
 this run (which accelerators exist elsewhere, advertising tips, a deprecation inside Lightning, a
@@ -15,9 +15,9 @@ import logging
 import re
 import shlex
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 # Lightning's info lines that describe Lightning rather than the run; the run's own summary lines,
 # the resume line and the closing lines say what matters (accelerator, checkpoint, why it stopped).
@@ -168,3 +168,22 @@ def exception_chain(err: BaseException) -> list[BaseException]:
         found.append(current)
         todo += [current.__cause__, current.__context__]
     return found
+
+
+def ask_to_stop(
+    stream: IO[str], seconds: float, stopped: Callable[[], bool], poll_s: float = 0.2
+) -> bool:
+    """Wait up to ``seconds`` for a reply on ``stream`` (a terminal): True for ``y``/``yes``, or
+    when ``stopped()`` turns true meanwhile (a second Ctrl-C); False for any other reply or none.
+    ``select`` on the stream, so training resumes on the reply rather than at the deadline."""
+    import select
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if stopped():
+            return True
+        ready, _, _ = select.select([stream], [], [], min(poll_s, left))
+        if ready:
+            return stream.readline().strip().lower() in ("y", "yes")
+    return stopped()

@@ -1,17 +1,34 @@
-"""Stop cleanly on Ctrl-C or SIGTERM, and always leave a ``last.ckpt`` to resume from.
+"""What a user does to a running job: Ctrl-C, SIGTERM, "checkpoint now"; nothing is lost.
 
 Gap filled: Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is (its
 OnExceptionCheckpoint may then save mid-step) and exits 1; SIGTERM stops at a batch boundary but
 exits 0, and ModelCheckpoint saves no ``last.ckpt`` when fit ends between two save points
-(docs/lightning.md, "Interrupts and exit codes"). This callback turns both signals into a stop request honoured at the next batch
-boundary, writes ``last.ckpt`` there and at the end of fit, and records the signal so the launcher
-can exit 130 / 143 with a resume hint. A second Ctrl-C aborts at once.
+(docs/lightning.md, "Interrupts and exit codes"); nothing saves on request and goes on. This
+callback:
+
+- **first Ctrl-C** (``first_ctrl_c=checkpoint``, the default): writes ``last.ckpt`` at the next
+  step boundary a resume starts from exactly, then asks "Stop now? [y/N]" for ``second_ctrl_c_s``
+  seconds on a terminal (without one it just goes on). A second Ctrl-C before the save or within
+  those seconds stops; ``first_ctrl_c=stop`` stops at the first.
+- **stop** (SIGTERM, the second Ctrl-C, or a "y"): finishes the batch, writes ``last.ckpt`` there
+  and records the signal so the launcher exits 130 / 143 with a resume hint. One more Ctrl-C
+  aborts at once.
+- **checkpoint now** (``laptrain checkpoint <run>`` or the file ``<run>/checkpoint_now``,
+  :mod:`laptrain.run_folder.checkpoint_request`): as the first Ctrl-C, without the question.
+- at the end of fit, ``last.ckpt`` even when it falls between two periodic saves.
+
+With several processes every rank acts at the same step: the signals and requests any rank has
+travel in one all-reduce at every batch end.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import signal
+import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -21,38 +38,88 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+from laptrain.callbacks.stop_checkpoint import (
+    StopCheckpoint,
+    at_clean_boundary,
+    end_fit_now,
+    queue_save,
+)
+from laptrain.console import ask_to_stop, relative
+from laptrain.run_folder import checkpoint_request
 from laptrain.run_folder.layout import LAST
+
+FIRST_CTRL_C = ("checkpoint", "stop")
+# What a rank asks for at a batch end; the all-reduce takes the largest on every rank.
+NO_REQUEST, FILE_REQUEST, CTRL_C_REQUEST = 0, 1, 2
 
 
 class GracefulStop(Callback):
-    """Save ``<dirpath>/<filename>.ckpt`` at a batch boundary on SIGINT/SIGTERM and at fit end.
+    """Stop at a batch boundary on a signal; checkpoint and go on at a first Ctrl-C or on request.
 
     Args:
         dirpath: checkpoint folder (the same as ModelCheckpoint's, so ``last`` resumes from it).
         filename: file name without ``.ckpt``.
+        run_dir: the run folder, where ``laptrain checkpoint`` leaves its request (None: no
+            requests from outside).
+        first_ctrl_c: ``checkpoint`` (save, ask, go on) or ``stop``.
+        second_ctrl_c_s: how long after the first Ctrl-C's save a second one stops (and the
+            question waits on a terminal).
+        check_every_s: how often rank 0 looks for the request file.
     """
 
-    def __init__(self, dirpath: str, filename: str = LAST) -> None:
+    def __init__(
+        self,
+        dirpath: str,
+        filename: str = LAST,
+        run_dir: str | None = None,
+        first_ctrl_c: str = "checkpoint",
+        second_ctrl_c_s: float = 5.0,
+        check_every_s: float = 1.0,
+    ) -> None:
         if not filename:
             raise ValueError("callbacks.graceful_stop.filename must not be empty")
+        if first_ctrl_c not in FIRST_CTRL_C:
+            raise ValueError(
+                f"callbacks.graceful_stop.first_ctrl_c={first_ctrl_c!r}: choose "
+                f"{' or '.join(FIRST_CTRL_C)}"
+            )
         self.path = Path(dirpath) / f"{filename}.ckpt"
+        self.run_dir = run_dir
+        self.first_ctrl_c = first_ctrl_c
+        self.second_ctrl_c_s = second_ctrl_c_s
+        self.check_every_s = check_every_s
         # Saved beside last.ckpt at the stop and moved over it in on_fit_end, after every
         # ModelCheckpoint.on_train_end has rewritten last.ckpt with the epoch counted as done.
         self.stop_checkpoint = StopCheckpoint(str(self.path))
         self.signal_received: int | None = None
+        self.saved_on_request: list[int] = []  # steps of the checkpoints written on request
+        self._request = NO_REQUEST  # seen by this rank since the last batch end
+        self._pending = NO_REQUEST  # agreed by every rank, waiting for a clean boundary
+        self._ctrl_c_stops_until = -math.inf  # a Ctrl-C before this monotonic time stops
+        self._next_file_check = 0.0
         self._saved_step: int | None = None
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.signal_received == signal.SIGINT:
-            raise KeyboardInterrupt  # second Ctrl-C: stop now
+        if signum == signal.SIGINT:
+            if self.signal_received == signal.SIGINT:
+                raise KeyboardInterrupt  # Ctrl-C while a stop is under way: abort now
+            if self.first_ctrl_c == "checkpoint" and time.monotonic() > self._ctrl_c_stops_until:
+                self._request = CTRL_C_REQUEST
+                self._ctrl_c_stops_until = math.inf  # until the save; then second_ctrl_c_s
+                rank_zero_info(
+                    "Ctrl-C: saving a checkpoint after this batch, then going on "
+                    "(Ctrl-C again to stop)"
+                )
+                return
         self.signal_received = signum
         rank_zero_info(
             f"{signal.Signals(signum).name} received: stopping after this batch (Ctrl-C again to abort now)"
         )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.run_dir and trainer.is_global_zero:
+            checkpoint_request.drop_stale_request(self.run_dir)
         # Installed here, after Lightning registered its own SIGTERM handler, so ours is the one used.
         if threading.current_thread() is not threading.main_thread():
             return
@@ -79,42 +146,105 @@ class GracefulStop(Callback):
         # Every ModelCheckpoint here keeps save_last=True, so any save means last.ckpt is current.
         self._saved_step = trainer.global_step
 
-    def _stop(self, trainer: pl.Trainer) -> None:
-        signum = self._shared_signal(trainer)
-        if signum is not None and not trainer.should_stop:
-            self.signal_received = signum
-            self.stop_checkpoint.stop(trainer)
+    def _look_for_request_file(self, trainer: pl.Trainer) -> None:
+        """Rank 0 only (another node may not see the run folder), at most every ``check_every_s``."""
+        if not self.run_dir or not trainer.is_global_zero:
+            return
+        now = time.monotonic()
+        if now < self._next_file_check:
+            return
+        self._next_file_check = now + self.check_every_s
+        if os.path.exists(checkpoint_request.request_file(self.run_dir)):
+            self._request = max(self._request, FILE_REQUEST)
 
-    def _shared_signal(self, trainer: pl.Trainer) -> int | None:
-        """The signal any rank has received, the same on every rank.
+    def _shared(self, trainer: pl.Trainer) -> tuple[int | None, int]:
+        """The stop signal and the checkpoint request any rank has, the same on every rank.
 
         With several processes a signal may reach one rank (a scheduler signalling the main
-        process) or reach the ranks a batch apart; each deciding alone would leave one rank in the
-        checkpoint's barrier while another starts the next all-reduce. So every rank takes part in
-        one all-reduce (max of the signal numbers, 0 for none) at every batch end, as Lightning's
-        own loop broadcasts its SIGTERM flag every step (``_broadcast_sigterm_tensor`` in
+        process) or reach the ranks a batch apart, and only rank 0 sees the request file; each
+        deciding alone would leave one rank in the checkpoint's barrier while another starts the
+        next all-reduce. So every rank takes part in one all-reduce (max of the signal numbers and
+        of the requests, 0 for none) at every batch end, as Lightning's own loop broadcasts its
+        SIGTERM flag every step (``_broadcast_sigterm_tensor`` in
         lightning/pytorch/loops/training_epoch_loop.py), which this handler replaces."""
+        request, self._request = self._request, NO_REQUEST
         if trainer.world_size == 1:
-            return self.signal_received
+            return self.signal_received, request
         import torch.distributed as dist
 
-        local = torch.tensor([self.signal_received or 0], device=trainer.strategy.root_device)
-        shared = int(trainer.strategy.reduce(local, reduce_op=dist.ReduceOp.MAX).item())
-        return shared or None
+        local = torch.tensor(
+            [self.signal_received or 0, request], device=trainer.strategy.root_device
+        )
+        shared = trainer.strategy.reduce(local, reduce_op=dist.ReduceOp.MAX).tolist()
+        return int(shared[0]) or None, int(shared[1])
+
+    def _act(self, trainer: pl.Trainer, batch_end: bool) -> None:
+        signum, request = self._shared(trainer)
+        self._pending = max(self._pending, request)
+        if trainer.should_stop:
+            return
+        if signum is not None:
+            self.signal_received = signum
+            self._pending = NO_REQUEST  # the stop saves
+            self.stop_checkpoint.stop(trainer)
+        elif batch_end and self._pending and at_clean_boundary(trainer):
+            queue_save(trainer, _SaveOnRequest(self, self._pending))
+            self._pending = NO_REQUEST
+
+    def saved(self, trainer: pl.Trainer, reason: int) -> None:
+        """After a checkpoint on request: answer the request file, or ask after a Ctrl-C."""
+        step, where = trainer.global_step, relative(self.path)
+        self.saved_on_request.append(step)
+        if reason == FILE_REQUEST:
+            self._answer(trainer)
+        if reason == FILE_REQUEST or trainer.should_stop:  # another callback stops here
+            going_on = "" if trainer.should_stop else "; going on"
+            rank_zero_info(f"checkpoint on request: saved step {step} to {where}{going_on}")
+            return
+        stop = False
+        window = self.second_ctrl_c_s
+        if trainer.is_global_zero:
+            if sys.stdin is not None and sys.stdin.isatty():
+                print(
+                    f"Ctrl-C: saved step {step} to {where}. Stop now? [y/N] "
+                    f"(goes on in {window:g} s; Ctrl-C again stops) ",
+                    end="",
+                    flush=True,
+                )
+                stop = ask_to_stop(sys.stdin, window, lambda: self.signal_received is not None)
+            else:
+                print(
+                    f"Ctrl-C: saved step {step} to {where}; going on "
+                    f"(Ctrl-C again within {window:g} s stops)",
+                    flush=True,
+                )
+        if trainer.world_size > 1:
+            stop = bool(trainer.strategy.broadcast(stop))
+        self._ctrl_c_stops_until = time.monotonic() + window
+        if stop:  # last.ckpt was written at this very boundary: it is the stop's checkpoint
+            self.signal_received = signal.SIGINT
+            end_fit_now(trainer)
+
+    def _answer(self, trainer: pl.Trainer) -> None:
+        if trainer.is_global_zero and self.run_dir:
+            checkpoint_request.answer(self.run_dir, trainer.global_step, self.path)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
-        self._stop(trainer)
+        self._look_for_request_file(trainer)
+        self._act(trainer, batch_end=True)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:  # a signal during validation: stop at its end
-            self._stop(trainer)
+            self._act(trainer, batch_end=False)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.signal_received = self._shared_signal(trainer)
+        self.signal_received, request = self._shared(trainer)
         if self.signal_received is None:
             self._save(trainer)
+            if FILE_REQUEST in (request, self._pending):  # fit ended before a clean boundary
+                self._answer(trainer)
         self._restore()
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -122,3 +252,16 @@ class GracefulStop(Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore()
+
+
+class _SaveOnRequest:
+    """``last.ckpt`` written by the queued saves at the end of the batch's hooks, then
+    :meth:`GracefulStop.saved` (the answer, or the question after a Ctrl-C)."""
+
+    def __init__(self, owner: GracefulStop, reason: int) -> None:
+        self.owner, self.reason = owner, reason
+        self.path: str | None = str(owner.path)
+
+    def save(self, trainer: pl.Trainer) -> None:
+        trainer.save_checkpoint(str(self.owner.path), weights_only=False)
+        self.owner.saved(trainer, self.reason)

@@ -8,9 +8,16 @@ looks at the loss before ``backward`` and at the gradients before the optimizer 
 
 - ``action=stop`` (default): raise :class:`NonFiniteLoss` at once. Nothing of that step is applied
   or saved, so ``last.ckpt`` is the last good state; the one-line error names the step, that
-  checkpoint and the likely causes for this run.
+  checkpoint and the likely causes for this run. Before raising, the guard keeps what it saw (the
+  step, the loss or the first parameter whose gradient is not finite, the value, the learning
+  rates, the precision) as ``stop`` in its report section: ``RunReport`` writes ``report.json``
+  from ``on_exception``, after the raise, and ``laptrain why`` reads it from there (a run status
+  alone says only ``interrupted (NonFiniteLoss)``).
 - ``action=skip``: drop the step (every gradient set to None, which torch optimizers skip), count it,
   and train on; the report lists the skipped steps.
+
+Which parameter's gradient is bad is looked up (one check per tensor) only once the single fused
+check has failed, so a clean step costs what it did.
 
 Under 16-mixed a GradScaler already skips steps whose gradients overflow (and lowers its scale), so
 the gradients are not checked there; the loss still is.
@@ -18,10 +25,9 @@ the gradients are not checked there; the loss still is.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import lightning.pytorch as pl
 import torch
@@ -61,6 +67,7 @@ class NonFiniteGuard(VersionedState, Callback):
         self.last_ckpt = last_ckpt
         self.check_grads = check_grads
         self.skipped: list[dict[str, Any]] = []
+        self.stopped: dict[str, Any] | None = None  # the report's ``stop`` record (module doc)
         self._bad: str | None = None
 
     def on_before_backward(
@@ -68,9 +75,10 @@ class NonFiniteGuard(VersionedState, Callback):
     ) -> None:
         if bool(torch.isfinite(loss.detach()).all()):
             return
-        what = f"loss is {_kind(loss)}"
+        value = _first_nonfinite(loss)
+        what = f"loss is {value}"
         if self.action == "stop":
-            raise NonFiniteLoss(self._message(trainer, pl_module, what))
+            self._stop(trainer, pl_module, what, {"what": "loss", "value": value})
         self._bad = what
 
     def on_before_optimizer_step(
@@ -82,9 +90,9 @@ class NonFiniteGuard(VersionedState, Callback):
                 p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
             ]
             if grads and not _all_finite(grads):
-                what = "gradients are not finite"
+                what, found = _bad_gradients(pl_module, optimizer)
                 if self.action == "stop":
-                    raise NonFiniteLoss(self._message(trainer, pl_module, what))
+                    self._stop(trainer, pl_module, what, found)
         if what is None:
             return
         for group in optimizer.param_groups:
@@ -95,6 +103,19 @@ class NonFiniteGuard(VersionedState, Callback):
             f"nonfinite: {what} at step {trainer.global_step}: step skipped "
             f"({len(self.skipped)} so far; callbacks.nonfinite_guard.action=skip)"
         )
+
+    def _stop(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, what: str, found: dict[str, Any]
+    ) -> NoReturn:
+        """Keep the stop's record, then raise: ``RunReport.on_exception`` builds the report after
+        the raise, from ``summary()``, so the record must be in place first."""
+        self.stopped = {
+            "step": trainer.global_step,
+            **found,
+            "lr": _learning_rates(trainer),
+            "precision": str(trainer.precision),
+        }
+        raise NonFiniteLoss(self._message(trainer, pl_module, what))
 
     def _message(self, trainer: pl.Trainer, pl_module: pl.LightningModule, what: str) -> str:
         loop = trainer.fit_loop.epoch_loop
@@ -128,7 +149,15 @@ class NonFiniteGuard(VersionedState, Callback):
         return f"{last} (step {step}; rerun the same command to resume from it)"
 
     def summary(self) -> dict[str, Any]:
-        return {"action": self.action, "skipped_steps": len(self.skipped), "skipped": self.skipped}
+        """The report's ``nonfinite`` section; ``stop`` only when the guard stopped the run."""
+        section = {
+            "action": self.action,
+            "skipped_steps": len(self.skipped),
+            "skipped": self.skipped,
+        }
+        if self.stopped is not None:
+            section["stop"] = self.stopped
+        return section
 
     def saved_state(self) -> dict[str, Any]:
         return {"skipped": list(self.skipped)}
@@ -137,9 +166,50 @@ class NonFiniteGuard(VersionedState, Callback):
         self.skipped = list(state_dict.get("skipped", []))
 
 
-def _kind(t: torch.Tensor) -> str:
-    value = float(t.detach().float().flatten()[0]) if t.numel() else math.nan
-    return "nan" if math.isnan(value) else "inf" if math.isinf(value) else "not finite"
+def _first_nonfinite(t: torch.Tensor) -> str:
+    """The first NaN/inf element of ``t`` as text ("nan", "inf", "-inf"): JSON has no NaN, and the
+    sign of an infinity tells an overflow's direction."""
+    t = t.detach()
+    bad = t[~torch.isfinite(t)]
+    return str(float(bad.flatten()[0])) if bad.numel() else "not finite"
+
+
+def _first_nonfinite_grad(
+    pl_module: pl.LightningModule | None, optimizer: torch.optim.Optimizer
+) -> tuple[str, str] | None:
+    """The name and value of the first parameter (in the optimizer's order) whose gradient is not
+    finite; None when each is finite and only their norm overflowed (:func:`_all_finite`).
+    Per-tensor checks and the name lookup cost a sync per parameter: the failure path only."""
+    names = {id(p): n for n, p in pl_module.named_parameters()} if pl_module is not None else {}
+    for g, group in enumerate(optimizer.param_groups):
+        for i, p in enumerate(group["params"]):
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                name = names.get(id(p), f"param_groups[{g}] parameter {i}")
+                return name, _first_nonfinite(p.grad)
+    return None
+
+
+def _bad_gradients(
+    pl_module: pl.LightningModule | None, optimizer: torch.optim.Optimizer
+) -> tuple[str, dict[str, Any]]:
+    """What to say about gradients :func:`_all_finite` refused, and the record of it."""
+    first = _first_nonfinite_grad(pl_module, optimizer)
+    if first is None:
+        record = {"what": "gradients", "parameter": None, "value": "inf"}
+        return "the gradient norm overflows float32 (every gradient finite)", record
+    name, value = first
+    record = {"what": "gradients", "parameter": name, "value": value}
+    return f"the gradient of {name} is {value}", record
+
+
+def _learning_rates(trainer: pl.Trainer) -> list[float]:
+    """The learning rate of every parameter group of every optimizer, as this step uses it."""
+    return [
+        float(group["lr"])
+        for optimizer in trainer.optimizers
+        for group in optimizer.param_groups
+        if "lr" in group
+    ]
 
 
 def _all_finite(grads: list[torch.Tensor]) -> bool:

@@ -114,6 +114,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         ("cooling breaks", report.get("thermal", {}).get("events", [])),
         ("OOM backoffs", report.get("oom", {}).get("events", [])),
         ("battery pauses and stops", report.get("power", {}).get("events", [])),
+        ("NaN guard stop", [s] if (s := report.get("nonfinite", {}).get("stop")) else []),
     ):
         if events:
             lines += [f"## {title}", ""] + [f"- {json.dumps(e)}" for e in events] + [""]

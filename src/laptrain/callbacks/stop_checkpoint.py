@@ -41,7 +41,15 @@ import lightning.pytorch as pl
 from laptrain.files import fsync_dir
 
 _ENDED: weakref.WeakSet[pl.Trainer] = weakref.WeakSet()
-_QUEUED: weakref.WeakKeyDictionary[pl.Trainer, list[StopCheckpoint]] = weakref.WeakKeyDictionary()
+_QUEUED: weakref.WeakKeyDictionary[pl.Trainer, list[QueuedSave]] = weakref.WeakKeyDictionary()
+
+
+class QueuedSave(Protocol):
+    """A checkpoint to write at this batch boundary, after every callback's hook."""
+
+    path: str | None
+
+    def save(self, trainer: pl.Trainer) -> None: ...
 
 
 @runtime_checkable
@@ -52,9 +60,19 @@ class SavesQueuedStops(Protocol):
     def save_queued_stops(self, trainer: pl.Trainer) -> None: ...
 
 
+def queue_save(trainer: pl.Trainer, save: QueuedSave) -> None:
+    """Have ``save`` written by :func:`save_queued_stops` at the end of this batch's hooks (at once
+    when no callback of this trainer runs it)."""
+    if any(isinstance(cb, SavesQueuedStops) for cb in trainer.callbacks):
+        _QUEUED.setdefault(trainer, []).append(save)
+    else:
+        save.save(trainer)
+
+
 def save_queued_stops(trainer: pl.Trainer) -> None:
-    """Write the stop checkpoints asked for in this batch, once per file: after every callback
-    (an EMA, a report) has counted the batch, so that the resumed run starts from the same state."""
+    """Write the checkpoints asked for in this batch (stops, a checkpoint on request), once per
+    file: after every callback (an EMA, a report) has counted the batch, so that the resumed run
+    starts from the same state."""
     done: set[str | None] = set()
     for stop in _QUEUED.pop(trainer, []):
         if stop.path not in done:
@@ -87,10 +105,7 @@ class StopCheckpoint:
             return False
         self.deferred = False
         end_fit_now(trainer)
-        if any(isinstance(cb, SavesQueuedStops) for cb in trainer.callbacks):
-            _QUEUED.setdefault(trainer, []).append(self)  # saved after every callback's hook
-        else:
-            self.save(trainer)
+        queue_save(trainer, self)
         return True
 
     def tick(self, trainer: pl.Trainer) -> bool:

@@ -266,6 +266,13 @@ def why(args: argparse.Namespace) -> int:
     return 0
 
 
+def checkpoint(args: argparse.Namespace) -> int:
+    """Ask a running job to write last.ckpt at its next step boundary and go on."""
+    from laptrain.run_folder.checkpoint_request import checkpoint_command
+
+    return checkpoint_command(args.run, args.root, args.wait)
+
+
 def preflight(args: argparse.Namespace) -> int:
     from laptrain.preflight.from_config import preflight_main
 
@@ -300,6 +307,19 @@ def _add_run_commands(commands: Any) -> None:
         "run", help="the run folder, e.g. outputs/tiny_classifier-stdlib_docstrings"
     )
     _add_runs_commands(listing.add_subparsers(dest="runs_command", metavar="{compare,clean}"))
+    save = commands.add_parser(
+        "checkpoint",
+        help="make a running job write last.ckpt at its next step boundary and go on",
+    )
+    save.add_argument("run", help="a run as `laptrain runs` names it, or its folder")
+    save.add_argument("--root", default="outputs", help="where runs live (default outputs)")
+    save.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for the run's answer (default 120; 0: ask and return)",
+    )
 
 
 def _add_runs_commands(commands: Any) -> None:
@@ -365,6 +385,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "predict": predict,
     "runs": runs,
     "why": why,
+    "checkpoint": checkpoint,
     "doctor": doctor,
     "preflight": preflight,
     "export": lora_command,

@@ -9,9 +9,12 @@ The records (any one is enough):
 - ``report.json`` (``RunReport``): the status and step, the precision, the monitored metric, the
   final metrics; its plot points give ``samples_per_s`` (logged nowhere else) and stand in for a
   curve the event files lack (``loss``, ``val_history``, ``thermal_state``, ``rss_mb``); the NaN
-  guard's record (section ``nonfinite``: the steps it skipped; a stop shows only as the status
-  ``interrupted (NonFiniteLoss)`` at ``run.global_step``, the step the guard names) and the OOM
-  backoffs (section ``oom``, ``events``: step, micro-batch from and to);
+  guard's record (section ``nonfinite``: the steps it skipped; ``stop``, where it stopped the run:
+  the step, ``what`` was not finite (``loss`` or ``gradients``), the first such ``parameter``, the
+  ``value`` as text, the learning rates ``lr`` and the ``precision``; in reports written before
+  that record, a stop shows only as the status ``interrupted (NonFiniteLoss)`` at
+  ``run.global_step``, the step the guard names) and the OOM backoffs (section ``oom``,
+  ``events``: step, micro-batch from and to);
 - the precision, where the report lacks it: ``run_info.json`` (the plan), then ``.hydra/config.yaml``.
 
 Steps are as each record numbers them: Lightning logs ``train/*``, ``val/*`` and ``lr-*`` at
@@ -22,11 +25,15 @@ at ``global_step``.
 each rule gives at most one :class:`Finding` naming the step and value it rests on. The rules and
 their thresholds (the constants below):
 
-- non-finite: the NaN guard stopped the run (status ``interrupted (NonFiniteLoss)``) or skipped
-  steps (``nonfinite.skipped``), else a NaN/inf in ``train/loss`` (guard off); with the learning
-  rate at that step (the ``lr-*`` scalar at or before it), the precision and the usual fixes
-  (gradient clipping only where the model trains with Lightning's automatic optimization: not
-  TRM, ``MANUAL_OPTIMIZATION``).
+- non-finite: the NaN guard stopped the run (its ``stop`` record: the loss or the parameter whose
+  gradient was not finite, its value, the learning rate and precision of that step, and fixes for
+  that kind: gradients -> clipping, a lower learning rate, bf16 instead of fp16; the loss -> the
+  data, a lower learning rate, or only the data and the initial weights at step 0, before any
+  update; else the status ``interrupted (NonFiniteLoss)`` of an older report) or skipped steps
+  (``nonfinite.skipped``), else a NaN/inf in ``train/loss`` (guard off); with the learning rate
+  at that step (the ``lr-*`` scalar at or before it) where the guard recorded none, the precision
+  and the usual fixes (gradient clipping only where the model trains with Lightning's automatic
+  optimization: not TRM, ``MANUAL_OPTIMIZATION``).
 - OOM backoff: ``oom.events`` (else drops of ``oom/micro_batch``): each micro-batch from -> to.
 - divergence: ``train/loss`` smoothed by an EMA over ``EMA_POINTS`` (10) logged points
   (alpha 2 / 11) rises more than ``DIVERGENCE_RISE`` (20 %) above its minimum after that minimum,
@@ -177,10 +184,75 @@ def _lr_at(series: Series, report: Mapping[str, Any] | None, step: int) -> float
     return logged[0] if logged else None
 
 
+def _guard_stop(guard: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The NaN guard's ``stop`` record, if it has a step and a kind (reports before it have none)."""
+    stop = guard.get("stop")
+    if not isinstance(stop, dict) or not isinstance(stop.get("step"), int):
+        return None
+    return stop if stop.get("what") in ("loss", "gradients") else None
+
+
+def _recorded_lrs(stop: Mapping[str, Any]) -> list[float]:
+    """The distinct learning rates the guard recorded, in parameter-group order."""
+    lrs = [float(v) for v in stop.get("lr") or [] if isinstance(v, int | float)]
+    return list(dict.fromkeys(lrs))
+
+
+def _stop_fixes(
+    stop: Mapping[str, Any], lr: float | None, precision: str | None, can_clip: bool
+) -> list[str]:
+    """The fixes for what the guard saw: large updates for gradients, the data first for the loss
+    (and only the data or the initial weights at step 0, before any update used the lr)."""
+    lower = [f"model.optimizer.lr={_lr(lr / 10)} (10x lower)"] if lr else []
+    fp16 = precision is not None and precision.startswith("16")
+    if stop["what"] == "gradients":
+        fixes = [CLIP] if can_clip else []
+        fixes += lower
+        fixes += [f"hardware.precision=bf16-mixed instead of {precision}"] if fp16 else []
+    elif stop["step"] == 0:
+        fixes = ["check the data (a bad row in the first batch: inputs or labels)"]
+        fixes.append("check the model's initial weights (no update ran yet: not the lr)")
+    else:
+        fixes = ["check the data (a bad row in that batch: inputs or labels)", *lower]
+        fixes += ["hardware.precision=bf16-mixed or 32-true (16-bit overflow)"] if fp16 else []
+    return [*fixes, "callbacks.nonfinite_guard.action=skip"]
+
+
+def _recorded_stop(
+    stop: Mapping[str, Any],
+    series: Series,
+    report: Mapping[str, Any] | None,
+    precision: str | None,
+    can_clip: bool,
+) -> Finding:
+    """The finding for a stop the guard recorded: what was not finite, where, with which lr."""
+    step, value = int(stop["step"]), str(stop.get("value") or "not finite")
+    if stop["what"] == "gradients":
+        name = stop.get("parameter")
+        seen = f"the gradient of {name} was {value}" if name else "the gradient norm was inf"
+    else:
+        seen = f"the loss was {value}"
+    logged = _lr_at(series, report, step)
+    lrs = _recorded_lrs(stop) or ([] if logged is None else [logged])
+    lr = lrs[0] if lrs else None
+    facts = f"lr {' / '.join(_lr(v) for v in lrs)}" if lrs else "lr not recorded"
+    precision = str(stop.get("precision") or precision or "not recorded")
+    return Finding(
+        "nonfinite",
+        step,
+        lr,
+        f"the NaN guard stopped the run at step {step}: {seen} ({facts}, precision {precision})",
+        "fixes: " + ", ".join(_stop_fixes(stop, lr, precision, can_clip)),
+    )
+
+
 def nonfinite(
     series: Series, report: Mapping[str, Any] | None, precision: str | None, can_clip: bool = True
 ) -> Finding | None:
     run, guard = _section(report, "run"), _section(report, "nonfinite")
+    stop = _guard_stop(guard)
+    if stop is not None:
+        return _recorded_stop(stop, series, report, precision, can_clip)
     skipped = [s for s in guard.get("skipped") or [] if isinstance(s, dict) and "step" in s]
     value: float | None = None
     facts: list[str] = []
