@@ -2,6 +2,7 @@ import io
 import json
 import os
 import signal
+import sys
 import time
 
 import lightning.pytorch as pl
@@ -181,12 +182,11 @@ def test_ask_to_stop_reads_the_reply_or_goes_on():
 
 
 def test_the_question_comes_on_a_terminal_only(tmp_path, monkeypatch, capsys):
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
     asked = []
-    monkeypatch.setattr("sys.stdin", Terminal())
+    monkeypatch.setattr("sys.stdin", io.StringIO())
+    monkeypatch.setattr(
+        "laptrain.callbacks.graceful_stop._in_the_foreground_of_a_terminal", lambda: True
+    )
     monkeypatch.setattr(
         "laptrain.callbacks.graceful_stop.ask_to_stop",
         lambda stream, seconds, stopped: asked.append(seconds) or True,
@@ -196,3 +196,16 @@ def test_the_question_comes_on_a_terminal_only(tmp_path, monkeypatch, capsys):
     assert asked == [3] and "Stop now? [y/N]" in capsys.readouterr().out
     # "y": stopped at that boundary, the checkpoint on request is the stop's (written once)
     assert stop.signal_received == signal.SIGINT and trainer.global_step == 5 and saves == [5]
+
+
+def test_no_question_without_a_terminal_or_from_the_background():
+    from laptrain.callbacks.graceful_stop import _in_the_foreground_of_a_terminal
+
+    read, write = os.pipe()
+    with os.fdopen(read) as stream, os.fdopen(write, "w"):
+        saved = sys.stdin
+        sys.stdin = stream
+        try:
+            assert _in_the_foreground_of_a_terminal() is False  # a pipe, as under CI or nohup
+        finally:
+            sys.stdin = saved

@@ -204,7 +204,7 @@ class GracefulStop(Callback):
         stop = False
         window = self.second_ctrl_c_s
         if trainer.is_global_zero:
-            if sys.stdin is not None and sys.stdin.isatty():
+            if _in_the_foreground_of_a_terminal():
                 print(
                     f"Ctrl-C: saved step {step} to {where}. Stop now? [y/N] "
                     f"(goes on in {window:g} s; Ctrl-C again stops) ",
@@ -252,6 +252,17 @@ class GracefulStop(Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore()
+
+
+def _in_the_foreground_of_a_terminal() -> bool:
+    """Whether stdin is a terminal this process may read: a background job that reads its terminal
+    is stopped by SIGTTIN, so a run started with ``&`` and signalled with ``kill -INT`` goes on
+    without asking."""
+    try:
+        fd = sys.stdin.fileno()
+        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 class _SaveOnRequest:
