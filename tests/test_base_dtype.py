@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
 from laptrain.model.lora.base_dtype import (
     DECIDED_ENV,
     GB,
     base_parameter_count,
+    check_ranks_agree,
     choose_base_dtype,
     resolve_auto_base_dtype,
+    started_together,
 )
+from laptrain.preflight.budget import capacity_budget
 from laptrain.preflight.from_config import LLAMA32_3B
 
 LLAMA_AUTO = {"base_dtype": "auto", "backbone": {"model_type": "llama", **LLAMA32_3B}}
@@ -58,3 +65,50 @@ def test_every_rank_of_a_ddp_job_ends_with_rank_0s_dtype_whatever_its_own_gpu_ha
     # the next job of a sweep, in rank 0's process: decided again, not taken from the last one
     again = resolve_auto_base_dtype(LLAMA_AUTO, budget(1), True, lambda _: None, rank_0_env)
     assert again == {"base_dtype": "bfloat16"} and rank_0_env[DECIDED_ENV] == "bfloat16"
+
+
+def test_torchrun_ranks_decide_on_total_memory_so_a_busy_gpu_does_not_split_them():
+    """torchrun and srun start every rank at once: no rank can hand its choice to the others. Each
+    decides on its device's total memory (the same on identical GPUs), not on what is free: GPU 1
+    shares 12 GB with another process here, and on free memory alone its rank would pick bfloat16
+    while rank 0 picks float32."""
+    free, total = {0: 30 * GB, 1: 18 * GB}, 32 * GB
+    for launcher in ({"WORLD_SIZE": "2"}, {"SLURM_NTASKS": "2"}):
+        chosen = []
+        for rank in (0, 1):
+            env = {**launcher, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            chosen.append(
+                resolve_auto_base_dtype(
+                    LLAMA_AUTO,
+                    lambda rank=rank: 0.9 * free[rank],
+                    True,
+                    lambda _: None,
+                    env,
+                    capacity_bytes=lambda: 0.9 * total,
+                )
+            )
+        assert chosen == [{"base_dtype": "float32"}] * 2, launcher
+    # one process (or Lightning's launcher, before it starts rank 1): what is free now
+    alone = resolve_auto_base_dtype(
+        LLAMA_AUTO, lambda: 0.9 * free[1], True, lambda _: None, {}, capacity_bytes=lambda: 1e12
+    )
+    assert alone == {"base_dtype": "bfloat16"}
+    assert not started_together({"WORLD_SIZE": "1"}) and not started_together({"WORLD_SIZE": "x"})
+
+
+def test_ranks_holding_different_dtypes_stop_in_one_line_naming_the_fix():
+    check_ranks_agree(["torch.float32", "torch.float32"])
+    with pytest.raises(ValueError) as err:
+        check_ranks_agree(["float32", "bfloat16"])
+    line = str(err.value)
+    assert "\n" not in line and "rank 0 float32, rank 1 bfloat16" in line
+    assert "model.base_dtype=bfloat16" in line
+
+
+def test_the_capacity_budget_reads_total_memory_and_a_fixed_budget_wins():
+    reading = SimpleNamespace(device_limit=80 * GB, system_total=64 * GB, system_available=9 * GB)
+    probe = SimpleNamespace(kind="cuda", memory=lambda: reading)
+    assert capacity_budget(probe, 0.9) == 0.9 * 80 * GB
+    assert capacity_budget(probe, 0.9, memory_budget_gb=20) == 20 * GB
+    cpu = SimpleNamespace(kind="cpu", memory=lambda: reading)
+    assert capacity_budget(cpu, 0.5) == 32 * GB

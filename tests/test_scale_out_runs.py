@@ -5,12 +5,15 @@ command for rank 1, the path GPU users take): each family's final weights equal 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import TINY, run_train, write_texts
+from tests.conftest import TINY, TRAIN, run_train, write_texts
 
 DDP = ["trainer=ddp_cpu", "trainer.strategy=ddp"]
 
@@ -165,3 +168,42 @@ def test_ddp_spawn_run_tests_on_both_processes_and_reports_its_step_and_best_sco
     best = next(line for line in done.stdout.splitlines() if line.startswith("best checkpoint"))
     assert "nan" not in best and "(val/acc " in best
     assert "test/acc" in json.loads((tmp_path / "outputs" / "spawn" / "metrics.json").read_text())
+
+
+@pytest.mark.slow  # ~30 s
+def test_torchrun_starts_both_ranks_and_they_agree_on_an_auto_base_dtype(tmp_path):
+    """torchrun starts every rank at once, each composing and building on its own: with
+    ``model.base_dtype=auto`` each decides on its device's total memory, the ranks compare their
+    choices once the process group is up, and the job trains, tests and exports."""
+    args = [
+        "experiment=lora_offline",
+        "hardware=cpu",
+        "hardware.torch_threads=1",
+        "model.tiny_base.hidden_size=32",
+        "model.tiny_base.intermediate_size=64",
+        "model.tiny_base.num_layers=1",
+        "model.tiny_base.steps=4",
+        "model.lora.r=4",
+        "model.base_dtype=auto",
+        "data.builder.modules=[json,csv,base64,shlex]",
+        "data.vocab_size=512",
+        "data.max_length=64",
+        "data.batch_size=4",
+        "trainer.max_steps=2",
+        *DDP,
+        "run_name=torchrun",
+    ]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run(
+        [*launcher, str(TRAIN), *args],
+        cwd=tmp_path,
+        env={**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    folder = tmp_path / "outputs" / "torchrun"
+    assert "test/loss" in json.loads((folder / "metrics.json").read_text())
+    assert (folder / "adapter").is_dir()
+    assert final_weights(tmp_path, "torchrun")

@@ -52,7 +52,7 @@ from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
 from laptrain.model.fsdp_units import fsdp_strategy_for
 from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
-from laptrain.preflight.budget import device_budget
+from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.run_folder.listing import resume_command
 from laptrain.run_folder.lock import hold_run_folder, release_run_folder
 from laptrain.versions import package_versions
@@ -184,15 +184,13 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
     # a rank reads its own GPU (torchrun and srun start ranks that each size their base here)
     probe = TorchProbe(kind, local_rank() if kind == "cuda" else 0)
     hw = cfg.hardware
+    fraction, budget_gb = float(hw.get("memory_fraction", 0.8)), hw.get("memory_budget_gb")
     decided = resolve_auto_base_dtype(  # model.base_dtype=auto: fp32 if it fits, else bf16
         model_cfg,
-        lambda: (
-            device_budget(
-                probe, float(hw.get("memory_fraction", 0.8)), hw.get("memory_budget_gb")
-            ).bytes
-        ),
+        lambda: device_budget(probe, fraction, budget_gb).bytes,
         probe.bf16_supported(),
         rank_zero_info,
+        capacity_bytes=lambda: capacity_budget(probe, fraction, budget_gb),
     )
     model = instantiate(model_cfg, _convert_="all", **model_kwargs, **decided)
     plan = build_run_plan(cfg, model, datamodule, precision, output_dir, Path(cfg.paths.cache_dir))

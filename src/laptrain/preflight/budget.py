@@ -89,3 +89,17 @@ def device_budget(
     if workers is None or probe.kind == "cuda":
         return budget
     return Budget(budget.bytes - workers.total, f"{budget.source} - {workers.text()}")
+
+
+def capacity_budget(
+    probe: DeviceProbe, memory_fraction: float, memory_budget_gb: float | None = None
+) -> float:
+    """The budget rule applied to the device's total memory rather than what is free now: the same
+    number on every rank of identical devices, whatever else runs on them (torchrun and srun ranks
+    decide ``base_dtype: auto`` from it, laptrain.model.lora.base_dtype)."""
+    if memory_budget_gb:
+        return float(memory_budget_gb) * GB
+    reading = probe.memory()
+    if probe.kind in ("cuda", "mps") and reading.device_limit:
+        return memory_fraction * reading.device_limit
+    return memory_fraction * float(reading.system_total or reading.system_available)

@@ -77,12 +77,28 @@ def choose_base_dtype(
     )
 
 
+def started_together(environ: Mapping[str, str] | None = None) -> bool:
+    """torchrun (``WORLD_SIZE``) or srun (``SLURM_NTASKS``) started several ranks at once, so no
+    rank can hand its choice to the others through the environment. Lightning's own launcher sets
+    ``WORLD_SIZE`` only when it starts ranks 1..N-1, after rank 0 has built its model."""
+    env = os.environ if environ is None else environ
+    return any(_count(env.get(key)) > 1 for key in ("WORLD_SIZE", "SLURM_NTASKS"))
+
+
+def _count(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
 def resolve_auto_base_dtype(
     model_cfg: Mapping[str, Any],
     budget_bytes: Callable[[], float],
     bf16_supported: bool,
     say: Callable[[str], None],
     environ: MutableMapping[str, str] | None = None,
+    capacity_bytes: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Constructor overrides for a model config whose ``base_dtype`` is ``auto`` (else none).
 
@@ -92,8 +108,11 @@ def resolve_auto_base_dtype(
     (lightning/pytorch/strategies/launchers/subprocess_script.py:128-148). So rank 0 decides from
     its own GPU's budget, the freest reading the job gets (nothing of the job is loaded yet), and
     leaves the choice in :data:`DECIDED_ENV`; a rank that finds it there takes it instead of
-    reading memory that rank 0 is by then filling. A rank that finds none (torchrun and srun start
-    every rank at once) decides from its own budget, as one process does.
+    reading memory that rank 0 is by then filling. torchrun and srun start every rank at once, and
+    free memory read at the same moment on different devices can still differ (another process on
+    one GPU); there every rank decides from ``capacity_bytes`` (the budget rule applied to the
+    device's total memory), which is the same on identical devices. :func:`check_ranks_agree`
+    then compares the ranks' choices once the process group is up.
     """
     if str(model_cfg.get("base_dtype")) != "auto":
         return {}
@@ -101,7 +120,22 @@ def resolve_auto_base_dtype(
     decided = env.get(DECIDED_ENV)
     if decided in ("float32", "bfloat16") and extra_rank(env):
         return {"base_dtype": decided}
-    choice, why = choose_base_dtype(base_parameter_count(model_cfg), budget_bytes(), bf16_supported)
+    budget = budget_bytes
+    if capacity_bytes is not None and started_together(env):
+        budget = capacity_bytes
+    choice, why = choose_base_dtype(base_parameter_count(model_cfg), budget(), bf16_supported)
     say(why)
     env[DECIDED_ENV] = choice
     return {"base_dtype": choice}
+
+
+def check_ranks_agree(dtypes: list[str]) -> None:
+    """Raise one line when the ranks of a job hold their bases in different dtypes (``dtypes``:
+    every rank's, in rank order, as ``all_gather_object`` returns them): DDP would average
+    gradients of different models."""
+    if len(set(dtypes)) > 1:
+        ranks = ", ".join(f"rank {i} {d.removeprefix('torch.')}" for i, d in enumerate(dtypes))
+        raise ValueError(
+            f"model.base_dtype=auto chose different dtypes on the ranks ({ranks}): set "
+            "model.base_dtype=bfloat16 or model.base_dtype=float32 for every rank"
+        )

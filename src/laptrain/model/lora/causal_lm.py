@@ -28,6 +28,7 @@ from torchmetrics.aggregation import MeanMetric
 from laptrain.files import write_folder_atomic
 from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
+from laptrain.model.lora.base_dtype import check_ranks_agree
 from laptrain.pretrained.loading import Source, load_pretrained_model, rank_device_map
 from laptrain.pretrained.sources import source_fingerprint
 
@@ -518,6 +519,10 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         reason = refuse_precision(self.trainer.strategy.root_device.type, self.trainer.precision)
         if reason:
             raise ValueError(reason)
+        if self.trainer.world_size > 1 and torch.distributed.is_initialized():
+            dtypes: list[Any] = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(dtypes, str(self.hparams.get("base_dtype")))
+            check_ranks_agree(dtypes)
         if self.hparams.get("quantization") == "4bit":
             kind = self.trainer.strategy.root_device.type
             if kind != "cuda":
