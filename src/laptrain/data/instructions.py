@@ -24,13 +24,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from laptrain.data.chat_tokenizer import (
@@ -54,8 +54,6 @@ from laptrain.data.text_classification import (
 )
 from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from laptrain.files import file_digest
-
-log = logging.getLogger(__name__)
 
 IGNORE = -100  # the label cross-entropy skips (torch's default ignore_index)
 CACHE_VERSION = 1
@@ -443,11 +441,9 @@ class InstructionDataModule(TextClassificationDataModule):
             counts = ", ".join(
                 f"{self.truncated[s]} of {meta['sizes'][s]} {s}" for s in ("train", "val", "test")
             )
-            log.info(
-                "instructions: %s rows were longer than data.max_length=%d: their prompts were "
-                "cut from the left, responses kept",
-                counts,
-                self.max_length,
+            rank_zero_info(  # every rank of a torchrun job sets up its data; one line is enough
+                f"instructions: {counts} rows were longer than data.max_length="
+                f"{self.max_length}: their prompts were cut from the left, responses kept"
             )
 
     def model_kwargs(self) -> dict[str, Any]:

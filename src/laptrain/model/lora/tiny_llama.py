@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from laptrain.console import no_transformers_bars
+
 CACHE_VERSION = 1
 PRETRAIN_MODULES = (
     "argparse", "ast", "bisect", "calendar", "collections", "contextlib", "copy", "csv",
@@ -184,7 +186,8 @@ def _build(
         losses = pretrain(model, blocks, spec["steps"], spec["batch_size"], spec["lr"], seed)
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
+    with no_transformers_bars():  # a one-shard "Writing model shards" bar says nothing
+        model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     record = {
         **spec,
@@ -193,10 +196,12 @@ def _build(
         "seconds": round(time.perf_counter() - start, 1),
     }
     (tmp / "pretraining.json").write_text(json.dumps(record, indent=1))
-    if folder.exists():  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
+    try:
         tmp.rename(folder)
+    except OSError:  # another process (a rank torchrun started beside this one) finished first
+        if not (folder / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def masked_token_batches(
