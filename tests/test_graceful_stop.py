@@ -193,7 +193,7 @@ def test_the_question_comes_on_a_terminal_only(tmp_path, monkeypatch, capsys):
     )
     stop = GracefulStop(dirpath=str(tmp_path), second_ctrl_c_s=3)
     trainer, saves = fit_with(stop, SignalAtStep(4, signum=signal.SIGINT))
-    assert asked == [3] and "Stop now? [y/N]" in capsys.readouterr().out
+    assert asked == [3] and "Stop now? (y/N)" in capsys.readouterr().out
     # "y": stopped at that boundary, the checkpoint on request is the stop's (written once)
     assert stop.signal_received == signal.SIGINT and trainer.global_step == 5 and saves == [5]
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -321,3 +325,54 @@ def test_ddp_subprocess_ranks_split_every_batch_then_resume_and_test_without_han
     metrics = json.loads((tmp_path / "outputs" / "t" / "metrics.json").read_text())
     assert "test/acc" in metrics and "hp/test_acc" in metrics
     assert "Using `DistributedSampler`" not in resumed.stdout + resumed.stderr
+
+
+def plain(seen: bytearray) -> str:
+    """The terminal's text without Rich's colour codes and with its wrapped lines joined."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", bytes(seen).decode(errors="replace"))
+    return " ".join(text.replace("\r", "\n").split())
+
+
+def read_terminal(fd: int, until: str, seconds: float, seen: bytearray) -> bool:
+    """Read the terminal's output into ``seen`` until ``until`` shows (True) or time runs out."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if until in plain(seen):
+            return True
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            seen += chunk
+    return until in plain(seen)
+
+
+@pytest.mark.slow  # ~15 s
+def test_in_a_terminal_ctrl_c_saves_asks_and_y_stops_with_the_resume_hint(tmp_path):
+    """What a user at a terminal sees, through a pseudo-terminal: Ctrl-C typed there (the line
+    discipline sends SIGINT to the foreground job), the question under the progress bar, "y"."""
+    args = [*BASE, *data_args(tmp_path), "trainer.max_steps=100000", "trainer.max_epochs=1000"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: train.py in the terminal's foreground
+        os.chdir(tmp_path)
+        os.environ["LAPTRAIN_CACHE"] = str(tmp_path / "cache")
+        os.execv(sys.executable, [sys.executable, str(TRAIN), *args, "test=false"])
+    seen = bytearray()
+    try:
+        assert read_terminal(fd, "Epoch", 120, seen), plain(seen)[-2000:]
+        os.write(fd, b"\x03")
+        assert read_terminal(fd, "Stop now? (y/N)", 30, seen), plain(seen)[-2000:]
+        os.write(fd, b"y\n")
+        read_terminal(fd, "Resume with the same command", 60, seen)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    text = plain(seen)
+    assert os.waitstatus_to_exitcode(status) == 130, text[-2000:]
+    saved = int(text.split("Ctrl-C: saved step ")[1].split()[0])
+    assert "Resume with the same command" in text
+    assert ckpt_step(tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt") == saved

@@ -7,7 +7,7 @@ exits 0, and ModelCheckpoint saves no ``last.ckpt`` when fit ends between two sa
 callback:
 
 - **first Ctrl-C** (``first_ctrl_c=checkpoint``, the default): writes ``last.ckpt`` at the next
-  step boundary a resume starts from exactly, then asks "Stop now? [y/N]" for ``second_ctrl_c_s``
+  step boundary a resume starts from exactly, then asks "Stop now? (y/N)" for ``second_ctrl_c_s``
   seconds on a terminal (without one it just goes on). A second Ctrl-C before the save or within
   those seconds stops; ``first_ctrl_c=stop`` stops at the first.
 - **stop** (SIGTERM, the second Ctrl-C, or a "y"): finishes the batch, writes ``last.ckpt`` there
@@ -205,8 +205,8 @@ class GracefulStop(Callback):
         window = self.second_ctrl_c_s
         if trainer.is_global_zero:
             if _in_the_foreground_of_a_terminal():
-                print(
-                    f"Ctrl-C: saved step {step} to {where}. Stop now? [y/N] "
+                print(  # "(y/N)", not "[y/N]": the progress bar's Rich console reads [..] as markup
+                    f"Ctrl-C: saved step {step} to {where}. Stop now? (y/N) "
                     f"(goes on in {window:g} s; Ctrl-C again stops) ",
                     end="",
                     flush=True,

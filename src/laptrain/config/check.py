@@ -210,7 +210,8 @@ def check_hardware_values(hardware: Mapping[str, Any]) -> list[str]:
     traceback mid-run (``nan`` as a batch size, ``torch.set_num_threads(-1)``) or a run that never
     ends (an ``inf`` memory budget): ``memory_fraction`` in (0, 1], ``memory_budget_gb`` a finite
     number > 0 or null, ``torch_threads`` an int >= 1, or null / 0 for torch's default
-    (laptrain.job.plan and job.run treat a falsy value as unset)."""
+    (laptrain.job.plan and job.run treat a falsy value as unset), ``malloc_keep_freed`` a bool
+    (``"yes"`` would otherwise mean off: laptrain.hardware.malloc applies only ``True``)."""
     problems = []
     fraction = hardware.get("memory_fraction")
     if fraction is not None and not (_real(fraction) and 0 < fraction <= 1):
@@ -231,6 +232,12 @@ def check_hardware_values(hardware: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"hardware.torch_threads={threads} must be an int >= 1, or null for torch's default: "
             "e.g. hardware.torch_threads=4"
+        )
+    keep = hardware.get("malloc_keep_freed", False)
+    if not isinstance(keep, bool):
+        problems.append(
+            f"hardware.malloc_keep_freed={keep} must be true or false (glibc's malloc keeps freed "
+            "memory, docs/hardware.md §9c): e.g. hardware.malloc_keep_freed=false"
         )
     return problems
 

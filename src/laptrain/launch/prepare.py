@@ -15,6 +15,7 @@ from laptrain.config.scale_out import asks_multirun, check_scale_out
 from laptrain.data.precheck import check_data_config
 from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import EnvReport, apply_env
+from laptrain.hardware.malloc import keep_freed
 from laptrain.run_folder.lock import hold_run_folder
 
 # Flags that only print Hydra's help or completion: nothing to check or apply.
@@ -35,8 +36,10 @@ def resolve_argv(argv: Sequence[str], conf: Path, say: Callable[[str], None] = p
 
 
 def apply_profile_env(cfg: DictConfig, say: Callable[[str], None] = print) -> EnvReport:
-    """Export the profile's env (refusing MPS watermarks torch would refuse) and print its notes."""
+    """Export the profile's env (refusing MPS watermarks torch would refuse) and print its notes;
+    apply its ``malloc_keep_freed`` (glibc's mallopt, before any model is built)."""
     env = apply_env(cfg.hardware.get("env"))
+    keep_freed(cfg.hardware.get("malloc_keep_freed"))
     for line in env.notes:
         say(line)
     return env
