@@ -31,6 +31,18 @@ register_resolvers()
 # A tiny BERT for in-process tests (laptrain.model.classifier.tiny_bert), and the same as train.py overrides for
 # end-to-end runs.
 TINY_BERT = tiny_bert_backbone()
+# The tiny offline LoRA job: a 1-layer Llama pretrained for 4 steps, adapters of rank 4 (seconds on
+# 2 cores); each test adds its data modules, lengths and batch.
+TINY_LORA = [
+    "experiment=lora_offline",
+    "hardware=cpu",
+    "hardware.torch_threads=1",
+    "model.tiny_base.hidden_size=32",
+    "model.tiny_base.intermediate_size=64",
+    "model.tiny_base.num_layers=1",
+    "model.tiny_base.steps=4",
+    "model.lora.r=4",
+]
 TINY = [
     "model.backbone.hidden_size=32",
     "model.backbone.intermediate_size=64",

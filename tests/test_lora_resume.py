@@ -24,19 +24,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import run_train
+from tests.conftest import TINY_LORA, run_train
 
 TOTAL, STOP = 12, 6
 RUN = ["run_name=lora"]
-TINY_LORA = [
-    "experiment=lora_offline",
-    "hardware=cpu",
-    "hardware.torch_threads=1",
-    "model.tiny_base.hidden_size=32",
-    "model.tiny_base.intermediate_size=64",
-    "model.tiny_base.num_layers=1",
-    "model.tiny_base.steps=4",
-    "model.lora.r=4",
+JOB = [
+    *TINY_LORA,
     "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
     "data.vocab_size=512",
     "data.max_length=64",
@@ -96,19 +89,19 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
         (folder / "cache").symlink_to(tmp_path / "cache", target_is_directory=True)
     (tmp_path / "cache").mkdir()
 
-    straight = train([*TINY_LORA, *RUN], straight_dir)
+    straight = train([*JOB, *RUN], straight_dir)
     assert straight.returncode == 0, straight.stderr[-3000:]
     want_adapter, want_ckpt, step = final_weights(straight_dir / "outputs" / "lora")
     assert step == TOTAL and want_ckpt
 
-    stopped = train([*TINY_LORA, *RUN, *SIGTERM_AT], stopped_dir)
+    stopped = train([*JOB, *RUN, *SIGTERM_AT], stopped_dir)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     run = stopped_dir / "outputs" / "lora"
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == STOP
     assert not (run / "adapter").exists()  # the final adapter is written only when a run ends
 
-    resumed = train([*TINY_LORA, *RUN], stopped_dir)
+    resumed = train([*JOB, *RUN], stopped_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"global step {STOP}," in resumed.stdout
     got_adapter, got_ckpt, step = final_weights(run)
@@ -121,7 +114,7 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
     )
     assert_equal(want_adapter, step_adapter, f"adapters/step-{TOTAL:06d}")
 
-    other = [a for a in TINY_LORA if not a.startswith("model.tiny_base.hidden_size")]
+    other = [a for a in JOB if not a.startswith("model.tiny_base.hidden_size")]
     refused = train(
         [*other, "model.tiny_base.hidden_size=48", *RUN, f"trainer.max_steps={TOTAL + 4}"],
         stopped_dir,
@@ -135,7 +128,7 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
 def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path):
     """`trainer=ddp_cpu` (Lightning's ddp_spawn, 2 CPU processes): 4 steps, one checkpoint, the
     adapter exported once (rank 0)."""
-    done = train([*TINY_LORA, *RUN, "trainer=ddp_cpu", "trainer.max_steps=4"], tmp_path)
+    done = train([*JOB, *RUN, "trainer=ddp_cpu", "trainer.max_steps=4"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "effective batch size: 8" in done.stdout  # 4 per process x 2 processes
     assert "oom_backoff: inactive with more than one process" in done.stdout + done.stderr

@@ -25,7 +25,7 @@ from laptrain.data.instructions import IGNORE, CausalLMCollator
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
 from laptrain.model.chunked_backward import ChunkedBackward
-from tests.conftest import CONF_FIXTURES, TINY, quiet_trainer, run_train, write_texts
+from tests.conftest import CONF_FIXTURES, TINY, TINY_LORA, quiet_trainer, run_train, write_texts
 
 MB = 1024 * 1024
 MPS_READING = MemoryReading(
@@ -368,14 +368,7 @@ def test_train_py_on_an_apple_profile_with_fake_mps_reads_two_sessions(tmp_path)
 def test_train_py_with_packing_finishes_and_reports_real_tokens(tmp_path):
     """`python train.py experiment=lora_offline data.packing=true` with the default callbacks."""
     args = [
-        "experiment=lora_offline",
-        "hardware=cpu",
-        "hardware.torch_threads=1",
-        "model.tiny_base.hidden_size=32",
-        "model.tiny_base.intermediate_size=64",
-        "model.tiny_base.num_layers=1",
-        "model.tiny_base.steps=4",
-        "model.lora.r=4",
+        *TINY_LORA,
         "data.builder.modules=[json,csv,base64,shlex]",
         "data.vocab_size=512",
         "data.max_length=64",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, TRAIN, run_train, write_texts
+from tests.conftest import TINY, TINY_LORA, TRAIN, run_train, write_texts
 
 DDP = ["trainer=ddp_cpu", "trainer.strategy=ddp"]
 
@@ -73,14 +73,7 @@ def test_lora_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
     """Response tokens differ between the ranks' halves: the loss is normalised by the tokens of
     the whole step on all ranks, under accumulation too."""
     common = [
-        "experiment=lora_offline",
-        "hardware=cpu",
-        "hardware.torch_threads=1",
-        "model.tiny_base.hidden_size=32",
-        "model.tiny_base.intermediate_size=64",
-        "model.tiny_base.num_layers=1",
-        "model.tiny_base.steps=4",
-        "model.lora.r=4",
+        *TINY_LORA,
         "model.lora.dropout=0",
         "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
         "data.vocab_size=512",
@@ -176,14 +169,7 @@ def test_torchrun_starts_both_ranks_and_they_agree_on_an_auto_base_dtype(tmp_pat
     ``model.base_dtype=auto`` each decides on its device's total memory, the ranks compare their
     choices once the process group is up, and the job trains, tests and exports."""
     args = [
-        "experiment=lora_offline",
-        "hardware=cpu",
-        "hardware.torch_threads=1",
-        "model.tiny_base.hidden_size=32",
-        "model.tiny_base.intermediate_size=64",
-        "model.tiny_base.num_layers=1",
-        "model.tiny_base.steps=4",
-        "model.lora.r=4",
+        *TINY_LORA,
         "model.base_dtype=auto",
         "data.builder.modules=[json,csv,base64,shlex]",
         "data.vocab_size=512",
