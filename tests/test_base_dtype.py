@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from laptrain.config.scale_out import started_together
 from laptrain.model.lora.base_dtype import (
     DECIDED_ENV,
     GB,
@@ -13,7 +14,6 @@ from laptrain.model.lora.base_dtype import (
     check_ranks_agree,
     choose_base_dtype,
     resolve_auto_base_dtype,
-    started_together,
 )
 from laptrain.preflight.budget import capacity_budget
 from laptrain.preflight.from_config import LLAMA32_3B

@@ -109,15 +109,7 @@ def explain(folder: Path, capsys: pytest.CaptureFixture[str]) -> tuple[list[str]
     lines = out.splitlines()
     assert 2 <= len(lines) <= why.MAX_LINES, lines
     assert lines[0].startswith(f"{folder}: ")
-    records = why.read_run(folder)
-    findings = why.diagnose(
-        records.series,
-        records.report,
-        precision=records.precision,
-        monitor=records.monitor,
-        checkpoints=records.checkpoints,
-        can_clip=records.can_clip,
-    )
+    findings = why.run_findings(why.read_run(folder))
     assert [f.line() for f in findings] == lines[1:]
     return lines[1:], findings[0]
 

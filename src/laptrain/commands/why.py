@@ -731,10 +731,9 @@ def _header(records: RunRecords) -> str:
     return f"{records.folder}: no report.json (killed before it wrote one?){last}"
 
 
-def why_lines(folder: str | Path, limit: int = MAX_LINES) -> list[str]:
-    """What ``laptrain why`` prints: a header, then one line per finding (``limit`` in all)."""
-    records = read_run(folder)
-    findings = diagnose(
+def run_findings(records: RunRecords) -> list[Finding]:
+    """:func:`diagnose` on everything a run folder's records hold."""
+    return diagnose(
         records.series,
         records.report,
         precision=records.precision,
@@ -742,4 +741,9 @@ def why_lines(folder: str | Path, limit: int = MAX_LINES) -> list[str]:
         checkpoints=records.checkpoints,
         can_clip=records.can_clip,
     )
-    return [_header(records), *(f.line() for f in findings)][:limit]
+
+
+def why_lines(folder: str | Path, limit: int = MAX_LINES) -> list[str]:
+    """What ``laptrain why`` prints: a header, then one line per finding (``limit`` in all)."""
+    records = read_run(folder)
+    return [_header(records), *(f.line() for f in run_findings(records))][:limit]

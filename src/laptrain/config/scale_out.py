@@ -222,3 +222,18 @@ def extra_rank(environ: Mapping[str, str] | None = None) -> bool:
         env.get(key) not in (None, "", "0")
         for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK")
     )
+
+
+def started_together(environ: Mapping[str, str] | None = None) -> bool:
+    """torchrun (``WORLD_SIZE``) or srun (``SLURM_NTASKS``) started several ranks at once, so no
+    rank can hand its choice to the others through the environment. Lightning's own launcher sets
+    ``WORLD_SIZE`` only when it starts ranks 1..N-1, after rank 0 has built its model."""
+    env = os.environ if environ is None else environ
+    return any(_count(env.get(key)) > 1 for key in ("WORLD_SIZE", "SLURM_NTASKS"))
+
+
+def _count(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from laptrain.config.scale_out import extra_rank
+from laptrain.config.scale_out import extra_rank, started_together
 
 FP32_SHARE = 0.5
 GB = 1024**3
@@ -75,21 +75,6 @@ def choose_base_dtype(
         f"{FP32_SHARE:.0%} of the {budget_bytes / GB:.1f} GB budget: bfloat16 "
         f"({fp32 / 2 / GB:.2f} GB)"
     )
-
-
-def started_together(environ: Mapping[str, str] | None = None) -> bool:
-    """torchrun (``WORLD_SIZE``) or srun (``SLURM_NTASKS``) started several ranks at once, so no
-    rank can hand its choice to the others through the environment. Lightning's own launcher sets
-    ``WORLD_SIZE`` only when it starts ranks 1..N-1, after rank 0 has built its model."""
-    env = os.environ if environ is None else environ
-    return any(_count(env.get(key)) > 1 for key in ("WORLD_SIZE", "SLURM_NTASKS"))
-
-
-def _count(value: str | None) -> int:
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
 
 
 def resolve_auto_base_dtype(
