@@ -23,7 +23,11 @@ credited laptrain with ~17 % more samples/s for nothing.
 - laptrain: ``Trainer.fit`` with the job's default callbacks (minus the progress bar) and its
   TensorBoard logger, no validation (``laptrain.commands.bench.make_trainer``); the periodic checkpoint
   (every 250 steps) saves once in the epoch, as in a train.py run;
-- plain loop: the same model and the same batches from laptrain's train loader (same order),
+  laptrain's model computes its last encoder layer for the [CLS] position only, the one the head
+  reads (``model.last_layer_first_token``, laptrain.model.classifier.first_token); the other arms
+  get the model as transformers builds it (``model.last_layer_first_token=false``), as their users
+  would;
+- plain loop: the same weights and the same batches from laptrain's train loader (same order),
   ``loss.backward(); optimizer.step(); scheduler.step(); zero_grad()`` with the module's own
   optimizer groups and schedule, no Lightning;
 - HF group_by_length: ``transformers.Trainer`` on the same tokenized train split (padding per
@@ -296,7 +300,9 @@ def child(spec: dict[str, Any]) -> None:
 
     folder = Path(spec["folder"])
     seed = int(spec["seed"])
-    job = build_job([*spec["overrides"], f"seed={seed}"], folder, lambda _: None)
+    job = build_job(
+        [*spec["overrides"], *plain_model(spec), f"seed={seed}"], folder, lambda _: None
+    )
     if spec["mode"] == "accuracy":
         epochs = int(job.cfg.trainer.max_epochs)
         trainer = hf_trainer(job, folder, seed, epochs, evaluate=True)
@@ -314,6 +320,13 @@ def child(spec: dict[str, Any]) -> None:
         1 if sys.platform == "darwin" else 1024
     )
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def plain_model(spec: dict[str, Any]) -> list[str]:
+    """The plain loop and HF train the model as transformers builds it: laptrain's first-token
+    last layer (laptrain.model.classifier.first_token) is part of the laptrain arm only."""
+    laptrain = spec["mode"] == "throughput" and spec["arm"] == "laptrain"
+    return [] if laptrain else ["model.last_layer_first_token=false"]
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:

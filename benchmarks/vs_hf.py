@@ -7,8 +7,9 @@ with 10 % warm-up. Three arms, each a fresh process, alternating over ``--seeds`
 rotated each seed (so that a load trend does not favour the arm that runs last):
 
 - laptrain: ``Trainer.fit`` of the job with its default callbacks and logger (batches grouped by
-  length, laptrain's default);
-- HF defaults: ``transformers.Trainer`` with its defaults (random order, padding per batch);
+  length, and the last layer computed for the [CLS] position only: laptrain's defaults);
+- HF defaults: ``transformers.Trainer`` with its defaults (random order, padding per batch) on
+  the model as transformers builds it;
 - HF group_by_length: the same with ``train_sampling_strategy="group_by_length"``.
 
 samples/s is training samples over the wall time of the epoch (data loading, hooks and logging
@@ -126,6 +127,8 @@ def child(arm: str, csv: str, seed: int, folder: str, overrides: list[str]) -> N
     from laptrain.commands.bench import build_job
 
     argv = ["data=text_csv", f"data.files.train={csv}", f"seed={seed}", *overrides]
+    if arm != "laptrain":  # HF trains the model as transformers builds it (no first-token layer)
+        argv.append("model.last_layer_first_token=false")
     job = build_job(argv, Path(folder), lambda _: None)
     if arm == "laptrain":
         result = laptrain_arm(job)

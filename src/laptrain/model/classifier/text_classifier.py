@@ -23,6 +23,8 @@ from transformers import (
 
 from laptrain.model.checkpointing import parse_setting, replay_device_rng
 from laptrain.model.chunked_backward import ChunkedBackward
+from laptrain.model.classifier.first_token import first_token_only
+from laptrain.model.fsdp_units import inner_state_dict
 from laptrain.pretrained.loading import Source, load_pretrained_model
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
@@ -82,6 +84,9 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         gradient_checkpointing: recompute activations in backward instead of keeping them: less
             memory (the preflight's first fix for long sequences), about a third more compute;
             ``auto``: off unless the preflight finds the job does not fit without it.
+        last_layer_first_token: compute the last encoder layer for the first token only, the one
+            the head reads (``laptrain.model.classifier.first_token``; same logits, less work).
+            Models it does not apply to are left as they are.
     """
 
     def __init__(
@@ -95,6 +100,7 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         optimizer: OptimizerFactory | None = None,
         warmup_ratio: float = 0.1,
         gradient_checkpointing: bool | Literal["auto"] = False,
+        last_layer_first_token: bool = True,
     ) -> None:
         super().__init__()
         if num_labels < 2:
@@ -106,6 +112,7 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         self.model = build_classifier(
             num_labels, pretrained, backbone, label_names, vocab_size, pad_token_id
         )
+        self.first_token_only = bool(last_layer_first_token) and first_token_only(self.model)
         self.checkpointing_setting = parse_setting(gradient_checkpointing)
         self.gradient_checkpointing = self.checkpointing_setting is True
         if self.gradient_checkpointing:  # auto: off until the preflight says otherwise
@@ -186,6 +193,11 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
 
     export_folder = "model"  # run.py writes the final model to <run>/model/
 
-    def export(self, folder: str | Path) -> None:
-        """Write the transformers model with ``save_pretrained`` (loadable without laptrain)."""
-        self.model.save_pretrained(str(folder))
+    def export(self, folder: str | Path, state_dict: dict[str, Any] | None = None) -> None:
+        """Write the transformers model with ``save_pretrained`` (loadable without laptrain).
+        ``state_dict``: this module's weights to write instead of its own (under FSDP its
+        parameters are shards: ``laptrain.model.fsdp_units.whole_state_dict``)."""
+        weights = inner_state_dict(state_dict, "model")
+        self.model.save_pretrained(
+            str(folder), **({} if weights is None else {"state_dict": weights})
+        )
