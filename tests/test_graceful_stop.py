@@ -209,3 +209,18 @@ def test_no_question_without_a_terminal_or_from_the_background():
             assert _in_the_foreground_of_a_terminal() is False  # a pipe, as under CI or nohup
         finally:
             sys.stdin = saved
+
+
+@pytest.mark.parametrize(
+    "signum, steps",
+    [(signal.SIGTERM, 7), (signal.SIGINT, 12)],  # SIGTERM stops there; one Ctrl-C goes on
+)
+def test_a_request_in_the_batch_of_a_signal_is_answered_by_its_save(tmp_path, signum, steps):
+    run = tmp_path / "run"
+    run.mkdir()
+    stop = GracefulStop(dirpath=str(run / "checkpoints"), run_dir=str(run), check_every_s=0)
+    trainer, saves = fit_with(stop, Request(run, 6), SignalAtStep(6, signum=signum))
+    assert trainer.global_step == steps and saves[0] == 7
+    assert checkpoint_request.read_answer(run)["step"] == 7
+    assert not checkpoint_request.request_file(run).exists()
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == steps

@@ -185,8 +185,10 @@ class GracefulStop(Callback):
             return
         if signum is not None:
             self.signal_received = signum
-            self._pending = NO_REQUEST  # the stop saves
-            self.stop_checkpoint.stop(trainer)
+            if self.stop_checkpoint.stop(trainer):  # the stop saves; a Ctrl-C's save is dropped
+                if self._pending == FILE_REQUEST:  # answered once the stop's save is written
+                    queue_save(trainer, _SaveOnRequest(self, FILE_REQUEST))
+                self._pending = NO_REQUEST
         elif batch_end and self._pending and at_clean_boundary(trainer):
             queue_save(trainer, _SaveOnRequest(self, self._pending))
             self._pending = NO_REQUEST
@@ -195,8 +197,8 @@ class GracefulStop(Callback):
         """After a checkpoint on request: answer the request file, or ask after a Ctrl-C."""
         step, where = trainer.global_step, relative(self.path)
         self.saved_on_request.append(step)
-        if reason == FILE_REQUEST:
-            self._answer(trainer)
+        # a request file that came with a Ctrl-C, or since the last look, is answered by this save
+        self._answer(trainer, only_if_asked=reason != FILE_REQUEST)
         if reason == FILE_REQUEST or trainer.should_stop:  # another callback stops here
             going_on = "" if trainer.should_stop else "; going on"
             rank_zero_info(f"checkpoint on request: saved step {step} to {where}{going_on}")
@@ -225,9 +227,12 @@ class GracefulStop(Callback):
             self.signal_received = signal.SIGINT
             end_fit_now(trainer)
 
-    def _answer(self, trainer: pl.Trainer) -> None:
-        if trainer.is_global_zero and self.run_dir:
-            checkpoint_request.answer(self.run_dir, trainer.global_step, self.path)
+    def _answer(self, trainer: pl.Trainer, only_if_asked: bool = False) -> None:
+        if not trainer.is_global_zero or not self.run_dir:
+            return
+        if only_if_asked and not checkpoint_request.request_file(self.run_dir).exists():
+            return
+        checkpoint_request.answer(self.run_dir, trainer.global_step, self.path)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
@@ -275,4 +280,8 @@ class _SaveOnRequest:
 
     def save(self, trainer: pl.Trainer) -> None:
         trainer.save_checkpoint(str(self.owner.path), weights_only=False)
+        self.owner.saved(trainer, self.reason)
+
+    def saved_by_another(self, trainer: pl.Trainer) -> None:
+        """Another callback's stop in this batch saved this step: answer as if this save had."""
         self.owner.saved(trainer, self.reason)

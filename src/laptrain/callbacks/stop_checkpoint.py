@@ -51,6 +51,9 @@ class QueuedSave(Protocol):
 
     def save(self, trainer: pl.Trainer) -> None: ...
 
+    def saved_by_another(self, trainer: pl.Trainer) -> None:
+        """An earlier save of this batch wrote ``path`` already (this one is skipped)."""
+
 
 @runtime_checkable
 class SavesQueuedStops(Protocol):
@@ -78,6 +81,8 @@ def save_queued_stops(trainer: pl.Trainer) -> None:
         if stop.path not in done:
             stop.save(trainer)
             done.add(stop.path)
+        else:  # e.g. a checkpoint on request in the batch where another callback stops the run
+            stop.saved_by_another(trainer)
 
 
 class StopCheckpoint:
@@ -96,6 +101,9 @@ class StopCheckpoint:
         if self.path:
             trainer.save_checkpoint(self.side_path, weights_only=False)
             self._pending = True
+
+    def saved_by_another(self, trainer: pl.Trainer) -> None:
+        """Nothing to put in place: the other save wrote ``path``'s state of this very batch."""
 
     def stop(self, trainer: pl.Trainer) -> bool:
         """Save, then end fit at this batch boundary with no validation pass and no ranking;
