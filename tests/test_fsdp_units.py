@@ -290,3 +290,58 @@ def test_model_memory_counts_the_gathered_units_in_the_fsdp_precision():
     assert est.weights == pytest.approx(whole * 4 / 4)
     assert "gathered by FSDP" in est.line()
     assert model_memory(model, 16, "bf16-mixed").fsdp_gathered == 2 * (units.params + units.grads)
+
+
+# ----- checkpoints and exports of a sharded module ----------------------------------------------
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")
+def test_a_sharded_lora_module_checkpoints_and_exports_its_whole_adapter(one_rank, tmp_path):
+    """What FSDP users got before: ``trainable_keys`` named the parameters through FSDP's
+    wrappers, so every checkpoint kept none of the full state dict's keys (0 adapters saved), and
+    ``save_pretrained`` of the sharded module wrote an empty adapter."""
+    from safetensors.torch import load_file
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    module = lora_bf16()
+    expected = {k: v.clone() for k, v in module.model.state_dict().items() if "lora_" in k}
+    wrapped = wrap(module, fsdp_strategy_for(module, FSDPStrategy()))
+    config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+    with FSDP.state_dict_type(wrapped, StateDictType.FULL_STATE_DICT, config):
+        whole = wrapped.state_dict()  # what Lightning's FSDPStrategy gathers for a checkpoint
+    checkpoint = {"state_dict": dict(whole)}
+    module.on_save_checkpoint(checkpoint)
+    assert set(checkpoint["state_dict"]) == {f"model.{k}" for k in expected}
+    module.export(tmp_path / "adapter", state_dict=checkpoint["state_dict"])
+    written = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert len(written) == len(expected) == 2 * 7 * 2  # A and B, 7 projections, 2 layers
+    for key, value in written.items():
+        assert torch.equal(value, expected[key.replace(".weight", ".default.weight")])
+
+
+def test_a_classifier_exports_the_state_dict_it_is_given(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from laptrain.model.classifier.text_classifier import TextClassifierModule
+
+    small = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    module = TextClassifierModule(num_labels=2, backbone={"model_type": "bert", **small})
+    whole = {
+        k: torch.full_like(v, 0.5) if v.is_floating_point() else v
+        for k, v in module.state_dict().items()
+    }
+    module.export(tmp_path / "model", state_dict=whole)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model")
+    assert all(torch.all(p == 0.5) for p in loaded.parameters())
+
+
+def test_only_fsdp_gathers_a_whole_state_dict():
+    from types import SimpleNamespace
+
+    from laptrain.model.fsdp_units import unwrapped_name, whole_state_dict
+
+    assert whole_state_dict(SimpleNamespace(strategy=DDPStrategy())) is None
+    fsdp = FSDPStrategy()
+    fsdp.lightning_module_state_dict = lambda: {"model.w": 1}  # the collective, stood in
+    assert whole_state_dict(SimpleNamespace(strategy=fsdp)) == {"model.w": 1}
+    name = "model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.q.lora_A.weight"
+    assert unwrapped_name(name) == "model.layers.0.q.lora_A.weight"

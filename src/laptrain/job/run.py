@@ -10,6 +10,7 @@ import logging
 import math
 import signal
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from laptrain.job.plan import RunPlan, build_run_plan, plan_device
 from laptrain.launch.device import check_device, without_unsafe_fused
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
-from laptrain.model.fsdp_units import fsdp_strategy_for
+from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
 from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.run_folder.listing import resume_command
@@ -240,10 +241,13 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
     metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
     log_hparams(loggers, cfg, model, plan, metrics, step)
+    # under FSDP the weights are gathered from every rank's shards (a collective), else None
+    state = whole_state_dict(trainer) if isinstance(model, ExportsModel) else None
     if trainer.is_global_zero:
         if isinstance(model, ExportsModel):
+            export = partial(model.export, state_dict=state)
             with no_transformers_bars():  # written beside its place, then swapped in
-                write_folder_atomic(output_dir / model.export_folder, model.export)
+                write_folder_atomic(output_dir / model.export_folder, export)
         # every family, TRM too (it exports nothing: its metrics.json was never written)
         write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=1))
     for line in closing_lines(step, metrics, best, output_dir):

@@ -6,7 +6,7 @@ attribute names. ``laptrain/model/checkpointing.py`` holds the gradient-checkpoi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -16,7 +16,8 @@ class ExportsModel(Protocol):
 
     export_folder: str
 
-    def export(self, folder: str | Path) -> None: ...
+    def export(self, folder: str | Path, state_dict: dict[str, Any] | None = None) -> None:
+        """``state_dict``: the module's whole weights when its own parameters are FSDP shards."""
 
 
 @runtime_checkable

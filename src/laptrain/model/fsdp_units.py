@@ -212,3 +212,39 @@ def gathered_units(module: nn.Module) -> GatheredUnits:
         params=sum(p.numel() for _, p in root) + sum(sizes[:2]),
         grads=root_trainable + max(trainable, default=0),
     )
+
+
+# Inserted into parameter names by FSDP's wrapper, and by torch's activation-checkpoint wrapper
+# (FSDP_PREFIX and _CHECKPOINT_PREFIX in torch/distributed/fsdp/_common_utils.py).
+WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def unwrapped_name(name: str) -> str:
+    """A parameter's name as ``state_dict`` keys it. With ``use_orig_params=True`` (Lightning's
+    FSDP default) ``named_parameters`` of a module holding FSDP units walks through the wrappers,
+    so its names carry their prefixes, while FSDP's full state dict drops them
+    (``clean_tensor_name`` in torch/distributed/fsdp/_common_utils.py)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def whole_state_dict(trainer: Any) -> dict[str, Any] | None:
+    """Under ``trainer=fsdp`` the LightningModule's whole state dict, gathered from the ranks'
+    shards (Lightning's ``FSDPStrategy.lightning_module_state_dict``: full on rank 0 (offloaded to
+    the CPU with several ranks), a collective every rank must call); None under any other
+    strategy, where each rank's module already holds every weight."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if not isinstance(trainer.strategy, FSDPStrategy):
+        return None
+    return trainer.strategy.lightning_module_state_dict()
+
+
+def inner_state_dict(state_dict: dict[str, Any] | None, attribute: str) -> dict[str, Any] | None:
+    """The entries of a LightningModule's state dict that belong to its submodule ``attribute``,
+    keyed as that submodule's own ``state_dict`` (what ``save_pretrained(state_dict=...)`` takes)."""
+    if state_dict is None:
+        return None
+    prefix = f"{attribute}."
+    return {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}

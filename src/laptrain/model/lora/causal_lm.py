@@ -28,6 +28,7 @@ from torchmetrics.aggregation import MeanMetric
 from laptrain.files import write_folder_atomic
 from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
+from laptrain.model.fsdp_units import inner_state_dict, unwrapped_name
 from laptrain.model.lora.base_dtype import check_ranks_agree
 from laptrain.pretrained.loading import Source, load_pretrained_model, rank_device_map
 from laptrain.pretrained.sources import source_fingerprint
@@ -556,7 +557,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
     # ----- checkpoints and adapters -----------------------------------------------------------
     def trainable_keys(self) -> set[str]:
         """``state_dict`` keys of the adapter weights: all a checkpoint keeps."""
-        return {name for name, p in self.named_parameters() if p.requires_grad}
+        return {unwrapped_name(name) for name, p in self.named_parameters() if p.requires_grad}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         keep = self.trainable_keys()
@@ -564,7 +565,9 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         checkpoint[FINGERPRINT_KEY] = dict(self.fingerprint)
         trainer = self._trainer
         if trainer is not None and self.save_adapters and trainer.is_global_zero:
-            self._write_step_adapter(trainer)
+            # from the checkpoint's weights: under FSDP the module holds shards, the checkpoint
+            # the whole adapter (gathered by Lightning on rank 0)
+            self._write_step_adapter(trainer, checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(FINGERPRINT_KEY)
@@ -607,23 +610,47 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
 
     export_folder = "adapter"  # run.py writes the final adapter to <run>/adapter/
 
-    def export(self, folder: str | Path) -> None:
-        """Write the adapter (peft ``save_pretrained``), the tokenizer and training_config.json."""
+    def export(self, folder: str | Path, state_dict: dict[str, Any] | None = None) -> None:
+        """Write the adapter (peft ``save_pretrained``), the tokenizer and training_config.json.
+        ``state_dict``: this module's weights to write instead of its own (under FSDP its
+        parameters are shards: ``laptrain.model.fsdp_units.whole_state_dict``)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(folder))
+        weights = inner_state_dict(state_dict, "model")
+        if weights is None:
+            self.model.save_pretrained(str(folder))
+        else:
+            _adapter_writer(self.model).save_pretrained(str(folder), state_dict=weights)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(folder))
         (folder / "training_config.json").write_text(json.dumps(self.training_config(), indent=1))
 
-    def _write_step_adapter(self, trainer: pl.Trainer) -> None:
+    def _write_step_adapter(self, trainer: pl.Trainer, state_dict: dict[str, Any]) -> None:
         """``adapters/step-NNNNNN/`` for this checkpoint; only the last ``KEEP_ADAPTERS`` stay."""
         step = trainer.global_step
         if step == self._adapter_step:  # top-k and last.ckpt of one step: one folder
             return
         root = Path(self.adapters_dir or Path(trainer.default_root_dir) / "adapters")
         # written beside its place and swapped in; a symlink there is replaced, not followed
-        write_folder_atomic(root / f"step-{step:06d}", self.export)
+        write_folder_atomic(root / f"step-{step:06d}", partial(self.export, state_dict=state_dict))
         self._adapter_step = step
         for old in sorted(root.glob("step-*"))[:-KEEP_ADAPTERS]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _adapter_writer(peft_model: Any) -> Any:
+    """``peft_model``, or, when FSDP units sit inside it, the same structure built on the meta
+    device. peft picks an adapter's entries of a state dict by the names of its LoRA modules
+    (``_get_tuner_state_dict_key_prefixes`` in peft/tuners/tuners_utils.py, peft 0.21), and FSDP's
+    wrappers put ``_fsdp_wrapped_module.`` into those names, so the sharded model writes an empty
+    adapter; the meta copy names them as the state dict does and holds no memory."""
+    if not any(type(m).__name__ == "FullyShardedDataParallel" for m in peft_model.modules()):
+        return peft_model
+    import copy
+
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(peft_model.get_base_model().config)
+    return get_peft_model(base, copy.deepcopy(peft_model.peft_config["default"]))
