@@ -11,6 +11,7 @@ Lightning's ``FSDPStrategy._setup_model`` does with the strategy's ``kwargs``.
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,6 +26,8 @@ from laptrain.model.fsdp_units import (
     unit_params,
     unit_rule,
     units_with_mixed_dtypes,
+    unwrapped_name,
+    whole_state_dict,
 )
 from laptrain.preflight.activations import ActivationProfile, Quadratic
 from laptrain.preflight.estimate import ModelMemory, model_memory
@@ -299,15 +302,12 @@ def test_a_sharded_lora_module_checkpoints_and_exports_its_whole_adapter(one_ran
     wrappers, so every checkpoint kept none of the full state dict's keys (0 adapters saved), and
     ``save_pretrained`` of the sharded module wrote an empty adapter."""
     from safetensors.torch import load_file
-    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     module = lora_bf16()
     expected = {k: v.clone() for k, v in module.model.state_dict().items() if "lora_" in k}
-    wrapped = wrap(module, fsdp_strategy_for(module, FSDPStrategy()))
-    config = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
-    with FSDP.state_dict_type(wrapped, StateDictType.FULL_STATE_DICT, config):
-        whole = wrapped.state_dict()  # what Lightning's FSDPStrategy gathers for a checkpoint
+    strategy = fsdp_strategy_for(module, FSDPStrategy())
+    strategy._model = wrap(module, strategy)  # what FSDPStrategy._setup_model leaves there
+    whole = whole_state_dict(SimpleNamespace(strategy=strategy, world_size=1))
     checkpoint = {"state_dict": dict(whole)}
     module.on_save_checkpoint(checkpoint)
     assert set(checkpoint["state_dict"]) == {f"model.{k}" for k in expected}
@@ -335,13 +335,6 @@ def test_a_classifier_exports_the_state_dict_it_is_given(tmp_path):
 
 
 def test_only_fsdp_gathers_a_whole_state_dict():
-    from types import SimpleNamespace
-
-    from laptrain.model.fsdp_units import unwrapped_name, whole_state_dict
-
-    assert whole_state_dict(SimpleNamespace(strategy=DDPStrategy())) is None
-    fsdp = FSDPStrategy()
-    fsdp.lightning_module_state_dict = lambda: {"model.w": 1}  # the collective, stood in
-    assert whole_state_dict(SimpleNamespace(strategy=fsdp)) == {"model.w": 1}
+    assert whole_state_dict(SimpleNamespace(strategy=DDPStrategy(), world_size=2)) is None
     name = "model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.q.lora_A.weight"
     assert unwrapped_name(name) == "model.layers.0.q.lora_A.weight"

@@ -231,14 +231,23 @@ def unwrapped_name(name: str) -> str:
 
 def whole_state_dict(trainer: Any) -> dict[str, Any] | None:
     """Under ``trainer=fsdp`` the LightningModule's whole state dict, gathered from the ranks'
-    shards (Lightning's ``FSDPStrategy.lightning_module_state_dict``: full on rank 0 (offloaded to
-    the CPU with several ranks), a collective every rank must call); None under any other
-    strategy, where each rank's module already holds every weight."""
+    shards: a collective every rank must call, the dict complete on rank 0 (FSDP's
+    ``FULL_STATE_DICT`` with ``rank0_only``, offloaded to the CPU with several ranks, as Lightning's
+    ``_get_full_state_dict_context`` in lightning/fabric/strategies/fsdp.py does for
+    ``state_dict_type: full``; here whatever ``state_dict_type`` the checkpoints use). None under
+    any other strategy, where each rank's module already holds every weight."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if not isinstance(trainer.strategy, FSDPStrategy):
         return None
-    return trainer.strategy.lightning_module_state_dict()
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    root = trainer.strategy.model  # the FSDP unit around the LightningModule
+    # one rank runs NO_SHARD, where FSDP's CPU offload of a full state dict is not supported
+    config = FullStateDictConfig(offload_to_cpu=trainer.world_size > 1, rank0_only=True)
+    with FSDP.state_dict_type(root, StateDictType.FULL_STATE_DICT, config):
+        return root.state_dict()
 
 
 def inner_state_dict(state_dict: dict[str, Any] | None, attribute: str) -> dict[str, Any] | None:
