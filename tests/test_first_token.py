@@ -71,12 +71,17 @@ def test_logits_loss_and_gradients_match_the_full_model(cls, config_cls, attn):
     assert base(batch["input_ids"], batch["attention_mask"]).last_hidden_state.shape[1] == 1
 
 
-def test_gradient_checkpointing_gives_the_same_gradients():
+def test_the_last_layer_is_checkpointed_too_and_gives_the_same_gradients():
     full, fast = _pair(BertForSequenceClassification, BertConfig, "sdpa")
     fast.gradient_checkpointing_enable()
+    last = fast.bert.encoder.layer[-1]
+    calls = []
+    inner = last._gradient_checkpointing_func
+    last._gradient_checkpointing_func = lambda *a, **k: calls.append(1) or inner(*a, **k)
     batch = _batch()
     full.train()(**batch).loss.backward()
     fast.train()(**batch).loss.backward()
+    assert calls == [1]  # the replaced forward still goes through transformers' checkpointing
     for p, q in zip(full.parameters(), fast.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, atol=1e-6)
 

@@ -55,7 +55,7 @@ class Calibration:
 # taking not-yet-read mapped weights off the reading (preflight/resident.py: ~0.4 GB for SmolLM2),
 # per_activation came down by 0.07 in both rows (0.47 -> 0.40, 0.54 -> 0.47), set by hand on the
 # real presets (README "The real presets": SmolLM2 LoRA at dropout 0 within 0.87-0.95, MiniLM
-# 1.02-1.22) with the grid re-run (0.91-1.05).
+# 1.02-1.18) with the grid re-run (0.91-1.05).
 # The device rows are NOT measured (no GPU or Mac was available): the caching allocators of CUDA and
 # MPS reuse freed blocks, so they assume only backward's gradient buffers; preflight.verify=true
 # measures the real peak on the device.

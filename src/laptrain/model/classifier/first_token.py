@@ -86,6 +86,28 @@ def _first_token_forward(
     *args: Any,
     **kwargs: Any,
 ) -> torch.Tensor:
+    """Checkpointed as transformers checkpoints the layer's own forward: transformers 5 wraps the
+    class's ``forward`` (``GradientCheckpointingLayer.__init_subclass__``, modeling_layers.py),
+    which this instance's ``forward`` replaces, so the same ``_gradient_checkpointing_func`` (and
+    laptrain's MPS generator replay around it) is called here."""
+    if (
+        getattr(layer, "gradient_checkpointing", False)
+        and layer.training
+        and torch.is_grad_enabled()
+    ):
+        return layer._gradient_checkpointing_func(
+            partial(_first_token_layer, layer, **kwargs), hidden_states, attention_mask, *args
+        )
+    return _first_token_layer(layer, hidden_states, attention_mask, *args, **kwargs)
+
+
+def _first_token_layer(
+    layer: nn.Module,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *args: Any,
+    **kwargs: Any,
+) -> torch.Tensor:
     """The layer's forward for position 0: shape ``(batch, 1, hidden)``."""
     attention = layer.attention.self
     batch, length, _ = hidden_states.shape
