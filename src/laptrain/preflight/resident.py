@@ -79,4 +79,4 @@ def resident_parameter_bytes(model: nn.Module, mappings: list[FileMapping] | Non
             touched.add(index)
         else:
             anonymous += storage.nbytes()
-    return anonymous + sum(mappings[i].resident for i in touched) if mappings else anonymous
+    return anonymous + sum(mappings[i].resident for i in touched)  # touched: mappings exist

@@ -197,7 +197,5 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
         """Write the transformers model with ``save_pretrained`` (loadable without laptrain).
         ``state_dict``: this module's weights to write instead of its own (under FSDP its
         parameters are shards: ``laptrain.model.fsdp_units.whole_state_dict``)."""
-        weights = inner_state_dict(state_dict, "model")
-        self.model.save_pretrained(
-            str(folder), **({} if weights is None else {"state_dict": weights})
-        )
+        weights = inner_state_dict(state_dict, "model")  # None: transformers reads the model's own
+        self.model.save_pretrained(str(folder), state_dict=weights)

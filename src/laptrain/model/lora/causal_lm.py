@@ -616,11 +616,8 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         parameters are shards: ``laptrain.model.fsdp_units.whole_state_dict``)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        weights = inner_state_dict(state_dict, "model")
-        if weights is None:
-            self.model.save_pretrained(str(folder))
-        else:
-            _adapter_writer(self.model).save_pretrained(str(folder), state_dict=weights)
+        weights = inner_state_dict(state_dict, "model")  # None: peft reads the module's own
+        _adapter_writer(self.model).save_pretrained(str(folder), state_dict=weights)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(folder))
         (folder / "training_config.json").write_text(json.dumps(self.training_config(), indent=1))
