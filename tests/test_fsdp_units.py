@@ -115,20 +115,20 @@ def test_classifier_policy_names_the_bert_layer_and_each_layer_becomes_a_unit():
     assert units_with_mixed_dtypes(module, rule) == []
 
 
-def test_trm_policy_names_its_block_and_each_block_becomes_a_unit():
-    from laptrain.model.trm.network import Block
+def test_trm_under_fsdp_is_refused_in_one_line_naming_ddp():
+    """TRM back-propagates inside its training step; on 2 CPU ranks FSDP raised at step 1."""
     from laptrain.model.trm.smoke import build
 
     module, _ = build(0, 1)
-    rule = unit_rule(module)
-    assert rule.layers == (Block,) and rule.leaves == {}
-    blocks = [n for n, m in module.named_modules() if isinstance(m, Block)]
-    assert blocks and set(unit_params(module, rule)) == {"", *blocks}
-    assert units_with_mixed_dtypes(module, rule) == []
+    strategy = FSDPStrategy()
+    with pytest.raises(ValueError, match="cannot train trm") as err:
+        fsdp_strategy_for(module, strategy)
+    assert "\n" not in str(err.value) and "use trainer=ddp" in str(err.value)
+    assert "auto_wrap_policy" not in strategy.kwargs
 
 
-def test_every_family_names_its_fsdp_layers():
-    assert all(family.fsdp_layers for family in FAMILIES.values())
+def test_every_family_names_its_fsdp_layers_or_why_fsdp_cannot_train_it():
+    assert all(bool(f.fsdp_layers) != bool(f.fsdp_refusal) for f in FAMILIES.values())
 
 
 def test_an_integer_parameter_is_reported_as_not_floating_point():

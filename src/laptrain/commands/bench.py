@@ -200,8 +200,8 @@ def build_job(
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))
-    datamodule, model, plan = build(cfg, env, folder)
-    return BenchJob(cfg, datamodule, model, plan, folder, env)
+    built = build(cfg, env, folder)
+    return BenchJob(cfg, built.datamodule, built.model, built.plan, folder, env)
 
 
 def job_callbacks(job: BenchJob) -> list[Any]:

@@ -9,10 +9,11 @@ import json
 import logging
 import math
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -51,7 +52,7 @@ from laptrain.job.plan import RunPlan, build_run_plan, plan_device
 from laptrain.launch.device import check_device, without_unsafe_fused
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
-from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
+from laptrain.model.fsdp_units import fsdp_strategy_for, holds_fsdp_units, whole_state_dict
 from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
 from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.run_folder.listing import resume_command
@@ -166,7 +167,17 @@ class Outcome:
     metric: float | None = None
 
 
-def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any, Any, RunPlan]:
+class Built(NamedTuple):
+    """What :func:`build` makes: the datamodule (with the plan's batch sizes), the model, the run
+    plan, and ``remake``, which builds the same model again, untrained."""
+
+    datamodule: Any
+    model: Any
+    plan: RunPlan
+    remake: Callable[[], Any]
+
+
+def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
     """Data, model and the run plan, in that order; the datamodule that trains has the plan's
     batch sizes (a datamodule whose batch follows the profile is built without one, prepared,
     then given the plan's)."""
@@ -193,13 +204,14 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> tuple[Any
         rank_zero_info,
         capacity_bytes=lambda: capacity_budget(probe, fraction, budget_gb),
     )
-    model = instantiate(model_cfg, _convert_="all", **model_kwargs, **decided)
+    remake = partial(instantiate, model_cfg, _convert_="all", **model_kwargs, **decided)
+    model = remake()
     plan = build_run_plan(cfg, model, datamodule, precision, output_dir, Path(cfg.paths.cache_dir))
     if plan.gradient_checkpointing and isinstance(model, ChecksGradientCheckpointing):
         model.use_gradient_checkpointing()  # model.gradient_checkpointing=auto: the job needs it
     if follows:
         datamodule = datamodule.with_batch_sizes(plan.loader_batch, plan.eval_batch)
-    return datamodule, model, plan
+    return Built(datamodule, model, plan, remake)
 
 
 def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
@@ -216,7 +228,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
 
 def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     _set_up_process(cfg)
-    datamodule, model, plan = build(cfg, env, output_dir)
+    datamodule, model, plan, remake = build(cfg, env, output_dir)
     trainer, callbacks, loggers = _make_trainer(cfg, plan, model)
     _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan)
     ckpt_path = checked_resume_checkpoint(cfg, model)
@@ -235,7 +247,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     best = _best(trainer, callbacks)  # before test, which restores the callbacks' older state
     step = _final_step(trainer, Path(cfg.paths.last_ckpt))
     try:
-        metrics = _test(cfg, trainer, model, datamodule)
+        metrics, model = _test(cfg, trainer, model, datamodule, remake)
     except SystemExit as stop:
         return _interrupted(stop, "test", cfg, output_dir, trainer)
     # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
@@ -377,22 +389,41 @@ def _interrupted(
     return Outcome("interrupted", 128 + signum)
 
 
-def _test(cfg: DictConfig, trainer: pl.Trainer, model: Any, datamodule: Any) -> dict[str, float]:
-    """The fit's last metrics, updated by the test on the best checkpoint when ``test`` is on.
+def _test(
+    cfg: DictConfig, trainer: pl.Trainer, model: Any, datamodule: Any, remake: Callable[[], Any]
+) -> tuple[dict[str, float], Any]:
+    """The fit's last metrics, updated by the test on the best checkpoint when ``test`` is on, and
+    the module that holds the weights to export (the one tested).
 
     After a fit on several processes every rank tests its own share of the test split with the
     same Trainer (laptrain's loaders shard without repeating examples, and the metrics sum their
     counts over the ranks when computed), so no rank waits in a collective the others never reach.
+
+    Under ``trainer=fsdp`` the test runs on the module built again (``remake``), which Lightning
+    wraps anew and loads the checkpoint into, as for a resume. The fitted module keeps its layer
+    units, so Lightning takes it for one the user wrapped, drops the policy and leaves its root
+    unwrapped, its own parameters still views of the fit's shards: loading the checkpoint then
+    fails on their sizes (Lightning issue #19015; reproduced on 2 CPU ranks, docs/sweeps.md).
     """
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.best_model_path or None
+        if holds_fsdp_units(model):
+            last = Path(cfg.paths.last_ckpt)
+            path = path or (str(last) if last.is_file() else None)
+            if path is None:
+                rank_zero_info(
+                    "test skipped: under FSDP it loads a checkpoint, and none was written"
+                )
+                return metrics, model
+            model = remake()
+            fsdp_strategy_for(model, trainer.strategy)
         results = trainer.test(
             model, datamodule=datamodule, ckpt_path=path, weights_only=True, verbose=False
         )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
-    return metrics
+    return metrics, model
 
 
 def resume_hint(cfg: DictConfig, output_dir: Path) -> str:

@@ -37,6 +37,8 @@ class ModelFamily:
         fsdp_layers: ``"module:Name"``, the layer class whose every instance ``trainer=fsdp``
             wraps as its own FSDP unit, or a function of the built module returning those
             classes (``laptrain/model/fsdp_units.py``; None: the root alone).
+        fsdp_refusal: why ``trainer=fsdp`` cannot train the family (one line, naming what to
+            use instead), or None.
     """
 
     name: str
@@ -47,6 +49,7 @@ class ModelFamily:
     sized_from_config: bool = False
     adapters: bool = False
     fsdp_layers: str | None = None
+    fsdp_refusal: str | None = None
 
     def refusal(self, device_kind: str, precision: str) -> str | None:
         """Why this family does not train at ``precision`` on ``device_kind`` (None: it does)."""
@@ -88,7 +91,13 @@ FAMILIES: dict[str, ModelFamily] = {
             "the Tiny Recursive Model on Sudoku (deep supervision, ACT halting, EMA)",
             "laptrain.model.trm.smoke",
             refuse_precision="laptrain.model.trm.module:refuse_precision",
-            fsdp_layers="laptrain.model.trm.network:Block",
+            # measured on 2 gloo CPU ranks: "Expects BACKWARD_PRE or BACKWARD_POST state but got
+            # HandleTrainingState.FORWARD" at step 1 (FSDP's post-backward hook)
+            fsdp_refusal=(
+                "its step back-propagates inside the forward (manual optimization, deep "
+                "supervision), which FSDP's root unit does not allow, and its EMA keeps whole "
+                "weights; its largest preset has 5 M parameters: use trainer=ddp"
+            ),
         ),
     )
 }

@@ -160,21 +160,35 @@ def units_with_mixed_dtypes(module: nn.Module, spec: UnitSpec) -> list[str]:
     return problems
 
 
+def _units_policy(rule: UnitRule) -> Any:
+    """torch's ``CustomPolicy`` over ``rule``, marked as laptrain's (so a later module replaces it)."""
+    from torch.distributed.fsdp.wrap import CustomPolicy
+
+    policy = CustomPolicy(rule)
+    policy.laptrain_units = True  # type: ignore[attr-defined]
+    return policy
+
+
 def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
     """``strategy`` with ``model``'s units as its ``auto_wrap_policy`` when it is Lightning's
     ``FSDPStrategy`` (set in place: the Trainer already holds it; its ``_setup_model`` reads
-    ``strategy.kwargs`` when the fit starts). Any other strategy, or an FSDP strategy whose config
+    ``strategy.kwargs`` when the fit starts). A policy set here for an earlier module is replaced
+    (the odd leaves are that module's own). Any other strategy, or an FSDP strategy whose config
     names a policy of its own, comes back untouched.
 
-    Raises ValueError (one line) when a unit would still mix dtypes: FSDP would refuse it at setup
-    on every rank.
+    Raises ValueError (one line) for a family FSDP cannot train (``ModelFamily.fsdp_refusal``),
+    and when a unit would still mix dtypes: FSDP would refuse it at setup on every rank.
     """
     from lightning.pytorch.strategies import FSDPStrategy
 
-    if not isinstance(strategy, FSDPStrategy) or "auto_wrap_policy" in strategy.kwargs:
+    if not isinstance(strategy, FSDPStrategy):
         return strategy
-    from torch.distributed.fsdp.wrap import CustomPolicy
-
+    family = family_of_module(model)
+    if family is not None and family.fsdp_refusal:
+        raise ValueError(f"trainer=fsdp cannot train {family.name}: {family.fsdp_refusal}")
+    policy = strategy.kwargs.get("auto_wrap_policy")
+    if policy is not None and not getattr(policy, "laptrain_units", False):
+        return strategy
     rule = unit_rule(model)
     mixed = units_with_mixed_dtypes(model, rule)
     if mixed:
@@ -184,8 +198,16 @@ def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
             f"{'; '.join(mixed[:3])}{' ...' if len(mixed) > 3 else ''} "
             "(a 4-bit base needs a float quant storage dtype; or use trainer=ddp)"
         )
-    strategy.kwargs["auto_wrap_policy"] = CustomPolicy(rule)
+    strategy.kwargs["auto_wrap_policy"] = _units_policy(rule)
     return strategy
+
+
+def holds_fsdp_units(module: nn.Module) -> bool:
+    """Whether FSDP units were applied inside ``module`` (a fit under ``trainer=fsdp`` wraps them
+    in place; they stay after the fit, the root's own parameters left as views of its shards)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return any(isinstance(sub, FSDP) for sub in module.modules())
 
 
 @dataclass(frozen=True)
@@ -244,8 +266,11 @@ def whole_state_dict(trainer: Any) -> dict[str, Any] | None:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     root = trainer.strategy.model  # the FSDP unit around the LightningModule
-    # one rank runs NO_SHARD, where FSDP's CPU offload of a full state dict is not supported
-    config = FullStateDictConfig(offload_to_cpu=trainer.world_size > 1, rank0_only=True)
+    # offloaded only from an accelerator: one rank runs NO_SHARD, where FSDP does not support
+    # the offload, and from parameters already on the CPU a clone in FSDP's post-state-dict hook
+    # reads freed memory (a segmentation fault with 2 gloo ranks, torch 2.13)
+    offload = trainer.world_size > 1 and trainer.strategy.root_device.type != "cpu"
+    config = FullStateDictConfig(offload_to_cpu=offload, rank0_only=True)
     with FSDP.state_dict_type(root, StateDictType.FULL_STATE_DICT, config):
         return root.state_dict()
 

@@ -36,6 +36,10 @@ from laptrain.pretrained.sources import source_fingerprint
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 
 FINGERPRINT_KEY = "laptrain_base_fingerprint"
+# the adapter keys a checkpoint holds, also kept apart from its state_dict: Lightning's FSDP
+# strategy loads the weights itself and pops "state_dict" before on_load_checkpoint runs
+# (FSDPStrategy.load_checkpoint, lightning/pytorch/strategies/fsdp.py)
+ADAPTER_KEYS_KEY = "laptrain_adapter_keys"
 IGNORE_INDEX = -100
 BASE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SCHEDULERS = ("constant", "linear", "cosine")
@@ -563,6 +567,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         keep = self.trainable_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
         checkpoint[FINGERPRINT_KEY] = dict(self.fingerprint)
+        checkpoint[ADAPTER_KEYS_KEY] = sorted(keep)
         trainer = self._trainer
         if trainer is not None and self.save_adapters and trainer.is_global_zero:
             # from the checkpoint's weights: under FSDP the module holds shards, the checkpoint
@@ -583,8 +588,11 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
                 f"{self.fingerprint['name']} (config {self.fingerprint['config_sha256'][:12]}): "
                 "use the same model.pretrained, or resume=false for a new run"
             )
-        keys = set(checkpoint.get("state_dict", {}))
         expected = self.trainable_keys()
+        if "state_dict" in checkpoint:
+            keys = set(checkpoint["state_dict"])
+        else:  # loaded by the FSDP strategy; a checkpoint from before the key list is not checked
+            keys = set(checkpoint.get(ADAPTER_KEYS_KEY, expected))
         missing, extra = sorted(expected - keys), sorted(keys - expected)
         if missing or extra:
             first = (missing or extra)[0]
