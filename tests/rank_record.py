@@ -106,3 +106,18 @@ class SignalIn(Callback):
 
     def on_test_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
         self._fire("test")
+
+
+class NaNGradientAt(Callback):
+    """Writes a NaN into this rank's first non-empty gradient after the backward of the batch
+    that makes ``global_step`` reach ``step``, on one rank only (under FSDP a rank holds its shard
+    of the gradients, so one rank alone sees it)."""
+
+    def __init__(self, step: int, rank: int = 1) -> None:
+        self.step, self.rank = step, rank
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.global_step != self.step - 1 or trainer.global_rank != self.rank:
+            return
+        grad = next(p.grad for p in pl_module.parameters() if p.grad is not None and p.grad.numel())
+        grad.view(-1)[0] = float("nan")

@@ -150,3 +150,22 @@ def test_trm_under_fsdp_stops_at_launch_in_one_line(tmp_path):
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [errors[0]] and "use trainer=ddp" in errors[0]
     assert not (tmp_path / "outputs" / "trm" / "checkpoints").exists()
+
+
+@pytest.mark.slow  # ~35 s: two runs on 2 processes
+def test_a_nan_gradient_in_one_ranks_shard_skips_or_stops_the_step_on_every_rank(tmp_path):
+    """Under FSDP a rank holds its shard of the gradients: the NaN guard's ranks agree (one
+    all-reduce a step). Before, rank 0 saw nothing and applied its shard's update while rank 1
+    skipped its own; with action=stop rank 1 stopped alone."""
+    nan = ["+callbacks.nan._target_=tests.rank_record.NaNGradientAt", "+callbacks.nan.step=2"]
+    common = [*classifier_job(tmp_path), "test=false", *FSDP, *nan]
+    skip = run_train(
+        [*common, "callbacks.nonfinite_guard.action=skip", "run_name=skip"], tmp_path, timeout=300
+    )
+    assert skip.returncode == 0, (skip.stdout + skip.stderr)[-3000:]
+    report = json.loads((tmp_path / "outputs" / "skip" / "report.json").read_text())
+    skipped = report["nonfinite"]["skipped"]  # rank 0's record
+    assert [s["step"] for s in skipped] == [1] and "on rank 1" in skipped[0]["why"]
+    stop = run_train([*common, "run_name=stop"], tmp_path, timeout=300)
+    assert stop.returncode == 2, (stop.stdout + stop.stderr)[-3000:]
+    assert "not finite on rank 1" in stop.stderr

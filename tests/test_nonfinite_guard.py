@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -205,3 +206,52 @@ def test_train_py_with_a_nan_exits_2_in_one_line_never_saves_it_and_why_names_it
         f"the NaN guard stopped the run at step 7: the loss was nan (lr {lr}, precision 32-true): "
         "fixes: check the data (a bad row in that batch: inputs or labels), model.optimizer.lr="
     )
+
+
+class _TwoRanks:
+    """A trainer of rank ``rank`` of 2 whose all-reduce (max) meets ``other``, the value the
+    other rank contributes."""
+
+    def __init__(self, rank: int, other: int) -> None:
+        self.world_size, self.global_rank, self.global_step = 2, rank, 5
+        self.current_epoch, self.precision = 0, "32-true"
+        self.precision_plugin = SimpleNamespace()
+        self.fit_loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_idx=5))
+        self.optimizers: list = []
+        self.sent: list[int] = []
+
+        def reduce(tensor, reduce_op=None):
+            self.sent.append(int(tensor.item()))
+            return torch.maximum(tensor, torch.tensor([other]))
+
+        self.strategy = SimpleNamespace(root_device=torch.device("cpu"), reduce=reduce)
+
+
+def test_a_rank_that_saw_nothing_skips_with_the_rank_that_did_and_names_it():
+    weight = torch.nn.Parameter(torch.zeros(2))
+    weight.grad = torch.ones(2)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    guard = NonFiniteGuard(action="skip")
+    trainer = _TwoRanks(rank=0, other=1)  # rank 1 found one: it sends world_size - 1
+    with pytest.warns(UserWarning, match="not finite on rank 1"):
+        guard.on_before_optimizer_step(trainer, None, optimizer)
+    assert trainer.sent == [0] and weight.grad is None
+    assert guard.skipped == [{"step": 5, "why": "a loss or gradient was not finite on rank 1"}]
+
+
+def test_a_nan_loss_on_one_rank_stops_every_rank_at_the_optimizer_step_not_before_backward():
+    weight = torch.nn.Parameter(torch.zeros(2))
+    weight.grad = torch.ones(2)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    guard = NonFiniteGuard(action="stop")
+    bad = _TwoRanks(rank=1, other=0)
+    guard.on_before_backward(bad, None, torch.tensor(float("nan")))  # the others are in backward
+    with pytest.raises(NonFiniteLoss, match="loss is nan"):
+        guard.on_before_optimizer_step(bad, None, optimizer)
+    assert bad.sent == [1]  # world_size - rank
+    other = _TwoRanks(rank=0, other=1)
+    with pytest.raises(NonFiniteLoss, match="not finite on rank 1"):
+        NonFiniteGuard(action="stop").on_before_optimizer_step(other, None, optimizer)
+    clean = _TwoRanks(rank=0, other=0)
+    NonFiniteGuard(action="stop").on_before_optimizer_step(clean, None, optimizer)
+    assert clean.sent == [0] and weight.grad is not None

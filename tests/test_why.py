@@ -179,7 +179,7 @@ def test_skipped_non_finite_steps_are_counted_from_the_guards_record(tmp_path, c
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the guard's "step skipped" warning
         for step in (37, 90):
-            trainer = SimpleNamespace(global_step=step)
+            trainer = SimpleNamespace(global_step=step, world_size=1)
             guard.on_before_backward(trainer, None, torch.tensor(float("nan")))
             guard.on_before_optimizer_step(trainer, None, optimizer)
     folder = write_run(
@@ -212,6 +212,7 @@ def guard_stop(step: int, precision: str, lr: float, bad: str) -> dict[str, Any]
     model(torch.ones(1, 2)).sum().backward()
     trainer = SimpleNamespace(
         global_step=step,
+        world_size=1,
         current_epoch=0,
         optimizers=[optimizer],
         precision=precision,

@@ -21,6 +21,12 @@ check has failed, so a clean step costs what it did.
 
 Under 16-mixed a GradScaler already skips steps whose gradients overflow (and lowers its scale), so
 the gradients are not checked there; the loss still is.
+
+With several processes the ranks agree before acting (one all-reduce per optimizer step): each
+rank's loss is its own batch's, and under FSDP each rank holds only its shard of the gradients, so
+a NaN is seen by one rank alone. Deciding alone, that rank stopped while the others waited in the
+next collective, or skipped its shard's update while the others applied theirs. Now every rank
+stops, or skips, at the same step; a rank that saw nothing names the rank that did.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ class NonFiniteGuard(VersionedState, Callback):
         self.check_grads = check_grads
         self.skipped: list[dict[str, Any]] = []
         self.stopped: dict[str, Any] | None = None  # the report's ``stop`` record (module doc)
-        self._bad: str | None = None
+        self._bad: tuple[str, dict[str, Any]] | None = None  # this step's finding, until its end
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
@@ -76,25 +82,27 @@ class NonFiniteGuard(VersionedState, Callback):
         if bool(torch.isfinite(loss.detach()).all()):
             return
         value = _first_nonfinite(loss)
-        what = f"loss is {value}"
-        if self.action == "stop":
-            self._stop(trainer, pl_module, what, {"what": "loss", "value": value})
-        self._bad = what
+        found = (f"loss is {value}", {"what": "loss", "value": value})
+        if self.action == "stop" and trainer.world_size == 1:
+            self._stop(trainer, pl_module, *found)
+        self._bad = self._bad or found  # several ranks: decided together before the step
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        what, self._bad = self._bad, None
-        if what is None and self.check_grads and not _has_grad_scaler(trainer):
+        bad, self._bad = self._bad, None
+        if bad is None and self.check_grads and not _has_grad_scaler(trainer):
             grads = [
                 p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
             ]
             if grads and not _all_finite(grads):
-                what, found = _bad_gradients(pl_module, optimizer)
-                if self.action == "stop":
-                    self._stop(trainer, pl_module, what, found)
-        if what is None:
+                bad = _bad_gradients(pl_module, optimizer)
+        bad = _agreed(trainer, bad)
+        if bad is None:
             return
+        what = bad[0]
+        if self.action == "stop":
+            self._stop(trainer, pl_module, *bad)
         for group in optimizer.param_groups:
             for p in group["params"]:
                 p.grad = None
@@ -164,6 +172,27 @@ class NonFiniteGuard(VersionedState, Callback):
 
     def restore_state(self, state_dict: Mapping[str, Any]) -> None:
         self.skipped = list(state_dict.get("skipped", []))
+
+
+def _agreed(
+    trainer: pl.Trainer, bad: tuple[str, dict[str, Any]] | None
+) -> tuple[str, dict[str, Any]] | None:
+    """This rank's finding, or, when another rank found one, what that rank was: the same verdict
+    on every rank (one all-reduce of ``world_size - rank`` for a rank that found one, 0 else; the
+    maximum names the lowest such rank)."""
+    world = trainer.world_size
+    if world == 1:
+        return bad
+    import torch.distributed as dist
+
+    local = torch.tensor(
+        [world - trainer.global_rank if bad else 0], device=trainer.strategy.root_device
+    )
+    shared = int(trainer.strategy.reduce(local, reduce_op=dist.ReduceOp.MAX).item())
+    if not shared or bad is not None:
+        return bad
+    rank = world - shared
+    return f"a loss or gradient was not finite on rank {rank}", {"what": "rank", "rank": rank}
 
 
 def _first_nonfinite(t: torch.Tensor) -> str:
