@@ -20,7 +20,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import TINY, TINY_LORA, run_train, write_texts
-from tests.test_scale_out_runs import final_weights, largest_difference
+from tests.test_scale_out_runs import (
+    final_weights,
+    largest_difference,
+    stop_rerun_and_compare,
+)
 
 FSDP = [
     "trainer=fsdp",
@@ -128,18 +132,7 @@ def test_fsdp_run_stopped_by_sigterm_resumes_to_the_same_weights(tmp_path):
     """Resume through the FSDP strategy's own checkpoint loading (whole weights and optimizer
     state, each rank's random generators): the rerun ends equal to a run never stopped."""
     common = [*classifier_job(tmp_path), "trainer.max_steps=12", "test=false", *FSDP]
-    whole = run_train([*common, "run_name=whole"], tmp_path, timeout=300)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    signal_at = [
-        "+callbacks.signal._target_=tests.rank_record.SignalAt",
-        "+callbacks.signal.step=3",
-    ]
-    stopped = run_train([*common, *signal_at, "run_name=cut"], tmp_path, timeout=300)
-    assert stopped.returncode == 143, stopped.stderr[-3000:]
-    rerun = run_train([*common, "run_name=cut"], tmp_path, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "global step 3," in rerun.stdout
-    assert largest_difference(final_weights(tmp_path, "whole"), final_weights(tmp_path, "cut")) == 0
+    stop_rerun_and_compare(tmp_path, common)
 
 
 @pytest.mark.slow  # ~10 s; tests/test_fsdp_units.py checks the refusal itself

@@ -124,6 +124,13 @@ def test_sigterm_to_rank_0_only_stops_both_ranks_at_one_step_and_the_rerun_ends_
         "test=false",
         *DDP,
     ]
+    stop_rerun_and_compare(tmp_path, common)
+
+
+def stop_rerun_and_compare(tmp_path: Path, common: list[str]) -> None:
+    """Run ``common`` whole (run ``whole``), then with SIGTERM to rank 0 at step 3 (run ``cut``:
+    exit 143, ``last.ckpt`` at step 3), then rerun ``cut``: it resumes from step 3 and ends with
+    the same weights as ``whole``, exactly."""
     whole = run_train([*common, "run_name=whole"], tmp_path, timeout=300)
     assert whole.returncode == 0, whole.stderr[-3000:]
     signal_at = [
