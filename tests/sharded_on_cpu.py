@@ -10,7 +10,10 @@ while Lightning passes ``device_id=self.root_device.index``, None on CPU
 already there crashes the process (a segmentation fault in ``param_hook``'s clone,
 torch/distributed/fsdp/_state_dict_utils.py, with 2 gloo ranks), while Lightning always offloads
 (``_get_full_state_dict_context`` in lightning/fabric/strategies/fsdp.py, for checkpoints and
-for loading one). This module changes only those three things, so ``train.py`` with
+for loading one). And Lightning's FSDP precision autocasts on CUDA only (``forward_context`` in
+lightning/pytorch/plugins/precision/fsdp.py: on CPU "Disabling autocast"), so ``bf16-mixed``
+autocasts on the CPU here, as it does on the GPU there. This module changes only those four
+things, so ``train.py`` with
 ``trainer=fsdp trainer.accelerator=cpu trainer.strategy._target_=tests.sharded_on_cpu.ShardedOnCPU``
 runs laptrain's FSDP paths (units, checkpoints, the test on the best checkpoint, exports) on this
 machine, with Lightning re-running the command for rank 1 as it does on GPUs.
@@ -25,6 +28,7 @@ from typing import Any
 import lightning.pytorch.strategies.fsdp as lightning_fsdp
 import torch
 import torch.distributed.fsdp as fsdp
+from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torch.distributed.fsdp import FullStateDictConfig, StateDictType
@@ -44,6 +48,17 @@ def _full_state_dict_in_place(module: nn.Module, world_size: int, rank0_only: bo
 
 
 lightning_fsdp._get_full_state_dict_context = _full_state_dict_in_place
+
+
+def _autocast_on_cpu(self: FSDPPrecision) -> Any:
+    """Lightning's ``FSDPPrecision.forward_context`` with the CPU as the autocast device."""
+    if self.precision == "bf16-mixed":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return _cuda_forward_context(self)
+
+
+_cuda_forward_context = FSDPPrecision.forward_context
+FSDPPrecision.forward_context = _autocast_on_cpu
 
 
 class _AnyFSDP(type):
