@@ -136,6 +136,24 @@ def test_fsdp_run_stopped_by_sigterm_resumes_to_the_same_weights(tmp_path):
     stop_rerun_and_compare(tmp_path, common)
 
 
+@pytest.mark.slow  # ~45 s: three runs on 2 processes
+def test_lora_fsdp_run_stopped_by_sigterm_resumes_to_the_same_adapters(tmp_path):
+    """An adapters-only checkpoint, with the optimizer state FSDP gathered for the adapters only,
+    loaded back through the strategy (the adapter check reads the kept key list)."""
+    common = [
+        *TINY_LORA,
+        "model.base_dtype=bfloat16",
+        "data.builder.modules=[json,csv,base64,shlex,heapq,bisect]",
+        "data.vocab_size=512",
+        "data.max_length=64",
+        "data.batch_size=4",
+        "trainer.max_steps=6",
+        "test=false",
+        *FSDP,
+    ]
+    stop_rerun_and_compare(tmp_path, common)
+
+
 @pytest.mark.slow  # ~10 s; tests/test_fsdp_units.py checks the refusal itself
 def test_trm_under_fsdp_stops_at_launch_in_one_line(tmp_path):
     args = ["model=trm_sudoku", "data=sudoku", "hardware=cpu", "data.train_size=64", *FSDP]
