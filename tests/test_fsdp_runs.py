@@ -128,6 +128,34 @@ def test_lora_under_fsdp_trains_like_one_process_also_on_a_bf16_base_and_exports
         assert len(match) == 1 and torch.equal(match[0], value), key
 
 
+@pytest.mark.slow  # ~35 s: two runs on 2 processes
+def test_lora_under_fsdp_bf16_mixed_with_gradient_checkpointing_trains_as_without(tmp_path):
+    """FSDP gathers each unit's weights in bf16: peft's cast of an adapter's input to its weight's
+    dtype read fp32 (the shard) in the forward and bf16 in the recompute, and the checkpointed
+    layer failed ("Recomputed values ... have different metadata"). FSDP casts the weights
+    itself, so laptrain turns peft's cast off there."""
+    common = [
+        *TINY_LORA,
+        "model.tiny_base.num_layers=2",
+        "model.base_dtype=bfloat16",
+        "hardware.precision=bf16-mixed",
+        "model.lora.dropout=0",
+        "data.builder.modules=[json,csv,base64,shlex]",
+        "data.vocab_size=512",
+        "data.max_length=64",
+        "data.batch_size=4",
+        "trainer.max_steps=3",
+        "test=false",
+        *FSDP,
+    ]
+    for run, setting in (("plain", "false"), ("ckpt", "true")):
+        args = [*common, f"model.gradient_checkpointing={setting}", f"run_name={run}"]
+        done = run_train(args, tmp_path, timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    plain, ckpt = final_weights(tmp_path, "plain"), final_weights(tmp_path, "ckpt")
+    assert largest_difference(plain, ckpt) < 1e-6
+
+
 @pytest.mark.slow  # ~50 s: three runs on 2 processes
 def test_fsdp_run_stopped_by_sigterm_resumes_to_the_same_weights(tmp_path):
     """Resume through the FSDP strategy's own checkpoint loading (whole weights and optimizer

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from laptrain.model.families import family_of_module
@@ -200,6 +201,19 @@ def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
         )
     strategy.kwargs["auto_wrap_policy"] = _units_policy(rule)
     return strategy
+
+
+def gathers_in_lower_precision(strategy: Any) -> bool:
+    """Whether ``strategy`` is Lightning's FSDP with a mixed precision whose ``param_dtype`` is not
+    float32 (``bf16-mixed``, ``16-mixed``: ``FSDPPrecision.mixed_precision_config`` in
+    lightning/pytorch/plugins/precision/fsdp.py). Then a parameter read outside its unit is its
+    float32 shard, and inside the unit's forward the gathered half-precision copy."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if not isinstance(strategy, FSDPStrategy):
+        return False
+    config = strategy.mixed_precision_config
+    return config is not None and config.param_dtype not in (None, torch.float32)
 
 
 def holds_fsdp_units(module: nn.Module) -> bool:

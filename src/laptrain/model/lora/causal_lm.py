@@ -28,7 +28,11 @@ from torchmetrics.aggregation import MeanMetric
 from laptrain.files import write_folder_atomic
 from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
-from laptrain.model.fsdp_units import inner_state_dict, unwrapped_name
+from laptrain.model.fsdp_units import (
+    gathers_in_lower_precision,
+    inner_state_dict,
+    unwrapped_name,
+)
 from laptrain.model.lora.base_dtype import check_ranks_agree
 from laptrain.pretrained.loading import Source, load_pretrained_model, rank_device_map
 from laptrain.pretrained.sources import source_fingerprint
@@ -528,6 +532,17 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
             dtypes: list[Any] = [None] * self.trainer.world_size
             torch.distributed.all_gather_object(dtypes, str(self.hparams.get("base_dtype")))
             check_ranks_agree(dtypes)
+        if gathers_in_lower_precision(self.trainer.strategy):
+            # peft casts an adapter's input to its weight's dtype, read outside the adapter's own
+            # FSDP unit: the fp32 shard in the forward, the gathered bf16 copy in a checkpointed
+            # layer's recompute, which then failed ("Recomputed values ... have different
+            # metadata", measured on 2 CPU ranks). FSDP casts the weights itself, so the input
+            # keeps its dtype (what peft.helpers.disable_input_dtype_casting does, for good).
+            from peft.tuners.tuners_utils import BaseTunerLayer
+
+            for module in self.model.modules():
+                if isinstance(module, BaseTunerLayer):
+                    module.cast_input_dtype_enabled = False
         if self.hparams.get("quantization") == "4bit":
             kind = self.trainer.strategy.root_device.type
             if kind != "cuda":
