@@ -195,6 +195,27 @@ def test_fsdp_shards_the_estimate_over_the_gpus_a_list_names(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("target", "shards"),
+    [
+        ("tests.sharded_on_cpu.ShardedOnCPU", 2),  # a subclass of Lightning's FSDPStrategy
+        ("lightning.pytorch.strategies.DDPStrategy", None),
+    ],
+)
+def test_a_strategy_class_that_subclasses_fsdp_shards_the_estimate(target, shards, tmp_path):
+    seen = {}
+    preflight = fake_preflight(micro=8, accumulation=1)
+
+    def spy(model, datamodule, profile, **kw):
+        seen.update(profile)
+        return preflight(model, datamodule, profile, **kw)
+
+    overrides = ["hardware=cpu", "hardware.batch_size=8", "trainer=fsdp", "trainer.accelerator=cpu"]
+    cfg = compose_train([*overrides, f"trainer.strategy._target_={target}"], tmp_path)
+    build_run_plan(cfg, object(), DATA, "32-true", preflight=spy)
+    assert seen.get("shards") == shards
+
+
+@pytest.mark.parametrize(
     ("overrides", "fix"),
     [
         (["hardware=cpu", "trainer.devices=0"], "trainer.devices=0 is not a value"),
