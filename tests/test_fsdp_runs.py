@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import TINY, TINY_LORA, run_train, write_texts
 from tests.test_scale_out_runs import (
+    LORA_ON_TEN_MODULES,
     final_weights,
     largest_difference,
     stop_rerun_and_compare,
@@ -89,15 +90,7 @@ def test_lora_under_fsdp_trains_like_one_process_also_on_a_bf16_base_and_exports
     MixedPrecision, autocast on the CPU here) agrees to bf16's precision only: test loss 6.95909
     against 6.95889 on 1 process (under 32-true, DDP and FSDP each ended about 0.01 from 1 process
     in an adapter element, Adam's step on near-zero gradients)."""
-    common = [
-        *TINY_LORA,
-        "model.lora.dropout=0",
-        "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
-        "data.vocab_size=512",
-        "data.max_length=64",
-        "trainer.max_steps=3",
-        "trainer.val_check_interval=3",
-    ]
+    common = [*LORA_ON_TEN_MODULES, "trainer.max_steps=3", "trainer.val_check_interval=3"]
     fp32 = ["model.base_dtype=float32"]
     fit_both(tmp_path, [*common, *fp32], ["data.batch_size=8"], ["data.batch_size=4"])
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")

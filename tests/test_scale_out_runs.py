@@ -16,6 +16,14 @@ import torch
 from tests.conftest import TINY, TINY_LORA, TRAIN, run_train, write_texts
 
 DDP = ["trainer=ddp_cpu", "trainer.strategy=ddp"]
+# the tiny LoRA job without dropout on the pairs of ten stdlib modules: 1 and 2 processes compare
+LORA_ON_TEN_MODULES = [
+    *TINY_LORA,
+    "model.lora.dropout=0",
+    "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
+    "data.vocab_size=512",
+    "data.max_length=64",
+]
 
 
 def final_weights(tmp_path: Path, run: str) -> dict[str, torch.Tensor]:
@@ -73,11 +81,7 @@ def test_lora_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
     """Response tokens differ between the ranks' halves: the loss is normalised by the tokens of
     the whole step on all ranks, under accumulation too."""
     common = [
-        *TINY_LORA,
-        "model.lora.dropout=0",
-        "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
-        "data.vocab_size=512",
-        "data.max_length=64",
+        *LORA_ON_TEN_MODULES,
         "trainer.max_steps=3",
         "trainer.accumulate_grad_batches=2",
         "trainer.val_check_interval=6",
