@@ -54,12 +54,24 @@ def reruns_command(strategy: Any) -> bool:
 
 
 def shards_model_state(strategy: Any) -> bool:
-    """Whether the strategy splits weights, gradients and optimizer state across ranks (FSDP)."""
+    """Whether the strategy splits weights, gradients and optimizer state across ranks (FSDP):
+    a registry name, or a ``_target_`` that is Lightning's ``FSDPStrategy`` or a subclass of it
+    (imported only for a class of another name)."""
     if isinstance(strategy, str):
         return strategy.lower().startswith("fsdp")
-    if isinstance(strategy, Mapping) and "_target_" in strategy:
-        return str(strategy["_target_"]).rsplit(".", 1)[-1] == "FSDPStrategy"
-    return False
+    if not isinstance(strategy, Mapping) or "_target_" not in strategy:
+        return False
+    target = str(strategy["_target_"])
+    if target.rsplit(".", 1)[-1] == "FSDPStrategy":
+        return True
+    from hydra.utils import get_class
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    try:
+        found = get_class(target)
+    except Exception:  # Hydra names the bad target itself when the Trainer is instantiated
+        return False
+    return isinstance(found, type) and issubclass(found, FSDPStrategy)
 
 
 def asked_devices(cfg: Mapping[str, Any]) -> Any:

@@ -278,27 +278,10 @@ def _preflight_profile(cfg: DictConfig, asked: _Asked, precision: str) -> dict[A
     profile["precision"] = precision  # the Trainer's (trainer.precision wins over the profile's)
     profile["accelerator"] = device_kind(asked.accelerator)  # the preflight probes this kind
     trainer = cfg.trainer
-    if _shards(trainer.get("strategy")):  # FSDP: state split over all ranks
+    if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
         profile["shards"] = asked.devices * int(trainer.get("num_nodes") or 1)
     profile["batch_size"] = AUTO if asked.auto else asked.loader_batch
     return profile
-
-
-def _shards(strategy: Any) -> bool:
-    """Whether the trainer's strategy is FSDP: by its registry name or class name, or a
-    ``_target_`` class that subclasses Lightning's ``FSDPStrategy``."""
-    if shards_model_state(strategy):
-        return True
-    if not isinstance(strategy, Mapping) or "_target_" not in strategy:
-        return False
-    from hydra.utils import get_class
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    try:
-        found = get_class(str(strategy["_target_"]))
-    except Exception:  # Hydra names the bad target itself when the Trainer is instantiated
-        return False
-    return issubclass(found, FSDPStrategy)
 
 
 def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str, str]) -> _Batch:

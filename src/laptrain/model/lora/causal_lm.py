@@ -30,6 +30,7 @@ from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.model.fsdp_units import (
     gathers_in_lower_precision,
+    holds_fsdp_units,
     inner_state_dict,
     unwrapped_name,
 )
@@ -664,7 +665,7 @@ def _adapter_writer(peft_model: Any) -> Any:
     (``_get_tuner_state_dict_key_prefixes`` in peft/tuners/tuners_utils.py, peft 0.21), and FSDP's
     wrappers put ``_fsdp_wrapped_module.`` into those names, so the sharded model writes an empty
     adapter; the meta copy names them as the state dict does and holds no memory."""
-    if not any(type(m).__name__ == "FullyShardedDataParallel" for m in peft_model.modules()):
+    if not holds_fsdp_units(peft_model):
         return peft_model
     import copy
 
