@@ -7,8 +7,10 @@ import pytest
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
 from laptrain.job import run
-from laptrain.launch.device import UNFUSED_ON_MPS_FP16, check_device
+from laptrain.launch.device import UNFUSED_ON_MPS_FP16, UNFUSED_UNDER_FSDP_FP16, check_device
 from tests.conftest import TINY, compose_train, run_train, write_texts
+
+SHARDED = "tests.sharded_on_cpu.ShardedOnCPU"  # a subclass of Lightning's FSDPStrategy
 
 
 def test_16_mixed_on_cpu_is_refused_with_the_preflight_off():
@@ -78,30 +80,41 @@ def test_a_stopped_run_that_started_fresh_names_the_command_that_resumes_it(tmp_
 
 
 @pytest.mark.parametrize(
-    ("kind", "precision", "fused"),
+    ("kind", "precision", "trainer", "fused", "why"),
     [
-        ("mps", "16-mixed", False),  # the kernel may ignore the grad scaler: docs/hardware.md §3
-        ("cuda", "16-mixed", True),
-        ("mps", "bf16-mixed", True),  # no grad scaler
-        ("mps", "32-true", True),
+        ("mps", "16-mixed", [], False, UNFUSED_ON_MPS_FP16),  # docs/hardware.md §3
+        ("cuda", "16-mixed", [], True, None),
+        ("mps", "bf16-mixed", [], True, None),  # no grad scaler
+        ("mps", "32-true", [], True, None),
+        # FSDP: Lightning skips unscale_ for a fused optimizer, so found_inf is never all-reduced
+        ("cuda", "16-mixed", ["trainer=fsdp"], False, UNFUSED_UNDER_FSDP_FP16),
+        (
+            "cuda",
+            "16-mixed",
+            ["trainer=fsdp", f"trainer.strategy._target_={SHARDED}"],
+            False,
+            UNFUSED_UNDER_FSDP_FP16,
+        ),
+        ("cuda", "bf16-mixed", ["trainer=fsdp"], True, None),  # no scaler under bf16
+        ("cuda", "16-mixed", ["trainer=ddp"], True, None),  # DDP's GradScaler sees whole gradients
     ],
 )
-def test_fused_adamw_is_off_only_for_16_mixed_on_mps(
-    tmp_path, monkeypatch, caplog, kind, precision, fused
+def test_fused_adamw_is_off_for_16_mixed_on_mps_and_under_fsdp(
+    tmp_path, monkeypatch, caplog, kind, precision, trainer, fused, why
 ):
     """The classifier's AdamW (conf/model/tiny_classifier.yaml: fused: true) as run.build makes it,
-    with the device and precision checks standing in for a Mac (or a GPU) here."""
+    with the device and precision checks standing in for a Mac (or GPUs) here."""
     monkeypatch.setattr(run, "check_device", lambda cfg, say: precision)
     monkeypatch.setattr(run, "plan_device", lambda cfg: kind)
     data = write_texts(tmp_path / "texts.csv", rows=60)
-    overrides = ["hardware=cpu", "preflight.enabled=false", "data=text_csv", *TINY]
+    overrides = ["hardware=cpu", "preflight.enabled=false", "data=text_csv", *TINY, *trainer]
     cfg = compose_train([*overrides, f"data.files.train={data}"], tmp_path)
     with caplog.at_level("INFO"):
         model = run.build(cfg, None, tmp_path)[1]
     optimizer = model.optimizer_factory(list(model.parameters()))
     assert optimizer.defaults["fused"] is fused
     said = [r.getMessage() for r in caplog.records if "fused" in r.getMessage()]
-    assert said == ([] if fused else [UNFUSED_ON_MPS_FP16])
+    assert said == ([why] if why else [])
 
 
 @pytest.mark.parametrize(("kind", "local_rank", "index"), [("cuda", "1", 1), ("cpu", "1", 0)])

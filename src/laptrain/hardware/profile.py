@@ -55,11 +55,15 @@ def normalize_precision(precision: object) -> str:
     return text
 
 
-def fused_optimizer_unsafe(kind: str, precision: str) -> bool:
+def fused_optimizer_unsafe(kind: str, precision: str, sharded: bool = False) -> bool:
     """Whether a fused Adam/AdamW must be turned off on ``kind`` at ``precision``: 16-mixed on MPS,
-    whose fused kernel ignored the GradScaler's ``found_inf`` until pytorch PR #186360
-    (docs/hardware.md §3). One rule for the launch and the device smoke."""
-    return kind == "mps" and precision == "16-mixed"
+    whose fused kernel ignored the GradScaler's ``found_inf`` until pytorch PR #186360, and
+    16-mixed under FSDP (``sharded``), where Lightning skips the unscale for a fused optimizer and
+    so ``ShardedGradScaler`` never agrees ``found_inf`` across the ranks (docs/hardware.md §3).
+    One rule for the launch and the device smoke."""
+    if precision != "16-mixed":
+        return False
+    return kind == "mps" or sharded
 
 
 def validate_precision(precision: object, kind: str, bf16_supported: bool) -> str:

@@ -33,7 +33,7 @@ from laptrain.checkpoints.files import (
 )
 from laptrain.config.batch_request import batch_follows_profile
 from laptrain.config.check import LAPTRAIN_KEYS
-from laptrain.config.scale_out import local_rank
+from laptrain.config.scale_out import local_rank, shards_model_state
 from laptrain.config.tree import print_config
 from laptrain.console import (
     best_checkpoint,
@@ -192,7 +192,8 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
     for key in LAPTRAIN_KEYS:  # read by the launcher, not arguments of the module
         model_cfg.pop(key, None)
     kind = plan_device(cfg)
-    model_cfg = without_unsafe_fused(model_cfg, kind, precision)
+    sharded = shards_model_state(cfg.trainer.get("strategy"))
+    model_cfg = without_unsafe_fused(model_cfg, kind, precision, sharded=sharded)
     # a rank reads its own GPU (torchrun and srun start ranks that each size their base here)
     probe = TorchProbe(kind, local_rank() if kind == "cuda" else 0)
     hw = cfg.hardware

@@ -30,6 +30,11 @@ UNFUSED_ON_MPS_FP16 = (
     "grad scaler's skip of overflowing steps before pytorch PR #186360, so one overflow would write "
     "inf/NaN into the weights (docs/hardware.md §3)"
 )
+UNFUSED_UNDER_FSDP_FP16 = (
+    "model.optimizer.fused=false with 16-mixed under FSDP: Lightning leaves a fused optimizer's "
+    "unscale to its kernel, so the ranks never share an overflow and their loss scales drift "
+    "apart (docs/hardware.md §3)"
+)
 
 
 def requested_precision(cfg: DictConfig) -> str:
@@ -107,16 +112,22 @@ def without_unsafe_fused(
     kind: str,
     precision: str,
     say: Callable[[str], None] = rank_zero_info,
+    sharded: bool = False,
 ) -> Mapping[str, Any]:
-    """``model_cfg`` with ``optimizer.fused`` off when it would train 16-mixed on MPS, saying so.
+    """``model_cfg`` with ``optimizer.fused`` off where a fused Adam/AdamW would train wrongly at
+    16-mixed, saying so: on MPS, and under FSDP (``sharded``).
 
     With a fused optimizer the GradScaler does not skip an overflowing step itself: it hands the
     optimizer ``grad_scale`` and ``found_inf`` and lets its kernel skip (torch/amp/grad_scaler.py,
     ``step``). MPS's kernel ignored both until pytorch PR #186360, and whether torch 2.13's does
-    is not established (docs/hardware.md §3). Any other device or precision keeps the config."""
+    is not established. Under FSDP, Lightning calls ``scaler.unscale_`` only for optimizers that
+    do not unscale themselves (lightning/pytorch/plugins/precision/fsdp.py, ``optimizer_step``),
+    and ``ShardedGradScaler.unscale_`` is where the ranks all-reduce ``found_inf``: with a fused
+    optimizer each rank skips and halves its scale on its own shard's overflow alone
+    (docs/hardware.md §3). Any other device, precision or strategy keeps the config."""
     optimizer = model_cfg.get("optimizer")
     fused = isinstance(optimizer, Mapping) and bool(optimizer.get("fused"))
-    if not fused or not fused_optimizer_unsafe(kind, precision):
+    if not fused or not fused_optimizer_unsafe(kind, precision, sharded):
         return model_cfg
-    say(UNFUSED_ON_MPS_FP16)
+    say(UNFUSED_ON_MPS_FP16 if kind == "mps" else UNFUSED_UNDER_FSDP_FP16)
     return {**model_cfg, "optimizer": {**optimizer, "fused": False}}
