@@ -255,3 +255,57 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_the_optimizer_step_not_befor
     clean = _TwoRanks(rank=0, other=0)
     NonFiniteGuard(action="stop").on_before_optimizer_step(clean, None, optimizer)
     assert clean.sent == [0] and weight.grad is not None
+
+
+class AdamRegressor(Regressor):
+    def __init__(self, fused: bool, nan_at: int | None = None) -> None:
+        super().__init__(nan_at=nan_at)
+        self.fused = fused
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.lr, fused=self.fused)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "not fused"])
+def test_skip_under_16_mixed_lets_the_scaler_skip_the_step_and_lower_its_scale(fused):
+    """16-mixed on CPU (Lightning's plugin with torch's CPU GradScaler) stands in for CUDA: with a
+    fused AdamW the scaler checks the gradients inside its step, after the guard's hook."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    pl.seed_everything(0)
+    model = AdamRegressor(fused=fused, nan_at=3)
+    scaler = torch.amp.GradScaler("cpu")
+    seen: dict[int, tuple] = {}
+
+    class Watch(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            step = trainer.optimizers[0].state[pl_module.layer.weight].get("step", 0)
+            seen[trainer.global_step] = (weights(pl_module), scaler.get_scale(), int(step))
+
+    guard = NonFiniteGuard(action="skip")
+    precision = MixedPrecision("16-mixed", device="cpu", scaler=scaler)
+    with pytest.warns(UserWarning, match="loss is nan at step 2: step skipped"):
+        quiet_trainer(max_steps=6, plugins=[precision], callbacks=[guard, Watch()]).fit(model)
+    assert guard.skipped == [{"step": 2, "why": "loss is nan"}]
+    (before, scale_before, adam_before), (after, scale_after, adam_after) = seen[2], seen[3]
+    for a, b in zip(before, after):
+        assert torch.equal(a, b)
+    assert adam_after == adam_before  # AdamW's bias correction did not count the skipped step
+    assert scale_after == scale_before / 2
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_rank_that_saw_nothing_skips_through_a_fused_optimizers_scaler():
+    """Its own gradients are finite, so only the guard can tell the scaler to skip the step."""
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(weight.sum()).backward()
+    trainer = _TwoRanks(rank=0, other=1)
+    trainer.precision_plugin = SimpleNamespace(scaler=scaler)
+    with pytest.warns(UserWarning, match="not finite on rank 1"):
+        NonFiniteGuard(action="skip").on_before_optimizer_step(trainer, None, optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.equal(weight.detach(), torch.ones(2))
+    assert scaler.get_scale() == 512.0

@@ -13,14 +13,17 @@ looks at the loss before ``backward`` and at the gradients before the optimizer 
   rates, the precision) as ``stop`` in its report section: ``RunReport`` writes ``report.json``
   from ``on_exception``, after the raise, and ``laptrain why`` reads it from there (a run status
   alone says only ``interrupted (NonFiniteLoss)``).
-- ``action=skip``: drop the step (every gradient set to None, which torch optimizers skip), count it,
-  and train on; the report lists the skipped steps.
+- ``action=skip``: drop the step, count it, and train on; the report lists the skipped steps. How
+  the step is dropped depends on who checks the gradients next (:func:`_discard_step`).
 
 Which parameter's gradient is bad is looked up (one check per tensor) only once the single fused
 check has failed, so a clean step costs what it did.
 
 Under 16-mixed a GradScaler already skips steps whose gradients overflow (and lowers its scale), so
-the gradients are not checked there; the loss still is.
+the gradients are not checked there; the loss still is. A skipped step under 16-mixed goes through
+the scaler too (docs/lightning.md, "The NaN guard's skip under 16-mixed"): with a fused optimizer
+the scaler's inf check runs inside ``scaler.step``, after this hook, and a step with no gradient
+left recorded no check, so ``scaler.update`` failed ("No inf checks were recorded prior to update").
 
 With several processes the ranks agree before acting (one all-reduce per optimizer step): each
 rank's loss is its own batch's, and under FSDP each rank holds only its shard of the gradients, so
@@ -103,9 +106,7 @@ class NonFiniteGuard(VersionedState, Callback):
         what = bad[0]
         if self.action == "stop":
             self._stop(trainer, pl_module, *bad)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                p.grad = None
+        _discard_step(trainer, optimizer)
         self.skipped.append({"step": trainer.global_step, "why": what})
         rank_zero_warn(
             f"nonfinite: {what} at step {trainer.global_step}: step skipped "
@@ -193,6 +194,33 @@ def _agreed(
         return bad
     rank = world - shared
     return f"a loss or gradient was not finite on rank {rank}", {"what": "rank", "rank": rank}
+
+
+def _discard_step(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
+    """Make the coming ``optimizer.step`` change nothing.
+
+    Under 16-mixed with an optimizer that unscales inside its own step (fused AdamW/Adam/SGD),
+    Lightning skips ``scaler.unscale_`` and the scaler checks the gradients for inf/NaN only inside
+    ``scaler.step``, after this hook. There every gradient is filled with NaN: the scaler records
+    ``found_inf``, the fused kernel leaves weights, moments and step count alone, and
+    ``scaler.update`` lowers the scale as for any overflow. Everywhere else (no scaler, or the
+    scaler already unscaled and recorded its check before this hook) the gradients are set to
+    None, which torch optimizers skip; NaN there would be applied when the recorded check was clean.
+    """
+    scaler_checks_later = _has_grad_scaler(trainer) and _unscales_in_step(optimizer)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if scaler_checks_later:
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+            else:
+                p.grad = None
+
+
+def _unscales_in_step(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer unscales in its own step: the flag both ``GradScaler.step`` and
+    Lightning's ``_optimizer_handles_unscaling`` read (set by torch's optimizers when fused)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def _first_nonfinite(t: torch.Tensor) -> str:
