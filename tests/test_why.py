@@ -179,7 +179,9 @@ def test_skipped_non_finite_steps_are_counted_from_the_guards_record(tmp_path, c
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the guard's "step skipped" warning
         for step in (37, 90):
-            trainer = SimpleNamespace(global_step=step, world_size=1)
+            trainer = SimpleNamespace(
+                global_step=step, world_size=1, precision_plugin=SimpleNamespace()
+            )  # 32-true: no GradScaler
             guard.on_before_backward(trainer, None, torch.tensor(float("nan")))
             guard.on_before_optimizer_step(trainer, None, optimizer)
     folder = write_run(
@@ -509,3 +511,68 @@ def test_on_a_real_run_an_inf_gradient_is_recorded_and_named_with_its_parameter(
         f"(lr {lr[0]:.3g}, precision 32-true): fixes: trainer.gradient_clip_val=1.0, "
         f"model.optimizer.lr={lr[0] / 10:.3g} (10x lower), callbacks.nonfinite_guard.action=skip"
     )
+
+
+@pytest.mark.parametrize(
+    ("trainer", "hardware", "fused", "advice"),
+    [
+        # a fused AdamW under 16-mixed unscales in its own step: Lightning refuses to clip before it
+        (
+            {},
+            {"accelerator": "cuda", "precision": "16-mixed"},
+            True,
+            " or set model.optimizer.fused=false trainer.gradient_clip_val=1.0",
+        ),
+        (
+            {},
+            {"accelerator": "cuda", "precision": "16-mixed"},
+            False,
+            " or set trainer.gradient_clip_val=1.0",
+        ),
+        (
+            {},
+            {"accelerator": "cuda", "precision": "bf16-mixed"},
+            True,
+            " or set trainer.gradient_clip_val=1.0",
+        ),
+        # on MPS the launch builds it unfused at 16-mixed: clipping works as configured
+        (
+            {},
+            {"accelerator": "mps", "precision": "16-mixed"},
+            True,
+            " or set trainer.gradient_clip_val=1.0",
+        ),
+        # FSDP's precision plugin refuses norm clipping, whatever the optimizer
+        (
+            {"strategy": {"_target_": "lightning.pytorch.strategies.FSDPStrategy"}},
+            {"accelerator": "cuda", "precision": "bf16-mixed"},
+            False,
+            "",
+        ),
+    ],
+)
+def test_clipping_is_suggested_only_in_a_form_lightning_runs(
+    tmp_path, capsys, trainer, hardware, fused, advice
+):
+    """`laptrain why` on a diverging run reads the run's saved config: the fix it names must be
+    one Lightning accepts for that optimizer, precision and strategy."""
+    loss = [(s, 2.0 - 1.5 * s / 60) for s in steps(0, 58)]
+    loss += [(s, 0.5) for s in steps(60, 140)] + [(s, 1.0) for s in steps(142, 200)]
+    folder = write_run(
+        tmp_path / "run",
+        {"train/loss": loss, "lr-AdamW/pg1": [(s, 3e-3) for s in steps(0, 200)]},
+        report(step=201, precision=hardware["precision"]),
+    )
+    config = {
+        "model": {
+            "_target_": "laptrain.model.classifier.text_classifier.TextClassifierModule",
+            "optimizer": {"_target_": "torch.optim.AdamW", "fused": fused},
+        },
+        "trainer": {"accelerator": "${hardware.accelerator}", **trainer},
+        "hardware": hardware,
+    }
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+    lines, finding = explain(folder, capsys)
+    assert finding.kind == "divergence"
+    assert lines[0].endswith(f"try 0.001){advice}"), lines[0]

@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laptrain.config.scale_out import shards_model_state
 from laptrain.hardware.power import PRESSURE_WARNING, pressure_name
 from laptrain.hardware.thermal import LEVEL_NAMES
 
@@ -98,6 +99,9 @@ HISTORY_TAGS = {
 # models trained with manual optimization, where Lightning refuses trainer.gradient_clip_val
 MANUAL_OPTIMIZATION = ("laptrain.model.trm.",)
 CLIP = "trainer.gradient_clip_val=1.0"
+# Lightning refuses to clip the gradients of an optimizer that unscales them itself (a fused
+# Adam/AdamW) under 16-mixed (lightning/pytorch/plugins/precision/amp.py, clip_gradients)
+CLIP_UNFUSED = f"model.optimizer.fused=false {CLIP}"
 THROUGHPUT_TAGS = ("train/samples_per_s", "samples_per_s", "train/tokens_per_s", "tokens_per_s")
 # below this, a swap or system-memory change over the slow stretch is not named
 SWAP_GROWTH_MB = 100.0
@@ -131,7 +135,7 @@ class RunRecords:
     report: dict[str, Any] | None
     precision: str | None = None
     monitor: str | None = None
-    can_clip: bool = True  # trainer.gradient_clip_val works with the run's model
+    clip: str | None = CLIP  # the overrides that clip this run's gradients; None: none can
     checkpoints: dict[int, str] = field(default_factory=dict)  # best-step<N>.ckpt by N
 
 
@@ -199,14 +203,14 @@ def _recorded_lrs(stop: Mapping[str, Any]) -> list[float]:
 
 
 def _stop_fixes(
-    stop: Mapping[str, Any], lr: float | None, precision: str | None, can_clip: bool
+    stop: Mapping[str, Any], lr: float | None, precision: str | None, clip: str | None
 ) -> list[str]:
     """The fixes for what the guard saw: large updates for gradients, the data first for the loss
     (and only the data or the initial weights at step 0, before any update used the lr)."""
     lower = [f"model.optimizer.lr={_lr(lr / 10)} (10x lower)"] if lr else []
     fp16 = precision is not None and precision.startswith("16")
     if stop["what"] == "gradients":
-        fixes = [CLIP] if can_clip else []
+        fixes = [clip] if clip else []
         fixes += lower
         fixes += [f"hardware.precision=bf16-mixed instead of {precision}"] if fp16 else []
     elif stop["step"] == 0:
@@ -223,7 +227,7 @@ def _recorded_stop(
     series: Series,
     report: Mapping[str, Any] | None,
     precision: str | None,
-    can_clip: bool,
+    clip: str | None,
 ) -> Finding:
     """The finding for a stop the guard recorded: what was not finite, where, with which lr."""
     step, value = int(stop["step"]), str(stop.get("value") or "not finite")
@@ -242,17 +246,20 @@ def _recorded_stop(
         step,
         lr,
         f"the NaN guard stopped the run at step {step}: {seen} ({facts}, precision {precision})",
-        "fixes: " + ", ".join(_stop_fixes(stop, lr, precision, can_clip)),
+        "fixes: " + ", ".join(_stop_fixes(stop, lr, precision, clip)),
     )
 
 
 def nonfinite(
-    series: Series, report: Mapping[str, Any] | None, precision: str | None, can_clip: bool = True
+    series: Series,
+    report: Mapping[str, Any] | None,
+    precision: str | None,
+    clip: str | None = CLIP,
 ) -> Finding | None:
     run, guard = _section(report, "run"), _section(report, "nonfinite")
     stop = _guard_stop(guard)
     if stop is not None:
-        return _recorded_stop(stop, series, report, precision, can_clip)
+        return _recorded_stop(stop, series, report, precision, clip)
     skipped = [s for s in guard.get("skipped") or [] if isinstance(s, dict) and "step" in s]
     value: float | None = None
     facts: list[str] = []
@@ -274,7 +281,7 @@ def nonfinite(
     facts.append(f"lr {_lr(lr)}" if lr is not None else "lr not recorded")
     facts.append(f"precision {precision or 'not recorded'}")
     fixes = [f"model.optimizer.lr={_lr(lr / 10)} (10x lower)"] if lr else []
-    fixes += [CLIP] if can_clip else []
+    fixes += [clip] if clip else []
     if precision and precision.startswith("16"):
         fixes.append("hardware.precision=bf16-mixed or 32-true (16-bit overflow)")
     fixes.append("a bad row in that batch")
@@ -322,7 +329,7 @@ def oom_backoff(series: Series, report: Mapping[str, Any] | None) -> Finding | N
 
 
 def divergence(
-    series: Series, report: Mapping[str, Any] | None, can_clip: bool = True
+    series: Series, report: Mapping[str, Any] | None, clip: str | None = CLIP
 ) -> Finding | None:
     points = _finite(series.get("train/loss", []))
     if len(points) < DIVERGENCE_POINTS:
@@ -344,7 +351,7 @@ def divergence(
         f"train/loss rising after step {steps[low]}: smoothed {_num(ema[low])} there, "
         f"{_num(ema[-1])} at step {steps[-1]} ({rise:+.0%}), over +{DIVERGENCE_RISE:.0%} "
         f"since step {steps[start]}",
-        f"lower model.optimizer.lr{try_lr}" + (f" or set {CLIP}" if can_clip else ""),
+        f"lower model.optimizer.lr{try_lr}" + (f" or set {clip}" if clip else ""),
     )
 
 
@@ -545,22 +552,23 @@ def diagnose(
     precision: str | None = None,
     monitor: str | None = None,
     checkpoints: Mapping[int, str] | None = None,
-    can_clip: bool = True,
+    clip: str | None = CLIP,
 ) -> list[Finding]:
     """The findings of every rule (module doc), most pressing first; "ok" when none fires.
 
     ``series``: ``{name: [(step, value), ...]}`` sorted by step; ``report``: ``report.json``'s
     contents; ``precision`` and ``monitor`` fill in what the report lacks; ``checkpoints``: the
     run's ``best-step<N>.ckpt`` files by N, named when overfitting leaves one worth keeping;
-    ``can_clip``: False where the model's manual optimization refuses gradient clipping.
+    ``clip``: the overrides that clip this run's gradients (:func:`clip_overrides`), None where
+    Lightning refuses any.
     """
     hardware, ckpt = _section(report, "hardware"), _section(report, "checkpoint")
     precision = hardware.get("precision") or precision
     monitor = ckpt.get("monitor") or monitor
     found = [
-        nonfinite(series, report, precision, can_clip),
+        nonfinite(series, report, precision, clip),
         oom_backoff(series, report),
-        divergence(series, report, can_clip),
+        divergence(series, report, clip),
         overfitting(series, checkpoints or {}),
         plateau(series, monitor),
         throughput(series, report),
@@ -664,8 +672,36 @@ def _from_report(series: Series, report: Mapping[str, Any]) -> None:
             series[name] = points
 
 
-def _config_facts(folder: Path) -> tuple[str | None, str | None, bool]:
-    """(precision, monitored metric, whether gradient clipping works) from ``run_info.json`` and
+def clip_overrides(config: Mapping[str, Any], precision: str | None) -> str | None:
+    """The overrides that let a run like this one (its ``.hydra/config.yaml`` as a dict) clip its
+    gradients, or None where Lightning refuses every form of it:
+
+    - a model trained with manual optimization (TRM): Lightning refuses ``gradient_clip_val``;
+    - FSDP: Lightning's FSDP precision refuses norm clipping (``FSDPPrecision.clip_grad_by_norm``
+      in lightning/pytorch/plugins/precision/fsdp.py), the algorithm the Trainer uses by default;
+    - a fused Adam/AdamW under ``16-mixed`` (outside MPS, where laptrain builds it unfused): the
+      optimizer unscales inside its step, so Lightning refuses to clip before it
+      (lightning/pytorch/plugins/precision/amp.py, ``clip_gradients``); clipping needs it unfused.
+    """
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
+    hardware = config.get("hardware") if isinstance(config.get("hardware"), dict) else {}
+    if str(model.get("_target_", "")).startswith(MANUAL_OPTIMIZATION):
+        return None
+    if shards_model_state(trainer.get("strategy")):
+        return None
+    optimizer = model.get("optimizer") if isinstance(model.get("optimizer"), dict) else {}
+    accelerator = str(trainer.get("accelerator") or "")
+    if not accelerator or "${" in accelerator:  # saved unresolved: ${hardware.accelerator}
+        accelerator = str(hardware.get("accelerator") or "")
+    on_mps = accelerator == "mps"  # the launch builds it unfused there (laptrain.launch.device)
+    if precision == "16-mixed" and optimizer.get("fused") is True and not on_mps:
+        return CLIP_UNFUSED
+    return CLIP
+
+
+def _config_facts(folder: Path) -> tuple[str | None, str | None, str | None]:
+    """(precision, monitored metric, the overrides that clip gradients) from ``run_info.json`` and
     ``.hydra/config.yaml``."""
     import yaml
 
@@ -683,10 +719,10 @@ def _config_facts(folder: Path) -> tuple[str | None, str | None, bool]:
     selected = re.fullmatch(r"\$\{oc\.select:[\w.]+,([^}]+)\}", str(named))
     named = selected.group(1).strip() if selected else named
     monitor = named if isinstance(named, str) and "${" not in named else None
-    can_clip = not str(model.get("_target_", "")).startswith(MANUAL_OPTIMIZATION)
     configured = hardware.get("precision")
     configured = configured if isinstance(configured, str) and "${" not in configured else None
-    return precision or configured, monitor, can_clip
+    precision = precision or configured
+    return precision, monitor, clip_overrides(config, precision)
 
 
 def read_run(folder: str | Path) -> RunRecords:
@@ -712,13 +748,13 @@ def read_run(folder: str | Path) -> RunRecords:
         )
     if report:
         _from_report(series, report)
-    precision, monitor, can_clip = _config_facts(folder)
+    precision, monitor, clip = _config_facts(folder)
     checkpoints = {}
     for path in (folder / "checkpoints").glob("best-step*.ckpt"):
         number = re.fullmatch(r"best-step(\d+)(-v\d+)?", path.stem)
         if number:
             checkpoints[int(number.group(1))] = f"checkpoints/{path.name}"
-    return RunRecords(folder, series, report, precision, monitor, can_clip, checkpoints)
+    return RunRecords(folder, series, report, precision, monitor, clip, checkpoints)
 
 
 def _header(records: RunRecords) -> str:
@@ -739,7 +775,7 @@ def run_findings(records: RunRecords) -> list[Finding]:
         precision=records.precision,
         monitor=records.monitor,
         checkpoints=records.checkpoints,
-        can_clip=records.can_clip,
+        clip=records.clip,
     )
 
 
