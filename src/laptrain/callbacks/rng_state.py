@@ -11,12 +11,18 @@ shape, so dropout took other amounts of randomness), and only rank 0 writes the 
 rank's states are gathered into it (one ``all_gather_object`` per save, on every rank, as
 Lightning builds the checkpoint on every rank in ``Trainer.save_checkpoint``) and each rank
 restores its own.
+
+A requeued job may get fewer GPUs than the one that saved (a 4-GPU job back on
+``CUDA_VISIBLE_DEVICES=1``): ``torch.cuda.set_rng_state_all`` over the saved list indexed devices
+that no longer exist and the resume failed with ``IndexError``. Each save names the process's own
+device; a restore sets the devices that exist and then gives this process's device the state its
+device had (docs/lightning.md, "RNG state").
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +81,7 @@ def _local_state() -> dict[str, Any]:
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_device"] = torch.cuda.current_device()
     if torch.backends.mps.is_available():
         state["mps"] = torch.mps.get_rng_state()
     return state
@@ -86,9 +93,20 @@ def _restore_local(state: Mapping[str, Any]) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        _restore_cuda(state["cuda"], state.get("cuda_device"))
     if "mps" in state and torch.backends.mps.is_available():
         torch.mps.set_rng_state(state["mps"])
+
+
+def _restore_cuda(saved: Sequence[torch.Tensor], saved_device: int | None) -> None:
+    """Set each visible device's generator from the saved one of the same index, where both exist,
+    then this process's own device from the state of the device the saving process used (the one
+    its dropout drew from). Devices past either list are left as seeded. ``saved_device`` is None
+    in checkpoints written before it was recorded: the devices by index only."""
+    for index, device_state in enumerate(saved[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(device_state, index)
+    if saved_device is not None and saved_device < len(saved):
+        torch.cuda.set_rng_state(saved[saved_device], torch.cuda.current_device())
 
 
 def _tuples(value: Any) -> Any:
