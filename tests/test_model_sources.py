@@ -466,8 +466,53 @@ def test_killed_conversion_leaves_no_finished_looking_folder(
     monkeypatch.setattr(sources, "_dequantise_and_save", killed)
     with pytest.raises(KeyboardInterrupt):
         resolve_pretrained(str(path), tmp_path / "cache")
-    assert cache_contents(tmp_path / "cache") == ["gguf"]
+    assert cache_contents(tmp_path / "cache") == ["gguf", f"gguf/.{sha256(path)}.lock"]
     assert list_cached(tmp_path / "cache") == []
+
+
+# One rank of a torchrun/srun launch: the conversion is a stand-in that takes a second and writes
+# its pid to ``conversions`` (the header checks are stubbed, so the file's bytes are all that count).
+RANK_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+from laptrain.pretrained import sources
+
+gguf, cache, conversions = sys.argv[1:4]
+
+def stand_in(gguf_path, out):
+    with open(conversions, "a") as record:
+        record.write(f"{os.getpid()}\\n")
+    time.sleep(1.0)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    return 1, "float32"
+
+sources._dequantise_and_save = stand_in
+sources._check_gguf_dependencies = lambda path: None
+sources.check_gguf_architecture = lambda path: "llama"
+sources.check_gguf_fits = lambda path: None
+print("path", sources.convert_gguf(gguf, cache, say=lambda line: print(line, flush=True)))
+"""
+
+
+def test_ranks_started_together_convert_a_gguf_once(tmp_path: Path) -> None:
+    """Two processes resolving the same GGUF at once, as torchrun's ranks do: one dequantises, the
+    other waits and loads its cache entry (before, both converted: twice the host memory)."""
+    import subprocess
+    import sys
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    conversions = tmp_path / "conversions"
+    args = [sys.executable, "-c", RANK_SCRIPT, str(gguf), str(tmp_path / "cache"), str(conversions)]
+    ranks = [subprocess.Popen(args, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [rank.communicate(timeout=60)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0]
+    assert len(conversions.read_text().splitlines()) == 1
+    paths = {line for out in outputs for line in out.splitlines() if line.startswith("path ")}
+    assert paths == {f"path {tmp_path / 'cache' / 'models' / 'gguf' / sha256(gguf)}"}
+    assert sum("waiting for it" in out for out in outputs) <= 1
+    assert sum("dequantising model.gguf once" in out for out in outputs) == 1
 
 
 # ------------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ the fix (all :class:`SourceError`, a ``ValueError``):
    folder; a ``.gguf`` member then goes through 3).
 
 Every cache entry is written into a ``.tmp-*`` folder beside it and renamed into place when
-complete, so a killed conversion never leaves a folder that looks finished. The cache is
+complete, so a killed conversion never leaves a folder that looks finished. A GGUF is converted by
+one process at a time (a file lock per GGUF): under torchrun or srun every rank resolves the source
+at once, and each dequantising its own copy took N times the host memory the check allowed for one. The cache is
 ``$LAPTRAIN_CACHE`` or ``~/.cache/laptrain`` (:func:`laptrain.project.default_cache_dir`)
 plus ``models/``. docs/model_sources.md has the layout and measured times.
 """
@@ -42,6 +44,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from laptrain.files import file_digest, pid_alive
 from laptrain.project import default_cache_dir
@@ -562,27 +566,55 @@ def convert_gguf(
         return final  # loading the plain copy needs neither gguf nor accelerate
     _check_gguf_dependencies(gguf_path)
     arch = check_gguf_architecture(gguf_path)
-    check_gguf_fits(gguf_path)
-    with _staging(root) as tmp:
-        entry = tmp / "entry"
-        start = time.perf_counter()
-        say(f"model source: dequantising {gguf_path.name} once (cached afterwards)")
-        params, dtype = _dequantise_and_save(gguf_path, entry)
-        _write_manifest(
-            entry,
-            {
-                "kind": "gguf",
-                "file": gguf_path.name,
-                "sha256": sha,
-                "architecture": arch,
-                "parameters": params,
-                "dtype": dtype,
-                "seconds": round(time.perf_counter() - start, 1),
-                "transformers": _version("transformers"),
-            },
-        )
-        final = _publish(entry, final)
+    with _one_conversion(root, sha, gguf_path.name, say):
+        if (final / MANIFEST).is_file():
+            return final  # another process converted it while this one waited
+        check_gguf_fits(gguf_path)
+        with _staging(root) as tmp:
+            entry = tmp / "entry"
+            start = time.perf_counter()
+            say(f"model source: dequantising {gguf_path.name} once (cached afterwards)")
+            params, dtype = _dequantise_and_save(gguf_path, entry)
+            _write_manifest(
+                entry,
+                {
+                    "kind": "gguf",
+                    "file": gguf_path.name,
+                    "sha256": sha,
+                    "architecture": arch,
+                    "parameters": params,
+                    "dtype": dtype,
+                    "seconds": round(time.perf_counter() - start, 1),
+                    "transformers": _version("transformers"),
+                },
+            )
+            final = _publish(entry, final)
     return final
+
+
+@contextmanager
+def _one_conversion(root: Path, sha: str, name: str, say: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``<root>/.<sha>.lock`` (filelock's ``FileLock``: ``flock``, dropped by the kernel when
+    the holder dies) around one GGUF's conversion.
+
+    torchrun and srun start every rank at once and each resolves ``model.pretrained``: without the
+    lock each dequantised its own float32 copy (8 bytes per parameter each, every rank passing
+    :func:`check_gguf_fits` alone). With it the first rank to arrive converts and the others wait,
+    then find the finished entry. Whichever rank converts, the entry is the same; a failed
+    conversion releases the lock and the next rank tries, and fails, the same way instead of
+    waiting forever for a rank that gave up.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(root / f".{sha}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        say(f"model source: another process is dequantising {name}; waiting for it")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class TooLargeError(SourceError):
