@@ -318,6 +318,46 @@ def test_a_sharded_lora_module_checkpoints_and_exports_its_whole_adapter(one_ran
         assert torch.equal(value, expected[key.replace(".weight", ".default.weight")])
 
 
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")
+def test_a_sharded_lora_checkpoint_gathers_the_adapters_and_never_the_frozen_base(
+    one_rank, monkeypatch
+):
+    """Lightning's FSDP checkpoint (``state_dict_type: full``) gathered the whole model to rank 0's
+    host memory and LoRA kept only the adapters of it: for an 8B bf16 base, 16 GB at every
+    checkpoint. Now only the units holding adapters are gathered, and the checkpoint and the
+    export hold the same adapters as the module."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    module = lora_bf16()
+    expected = {
+        f"model.{k}": v.clone() for k, v in module.model.state_dict().items() if "lora_" in k
+    }
+    strategy = fsdp_strategy_for(module, FSDPStrategy(state_dict_type="full"))
+    strategy._model = wrap(module, strategy)
+    summoned: list[nn.Module] = []
+    summon = FSDP.summon_full_params
+
+    def spy(unit: nn.Module, **kwargs: object) -> object:
+        summoned.append(unit)
+        return summon(unit, **kwargs)
+
+    def whole_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the whole model was gathered")
+
+    monkeypatch.setattr(FSDP, "summon_full_params", staticmethod(spy))
+    monkeypatch.setattr(FSDP, "state_dict_type", staticmethod(whole_model))
+    for gathered in (
+        strategy.lightning_module_state_dict(),  # what Trainer.save_checkpoint reads
+        whole_state_dict(SimpleNamespace(strategy=strategy, world_size=1)),  # the export's
+    ):
+        assert gathered.keys() == expected.keys()
+        assert all(torch.equal(gathered[k], v) for k, v in expected.items())
+        assert {v.dtype for v in gathered.values()} == {torch.float32}
+    adapters = sum(v.numel() for v in expected.values())
+    assert summoned and sum(u._flat_param.numel() for u in summoned) == 2 * adapters
+    assert all(u._flat_param.requires_grad for u in summoned)  # no frozen unit gathered
+
+
 def test_a_classifier_exports_the_state_dict_it_is_given(tmp_path):
     from transformers import AutoModelForSequenceClassification
 

@@ -25,3 +25,13 @@ class ChunksBatches(Protocol):
     """Runs each loader batch in micro batches of ``micro_batch_size`` rows (None: whole)."""
 
     micro_batch_size: int | None
+
+
+@runtime_checkable
+class KeepsTrainableOnly(Protocol):
+    """Checkpoints and exports only its trainable parameters (LoRA: the adapters, its base read
+    again from ``model.pretrained``). Under FSDP only these are gathered from the ranks' shards
+    (``laptrain.model.fsdp_units.trainable_state_dict``): the frozen base never is."""
+
+    def trainable_keys(self) -> set[str]:
+        """The ``state_dict`` keys of the trainable parameters."""

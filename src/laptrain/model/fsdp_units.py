@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from laptrain.model.contracts import KeepsTrainableOnly
 from laptrain.model.families import family_of_module
 
 UnitSpec = Callable[[nn.Module], bool] | Iterable[type[nn.Module]] | None
@@ -175,7 +176,8 @@ def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
     ``FSDPStrategy`` (set in place: the Trainer already holds it; its ``_setup_model`` reads
     ``strategy.kwargs`` when the fit starts). A policy set here for an earlier module is replaced
     (the odd leaves are that module's own). Any other strategy, or an FSDP strategy whose config
-    names a policy of its own, comes back untouched.
+    names a policy of its own, comes back untouched. For a module that keeps only its trainable
+    parameters the checkpoints gather only those (:func:`keep_trainable_only`), whatever policy.
 
     Raises ValueError (one line) for a family FSDP cannot train (``ModelFamily.fsdp_refusal``),
     and when a unit would still mix dtypes: FSDP would refuse it at setup on every rank.
@@ -187,6 +189,8 @@ def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
     family = family_of_module(model)
     if family is not None and family.fsdp_refusal:
         raise ValueError(f"trainer=fsdp cannot train {family.name}: {family.fsdp_refusal}")
+    if isinstance(model, KeepsTrainableOnly):
+        keep_trainable_only(strategy)
     policy = strategy.kwargs.get("auto_wrap_policy")
     if policy is not None and not getattr(policy, "laptrain_units", False):
         return strategy
@@ -265,13 +269,23 @@ def unwrapped_name(name: str) -> str:
     return name
 
 
+def _offloads(strategy: Any, world_size: int) -> bool:
+    """Whether a gather for rank 0 goes to host memory: only from an accelerator. One rank runs
+    NO_SHARD, where FSDP does not support the offload, and from parameters already on the CPU a
+    clone in FSDP's post-state-dict hook reads freed memory (a segmentation fault with 2 gloo
+    ranks, torch 2.13)."""
+    return world_size > 1 and strategy.root_device.type != "cpu"
+
+
 def whole_state_dict(trainer: Any) -> dict[str, Any] | None:
-    """Under ``trainer=fsdp`` the LightningModule's whole state dict, gathered from the ranks'
-    shards: a collective every rank must call, the dict complete on rank 0 (FSDP's
-    ``FULL_STATE_DICT`` with ``rank0_only``, offloaded to the CPU with several ranks, as Lightning's
+    """Under ``trainer=fsdp`` the LightningModule's state dict, gathered from the ranks' shards: a
+    collective every rank must call, the dict complete on rank 0 (FSDP's ``FULL_STATE_DICT`` with
+    ``rank0_only``, offloaded to the CPU with several ranks, as Lightning's
     ``_get_full_state_dict_context`` in lightning/fabric/strategies/fsdp.py does for
-    ``state_dict_type: full``; here whatever ``state_dict_type`` the checkpoints use). None under
-    any other strategy, where each rank's module already holds every weight."""
+    ``state_dict_type: full``; here whatever ``state_dict_type`` the checkpoints use). A module that
+    keeps only its trainable parameters (:class:`~laptrain.model.contracts.KeepsTrainableOnly`)
+    gets only those, gathered unit by unit (:func:`trainable_state_dict`). None under any other
+    strategy, where each rank's module already holds every weight."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if not isinstance(trainer.strategy, FSDPStrategy):
@@ -280,13 +294,78 @@ def whole_state_dict(trainer: Any) -> dict[str, Any] | None:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     root = trainer.strategy.model  # the FSDP unit around the LightningModule
-    # offloaded only from an accelerator: one rank runs NO_SHARD, where FSDP does not support
-    # the offload, and from parameters already on the CPU a clone in FSDP's post-state-dict hook
-    # reads freed memory (a segmentation fault with 2 gloo ranks, torch 2.13)
-    offload = trainer.world_size > 1 and trainer.strategy.root_device.type != "cpu"
-    config = FullStateDictConfig(offload_to_cpu=offload, rank0_only=True)
+    if isinstance(root.module, KeepsTrainableOnly):
+        return trainable_state_dict(root, _offloads(trainer.strategy, trainer.world_size))
+    config = FullStateDictConfig(
+        offload_to_cpu=_offloads(trainer.strategy, trainer.world_size), rank0_only=True
+    )
     with FSDP.state_dict_type(root, StateDictType.FULL_STATE_DICT, config):
         return root.state_dict()
+
+
+def _trainable_by_unit(root: nn.Module) -> dict[nn.Module, list[tuple[str, nn.Parameter]]]:
+    """``{FSDP unit: the (name, parameter) pairs it flattens that train}``, units in module order
+    (the same on every rank), units without a trainable parameter left out; names as
+    ``state_dict`` keys them (wrapper prefixes dropped)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    found: dict[nn.Module, list[tuple[str, nn.Parameter]]] = {}
+    seen: set[int] = set()
+
+    def walk(module: nn.Module, prefix: str, unit: nn.Module) -> None:
+        unit = module if isinstance(module, FSDP) else unit
+        for name, param in module.named_parameters(recurse=False):
+            if param.requires_grad and id(param) not in seen:
+                seen.add(id(param))
+                found.setdefault(unit, []).append((unwrapped_name(prefix + name), param))
+        for name, child in module.named_children():
+            walk(child, f"{prefix}{name}.", unit)
+
+    walk(root, "", root)
+    return found
+
+
+def trainable_state_dict(root: nn.Module, offload: bool) -> dict[str, torch.Tensor]:
+    """The trainable parameters of the FSDP-wrapped ``root``, whole, on rank 0 (an empty dict on
+    the others): a collective every rank must call. Only the units that hold a trainable
+    parameter are gathered, each alone (``summon_full_params(recurse=False)``, in full precision),
+    so a LoRA run's frozen base, which FSDP's full state dict would gather to rank 0's host
+    memory at every checkpoint (the whole model), stays sharded. The unit policy
+    (:func:`unit_rule`) puts trainable leaves in units of their own, so a gather here holds
+    only adapters.
+
+    Gap filled: FSDP's state-dict APIs gather the whole model and filter afterwards
+    (``ignore_frozen_params`` in torch/distributed/checkpoint/state_dict.py drops frozen entries
+    from the gathered dict), and Lightning's ``FSDPStrategy.lightning_module_state_dict`` has no
+    filter at all."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    out: dict[str, torch.Tensor] = {}
+    for unit, params in _trainable_by_unit(root).items():
+        with FSDP.summon_full_params(
+            unit, recurse=False, writeback=False, rank0_only=True, offload_to_cpu=offload
+        ):
+            if rank0:
+                out.update((name, param.detach().clone()) for name, param in params)
+    return out
+
+
+def keep_trainable_only(strategy: Any) -> None:
+    """Make ``strategy`` (Lightning's FSDP, ``state_dict_type: full``) gather only the trainable
+    parameters for the checkpoints of a module that keeps only those: its
+    ``lightning_module_state_dict`` (which ``Trainer.save_checkpoint`` calls on every rank) is
+    replaced on this instance by :func:`trainable_state_dict`. Lightning has no hook for which
+    parameters the strategy gathers; the checkpoint holds the same keys as before (the module's
+    ``on_save_checkpoint`` kept only these), and loading is Lightning's own."""
+    if strategy._state_dict_type != "full":
+        return
+
+    def lightning_module_state_dict() -> dict[str, Any]:
+        return trainable_state_dict(strategy.model, _offloads(strategy, strategy.world_size))
+
+    strategy.lightning_module_state_dict = lightning_module_state_dict
 
 
 def inner_state_dict(state_dict: dict[str, Any] | None, attribute: str) -> dict[str, Any] | None:
