@@ -242,6 +242,36 @@ def check_hardware_values(hardware: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def _shown_devices(devices: object) -> str:
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return "[" + ",".join(str(d) for d in devices) + "]"
+    return str(devices)
+
+
+def check_launcher_values(cfg: DictConfig) -> list[str]:
+    """``launcher=slurm`` asks SLURM for ``trainer.devices`` GPUs and tasks per node
+    (conf/launcher/slurm.yaml), and sbatch takes only a count there (submitit's
+    ``gpus_per_node``/``tasks_per_node`` are ints, hydra_plugins/hydra_submitit_launcher/config.py):
+    ``auto``, ``-1`` and a GPU list mean "what this node has", which a job not yet placed cannot
+    know. Refused in one line naming the count to set, before anything resolves the launcher (the
+    structured config would fail with "could not be converted to Integer", and ``-1`` not at all)."""
+    target = OmegaConf.select(cfg, "hydra.launcher._target_", default=None)
+    if not str(target or "").endswith("SlurmLauncher"):
+        return []
+    devices = OmegaConf.select(cfg, "trainer.devices", default=None)
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        devices = list(devices)
+    if type(devices) is int and devices >= 1:
+        return []
+    if isinstance(devices, str) and devices.strip().isdigit() and int(devices) >= 1:
+        return []
+    return [
+        f"launcher=slurm asks SLURM for trainer.devices GPUs and tasks per node, which takes a "
+        f"count, not trainer.devices={_shown_devices(devices)}: set trainer.devices=<count>, "
+        "e.g. trainer.devices=4 (SLURM picks the GPUs)"
+    ]
+
+
 def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` listing every problem of the composed config, or return.
 
@@ -249,6 +279,9 @@ def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -
     (e.g. ``{"data.batch_size": 1}`` where the run plan decides the batch), so that the
     ``from_profile`` placeholder is not reported as a type error.
     """
+    launcher_problems = check_launcher_values(cfg)
+    if launcher_problems:  # before resolving: the launcher's fields interpolate trainer.devices
+        raise ConfigError("; ".join(launcher_problems))
     plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     assert isinstance(plain, dict)
     plain.pop("hydra", None)
