@@ -35,6 +35,18 @@ def test_a_saved_folder_loads_through_the_same_path_as_a_hub_name(tmp_path):
     assert m4.model.classifier.out_features == 4
 
 
+def test_a_float16_checkpoint_trains_with_float32_master_weights(tmp_path):
+    """transformers 5 loads a checkpoint in the dtype its config.json names (``dtype="auto"``):
+    a half-precision hub checkpoint gave fp16 weights that AdamW then updated in fp16."""
+    torch.manual_seed(0)
+    original = tiny_bert_classifier(num_labels=2, vocab_size=99).half()
+    original.save_pretrained(tmp_path / "tiny")
+    m = TextClassifierModule(num_labels=2, pretrained=str(tmp_path / "tiny"))
+    assert {p.dtype for p in m.model.parameters()} == {torch.float32}
+    weight = m.model.bert.embeddings.word_embeddings.weight
+    assert torch.equal(weight, original.bert.embeddings.word_embeddings.weight.float())
+
+
 def test_offline_hub_name_or_missing_folder_fails_with_a_hint(tmp_path, monkeypatch):
     import huggingface_hub.constants
 

@@ -38,7 +38,12 @@ def build_classifier(
     vocab_size: int | None = None,
     pad_token_id: int | None = None,
 ) -> torch.nn.Module:
-    """An ``AutoModelForSequenceClassification`` from ``pretrained`` or from a config dict."""
+    """An ``AutoModelForSequenceClassification`` from ``pretrained`` or from a config dict.
+
+    Loaded in float32 whatever dtype the checkpoint was saved in: transformers 5 defaults to
+    ``dtype="auto"`` (the checkpoint's), so a float16 hub checkpoint became float16 master weights
+    that the optimizer updated in 16 bits. The precision setting (``16-mixed``, ``bf16-true``)
+    decides what the compute runs in; Lightning casts for it."""
     names = list(label_names) if label_names else [str(i) for i in range(num_labels)]
     labels = {
         "num_labels": num_labels,
@@ -50,6 +55,7 @@ def build_classifier(
             partial(
                 AutoModelForSequenceClassification.from_pretrained,
                 ignore_mismatched_sizes=True,
+                dtype=torch.float32,
                 **labels,
             ),
             pretrained,
