@@ -177,7 +177,7 @@ def one_rank(tmp_path):
     dist.destroy_process_group()
 
 
-def wrap(module: nn.Module, strategy: FSDPStrategy) -> nn.Module:
+def wrap(module: nn.Module, strategy: FSDPStrategy, **extra: object) -> nn.Module:
     """What ``FSDPStrategy._setup_model`` does, on the CPU."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -186,6 +186,7 @@ def wrap(module: nn.Module, strategy: FSDPStrategy) -> nn.Module:
         sharding_strategy=strategy.sharding_strategy,
         device_id=torch.device("cpu"),
         **strategy.kwargs,
+        **extra,
     )
 
 
@@ -356,6 +357,34 @@ def test_a_sharded_lora_checkpoint_gathers_the_adapters_and_never_the_frozen_bas
     adapters = sum(v.numel() for v in expected.values())
     assert summoned and sum(u._flat_param.numel() for u in summoned) == 2 * adapters
     assert all(u._flat_param.requires_grad for u in summoned)  # no frozen unit gathered
+
+
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`")
+@pytest.mark.parametrize(
+    ("precision", "buffers"), [("bf16-mixed", torch.float32), ("bf16-true", torch.bfloat16)]
+)
+def test_rope_buffers_stay_float32_under_fsdp_mixed_precision(one_rank, precision, buffers):
+    """Lightning's FSDP mixed precision cast every buffer to the 16-bit dtype at the first forward,
+    so RoPE's inv_freq was rounded under trainer=fsdp only; the parameters still gather in bf16."""
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
+    from laptrain.model.lora.smoke import BACKBONE
+
+    torch.manual_seed(0)
+    module = CausalLMLoRAModule(backbone=dict(BACKBONE), lora={"r": 4}, base_dtype="float32")
+    if precision.endswith("-true"):
+        module = FSDPPrecision(precision).convert_module(module)  # what Lightning does first
+    strategy = FSDPStrategy(precision_plugin=FSDPPrecision(precision))
+    strategy = fsdp_strategy_for(module, strategy)
+    config = strategy.mixed_precision_config
+    assert (config.param_dtype, config.buffer_dtype) == (torch.bfloat16, buffers)
+    wrapped = wrap(module, strategy, mixed_precision=config)
+    ids = torch.randint(3, 64, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.endswith("-mixed")):
+        wrapped(ids, torch.ones_like(ids))  # FSDP casts the buffers at its lazy init
+    rope = [b for n, b in wrapped.named_buffers() if n.endswith("inv_freq")]
+    assert rope and {b.dtype for b in rope} == {buffers}
 
 
 def test_a_classifier_exports_the_state_dict_it_is_given(tmp_path):

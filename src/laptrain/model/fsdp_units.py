@@ -191,6 +191,7 @@ def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
         raise ValueError(f"trainer=fsdp cannot train {family.name}: {family.fsdp_refusal}")
     if isinstance(model, KeepsTrainableOnly):
         keep_trainable_only(strategy)
+    keep_buffers_in_fp32(strategy)
     policy = strategy.kwargs.get("auto_wrap_policy")
     if policy is not None and not getattr(policy, "laptrain_units", False):
         return strategy
@@ -205,6 +206,30 @@ def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
         )
     strategy.kwargs["auto_wrap_policy"] = _units_policy(rule)
     return strategy
+
+
+def keep_buffers_in_fp32(strategy: Any) -> None:
+    """Under ``16-mixed`` / ``bf16-mixed``, FSDP keeps the module's floating buffers in float32.
+
+    Lightning's ``FSDPPrecision.mixed_precision_config`` sets ``buffer_dtype`` to the 16-bit
+    ``param_dtype`` (lightning/pytorch/plugins/precision/fsdp.py), and FSDP casts every floating
+    buffer to it at its first forward (``_cast_buffers_to_dtype_and_device`` in
+    torch/distributed/fsdp/_runtime_utils.py): a Llama's RoPE ``inv_freq`` was rounded to 16
+    bits under ``trainer=fsdp`` only (one process and DDP keep it in float32 under autocast), and
+    the rotation angle position x inv_freq carries that rounding error times the position. The
+    parameters' gather
+    and the gradients' reduce stay in 16 bits. A ``mixed_precision`` the user set is theirs;
+    ``-true`` precisions convert the whole module, buffers included, and are left alone."""
+    from dataclasses import replace
+
+    plugin = getattr(strategy, "precision_plugin", None)
+    if strategy.mixed_precision is not None or not str(getattr(plugin, "precision", "")).endswith(
+        "-mixed"
+    ):
+        return
+    config = strategy.mixed_precision_config
+    if config is not None:
+        strategy.mixed_precision = replace(config, buffer_dtype=torch.float32)
 
 
 def gathers_in_lower_precision(strategy: Any) -> bool:
