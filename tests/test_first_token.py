@@ -116,3 +116,22 @@ def test_the_classifier_option(on):
     )
     assert module.first_token_only is on
     assert ("forward" in module.model.bert.encoder.layer[-1].__dict__) is on
+
+
+def test_a_flex_attention_model_is_left_alone():
+    """Its mask is a BlockMask, which has no rows to cut to the first query."""
+    flex = BertForSequenceClassification(BertConfig(**SMALL, attn_implementation="flex_attention"))
+    assert not supports_first_token(flex) and not first_token_only(flex)
+    assert "forward" not in flex.bert.encoder.layer[-1].__dict__
+
+
+def test_a_model_switched_to_flex_attention_runs_its_full_last_layer():
+    """Before, the first-token layer called ``attention_mask.dim()`` on the BlockMask and failed.
+    Without gradients: torch 2.13's flex attention has no backward on CPU."""
+    full, fast = _pair(BertForSequenceClassification, BertConfig, "sdpa")
+    for model in (full, fast):
+        model.set_attn_implementation("flex_attention")
+    batch = _batch()
+    with torch.no_grad():
+        expected = full.eval()(**batch).logits
+        assert torch.allclose(fast.eval()(**batch).logits, expected, atol=1e-6)

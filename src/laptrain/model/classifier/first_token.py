@@ -13,7 +13,10 @@ Gap filled: transformers has no option for it (a classifier's forward always ret
 names; only the instance's ``forward`` is replaced, so ``save_pretrained``, checkpoints and
 gradient checkpointing see the model unchanged, and an exported model is plain transformers.
 Models whose structure differs (cross-attention, chunked feed-forward, another head) are left
-as they are.
+as they are, and so are models set to flex attention: their mask is a ``BlockMask``
+(``torch.nn.attention.flex_attention``), a block-sparse description of the whole
+query-by-key grid and not a tensor whose rows can be cut to the first query. A model switched to
+flex attention after this was applied (``set_attn_implementation``) runs its full last layer.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def supports_first_token(model: nn.Module) -> bool:
         return False
     if getattr(config, "chunk_size_feed_forward", 0):
         return False
+    if getattr(config, "_attn_implementation", None) == "flex_attention":
+        return False  # a BlockMask mask (module doc)
     layer = _last_layer(model)
     attention = getattr(layer, "attention", None)
     return all(
@@ -89,7 +94,10 @@ def _first_token_forward(
     """Checkpointed as transformers checkpoints the layer's own forward: transformers 5 wraps the
     class's ``forward`` (``GradientCheckpointingLayer.__init_subclass__``, modeling_layers.py),
     which this instance's ``forward`` replaces, so the same ``_gradient_checkpointing_func`` (and
-    laptrain's MPS generator replay around it) is called here."""
+    laptrain's MPS generator replay around it) is called here. A mask that is not a tensor (flex
+    attention's ``BlockMask``) goes to the layer's own forward, all positions."""
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        return type(layer).forward(layer, hidden_states, attention_mask, *args, **kwargs)
     if (
         getattr(layer, "gradient_checkpointing", False)
         and layer.training
