@@ -117,14 +117,14 @@ def test_fused_adamw_is_off_for_16_mixed_on_mps_and_under_fsdp(
     assert said == ([why] if why else [])
 
 
-@pytest.mark.parametrize(("kind", "local_rank", "index"), [("cuda", "1", 1), ("cpu", "1", 0)])
+@pytest.mark.parametrize(("kind", "local_rank", "index"), [("cuda", "1", 1), ("cpu", "1", None)])
 def test_a_rank_reads_the_memory_of_its_own_gpu(tmp_path, monkeypatch, kind, local_rank, index):
     """torchrun and srun start every rank at once, and each sizes its base from the budget it
     reads: rank 1 reads GPU 1, not GPU 0 (cuda:LOCAL_RANK is the device it trains on)."""
     asked = []
 
     class Probe(run.TorchProbe):  # records what it is asked for, reads this CPU machine
-        def __init__(self, probe_kind: str, probe_index: int = 0) -> None:
+        def __init__(self, probe_kind: str, probe_index: int | None = None) -> None:
             asked.append((probe_kind, probe_index))
             super().__init__("cpu")
 

@@ -226,6 +226,30 @@ def local_rank(environ: Mapping[str, str] | None = None) -> int:
     return 0
 
 
+def rank_cuda_index(devices: Any, environ: Mapping[str, str] | None = None) -> int:
+    """The CUDA device this process trains on, for a ``trainer.devices`` value in any form
+    Lightning takes. Lightning's ``root_device`` is ``parallel_devices[local_rank]``
+    (lightning/pytorch/strategies/ddp.py:116-120, fsdp.py:196-200), and the parallel devices are
+    ``cuda:i`` for each GPU index that ``devices`` parses to (lightning/pytorch/accelerators/
+    cuda.py:86-94; fabric/utilities/device_parser.py:48-151): a list or a comma string ("2,3",
+    "3,") names the indices, so local rank r trains on the r-th of them; a count n or "n", -1 /
+    "-1" and ``auto`` (``auto_device_count()``, trainer/connectors/accelerator_connector.py:
+    368-384) take GPUs 0, 1, ... in order, so local rank r trains on GPU r. Raises
+    :class:`ConfigError` when a list names fewer GPUs than this local rank needs (Lightning would
+    fail with an IndexError once the Trainer starts)."""
+    asked = _lightning_form(devices)
+    rank = local_rank(environ)
+    if not isinstance(asked, list):
+        return rank
+    if rank >= len(asked):
+        raise ConfigError(
+            f"trainer.devices={_shown(devices)} names {len(asked)} GPU(s), but this process is "
+            f"local rank {rank}: name one GPU per process of this machine in trainer.devices, or "
+            "start that many processes per machine (torchrun --nproc_per_node, srun --ntasks-per-node)"
+        )
+    return asked[rank]
+
+
 def extra_rank(environ: Mapping[str, str] | None = None) -> bool:
     """A process of a multi-process launch other than rank 0 (the ranks Lightning's subprocess
     launcher, torchrun or srun start see these variables; rank 0 speaks for all of them)."""

@@ -53,9 +53,11 @@ class MemoryReading:
 
 @runtime_checkable
 class DeviceProbe(Protocol):
-    """What device-specific code may ask. ``kind`` is one of ``cpu``, ``cuda``, ``mps``."""
+    """What device-specific code may ask. ``kind`` is one of ``cpu``, ``cuda``, ``mps``; ``index``
+    is which CUDA GPU it reads (None: the current CUDA device; unused off CUDA)."""
 
     kind: str
+    index: int | None
 
     def available(self) -> bool:
         """Whether this kind of device can be used in this process."""
@@ -90,9 +92,14 @@ def _host_memory() -> dict[str, float]:
 
 
 class TorchProbe:
-    """The real probe: psutil for the host, ``torch.cuda`` / ``torch.mps`` for the device."""
+    """The real probe: psutil for the host, ``torch.cuda`` / ``torch.mps`` for the device.
 
-    def __init__(self, kind: str = "cpu", index: int = 0) -> None:
+    On CUDA every figure is read from GPU ``index`` (None: the current device, which
+    laptrain.job.run sets to this rank's GPU before anything touches CUDA), never from torch's
+    default of the current device when an index is given: with ``trainer.devices=[2,3]`` rank 0
+    reads GPU 2, not GPU 0."""
+
+    def __init__(self, kind: str = "cpu", index: int | None = None) -> None:
         if kind not in DEVICE_KINDS:
             raise ValueError(f"unknown device kind {kind!r}: use one of {', '.join(DEVICE_KINDS)}")
         self.kind = kind
@@ -113,28 +120,38 @@ class TorchProbe:
         if self.kind == "cuda":
             # torch's default counts bf16 *emulated* on pre-Ampere GPUs (T4, V100, RTX 20xx) as
             # supported (torch/cuda/__init__.py ``is_bf16_supported(including_emulation=True)``);
-            # emulation is slow, so only native bf16 counts (docs/hardware.md §4).
-            return torch.cuda.is_available() and torch.cuda.is_bf16_supported(
-                including_emulation=False
-            )
+            # emulation is slow, so only native bf16 counts (docs/hardware.md §4). torch asks the
+            # current device (torch/cuda/__init__.py:191-205: ROCm always, else compute
+            # capability >= 8); the same rule is applied to this probe's GPU.
+            if not torch.cuda.is_available():
+                return False
+            if torch.version.hip:
+                return True
+            return torch.cuda.get_device_properties(self._cuda_index()).major >= 8
         if self.kind == "mps":
             # bf16 on MPS needs macOS >= 14, which current torch's MPS requires anyway
             # (docs/hardware.md §13).
             return torch.backends.mps.is_available() and torch.backends.mps.is_macos_or_newer(14, 0)
         return True
 
+    def _cuda_index(self) -> int:
+        import torch
+
+        return torch.cuda.current_device() if self.index is None else self.index
+
     def memory(self) -> MemoryReading:
         import torch
 
         host = _host_memory()
         if self.kind == "cuda" and torch.cuda.is_available():
+            index = self._cuda_index()
             return MemoryReading(
                 **host,
-                device_allocated=torch.cuda.memory_allocated(self.index),
-                device_reserved=torch.cuda.memory_reserved(self.index),
-                device_peak=torch.cuda.max_memory_allocated(self.index),
-                device_limit=torch.cuda.get_device_properties(self.index).total_memory,
-                device_free=torch.cuda.mem_get_info(self.index)[0],
+                device_allocated=torch.cuda.memory_allocated(index),
+                device_reserved=torch.cuda.memory_reserved(index),
+                device_peak=torch.cuda.max_memory_allocated(index),
+                device_limit=torch.cuda.get_device_properties(index).total_memory,
+                device_free=torch.cuda.mem_get_info(index)[0],
             )
         if self.kind == "mps" and torch.backends.mps.is_available():
             return MemoryReading(
@@ -157,7 +174,7 @@ class TorchProbe:
         import torch
 
         if self.kind == "cuda" and torch.cuda.is_available():
-            torch.cuda.synchronize(self.index)
+            torch.cuda.synchronize(self._cuda_index())
         elif self.kind == "mps" and torch.backends.mps.is_available():
             torch.mps.synchronize()
 
@@ -165,7 +182,7 @@ class TorchProbe:
         import torch
 
         if self.kind == "cuda" and torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats(self.index)
+            torch.cuda.reset_peak_memory_stats(self._cuda_index())
 
 
 @dataclass
@@ -177,6 +194,7 @@ class FakeProbe:
     """
 
     kind: str = "cpu"
+    index: int | None = None
     is_available: bool = True
     has_bf16: bool = True
     readings: list[MemoryReading] = field(default_factory=list)
@@ -208,9 +226,10 @@ class FakeProbe:
 
 
 def probe_for(device: object) -> DeviceProbe:
-    """The real probe for a ``torch.device`` (or a string such as ``"cuda:0"``)."""
+    """The real probe for a ``torch.device`` (or a string such as ``"cuda:0"``; ``"cuda"`` is the
+    current device, as for torch)."""
     text = str(device)
     kind, _, index = text.partition(":")
     if kind not in DEVICE_KINDS:
         kind = "cpu"
-    return TorchProbe(kind, int(index) if index else 0)
+    return TorchProbe(kind, int(index) if index else None)

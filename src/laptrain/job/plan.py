@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.batch_request import AUTO, batch_follows_profile, is_auto
-from laptrain.config.scale_out import asked_devices, shards_model_state
+from laptrain.config.scale_out import asked_devices, rank_cuda_index, shards_model_state
 from laptrain.data.contracts import EvaluatesInOtherBatches, loader_settings
 from laptrain.launch.device import device_count, device_kind, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
@@ -119,6 +120,15 @@ class RunPlan:
 def plan_device(cfg: DictConfig) -> str:
     """The device kind (cpu, cuda, mps) the trainer config asks for."""
     return device_kind(requested_accelerator(cfg))
+
+
+def rank_device_index(cfg: DictConfig, kind: str | None = None) -> int | None:
+    """The CUDA GPU this rank trains on, ``trainer.devices[local rank]`` in whichever form
+    trainer.devices is written (laptrain.config.scale_out.rank_cuda_index); None off CUDA.
+    ``kind``: the device kind when the caller has it (else :func:`plan_device`)."""
+    if (kind or plan_device(cfg)) != "cuda":
+        return None
+    return rank_cuda_index(asked_devices(cfg))
 
 
 def build_run_plan(
@@ -255,10 +265,14 @@ def _checked_batch(
         return asked_batch
     if preflight is None:
         from laptrain.preflight.batch import preflight_for_run as preflight
-    found = preflight(
+    from laptrain.preflight.shared_plan import plan_on_rank_0
+
+    profile = _preflight_profile(cfg, asked, precision)
+    run_preflight = partial(
+        preflight,
         model,
         datamodule,
-        _preflight_profile(cfg, asked, precision),
+        profile,
         accumulation=asked.accumulation,
         effective_batch=options.get("effective_batch_size"),
         max_batch=int(options.get("max_batch_size") or 256),
@@ -267,6 +281,11 @@ def _checked_batch(
         cache_dir=cache_dir,
         **({"checkpointing": AUTO} if asked.auto_checkpointing else {}),
     )
+    # torchrun / srun ranks start together: rank 0 plans and every rank takes its plan
+    strategy = cfg.trainer.get("strategy")
+    if OmegaConf.is_config(strategy):
+        strategy = OmegaConf.to_container(strategy, resolve=True)
+    found = plan_on_rank_0(run_preflight, strategy, profile["accelerator"], profile["device_index"])
     return _answered(found, asked, asked_batch, reasons)
 
 
@@ -277,6 +296,7 @@ def _preflight_profile(cfg: DictConfig, asked: _Asked, precision: str) -> dict[A
     profile["devices"] = asked.devices
     profile["precision"] = precision  # the Trainer's (trainer.precision wins over the profile's)
     profile["accelerator"] = device_kind(asked.accelerator)  # the preflight probes this kind
+    profile["device_index"] = rank_device_index(cfg, profile["accelerator"])  # on this GPU
     trainer = cfg.trainer
     if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
         profile["shards"] = asked.devices * int(trainer.get("num_nodes") or 1)

@@ -33,7 +33,7 @@ from laptrain.checkpoints.files import (
 )
 from laptrain.config.batch_request import batch_follows_profile
 from laptrain.config.check import LAPTRAIN_KEYS
-from laptrain.config.scale_out import local_rank, shards_model_state
+from laptrain.config.scale_out import shards_model_state
 from laptrain.config.tree import print_config
 from laptrain.console import (
     best_checkpoint,
@@ -48,7 +48,7 @@ from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
 from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
-from laptrain.job.plan import RunPlan, build_run_plan, plan_device
+from laptrain.job.plan import RunPlan, build_run_plan, plan_device, rank_device_index
 from laptrain.launch.device import check_device, without_unsafe_fused
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
@@ -181,6 +181,9 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
     """Data, model and the run plan, in that order; the datamodule that trains has the plan's
     batch sizes (a datamodule whose batch follows the profile is built without one, prepared,
     then given the plan's)."""
+    kind = plan_device(cfg)
+    index = rank_device_index(cfg, kind)
+    pin_rank_gpu(index)
     checked = env is not None and env.device_checked
     precision = check_device(cfg, say=(lambda _: None) if checked else rank_zero_info)
     follows = batch_follows_profile(cfg)
@@ -191,11 +194,10 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     for key in LAPTRAIN_KEYS:  # read by the launcher, not arguments of the module
         model_cfg.pop(key, None)
-    kind = plan_device(cfg)
     sharded = shards_model_state(cfg.trainer.get("strategy"))
     model_cfg = without_unsafe_fused(model_cfg, kind, precision, sharded=sharded)
     # a rank reads its own GPU (torchrun and srun start ranks that each size their base here)
-    probe = TorchProbe(kind, local_rank() if kind == "cuda" else 0)
+    probe = TorchProbe(kind, index)
     hw = cfg.hardware
     fraction, budget_gb = float(hw.get("memory_fraction", 0.8)), hw.get("memory_budget_gb")
     decided = resolve_auto_base_dtype(  # model.base_dtype=auto: fp32 if it fits, else bf16
@@ -213,6 +215,17 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
     if follows:
         datamodule = datamodule.with_batch_sizes(plan.loader_batch, plan.eval_batch)
     return Built(datamodule, model, plan, remake)
+
+
+def pin_rank_gpu(index: int | None) -> None:
+    """Make this rank's GPU (``trainer.devices[local rank]``) the current CUDA device before
+    anything reads or allocates on CUDA, as Lightning does only once the Trainer starts
+    (``CUDAAccelerator.setup_device``, lightning/pytorch/accelerators/cuda.py:38-47). Until then
+    every call that takes the current device (``torch.cuda.mem_get_info()``, a model moved to
+    ``"cuda"``, transformers' default ``device_map`` for a 4-bit base) would use GPU 0 and leave
+    a CUDA context there, on a GPU another job may own (``trainer.devices=[2,3]``)."""
+    if index is not None and torch.cuda.is_available():
+        torch.cuda.set_device(index)
 
 
 def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:

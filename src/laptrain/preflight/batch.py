@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from laptrain.config.batch_request import is_auto
-from laptrain.config.scale_out import extra_rank, local_rank
+from laptrain.config.scale_out import extra_rank
 from laptrain.data.contracts import KnowsLengths, loader_settings
 from laptrain.files import write_text_atomic
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
@@ -210,7 +210,9 @@ def measure_peak(
     """
     from laptrain.preflight.activations import _autocast
 
-    device = torch.device(probe.kind)
+    # the probe's own GPU (preflight.verify measured on the current one, GPU 0 for every rank)
+    index = probe.index if probe.kind == "cuda" else None
+    device = torch.device(probe.kind, index) if index is not None else torch.device(probe.kind)
     model.to(device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -598,7 +600,8 @@ def preflight_for_run(
     """
     auto = is_auto(hardware.get("batch_size"))
     kind = str(hardware.get("accelerator", "cpu"))
-    probe = TorchProbe(kind, local_rank() if kind == "cuda" else 0)  # this rank's own GPU
+    # this rank's own GPU (trainer.devices[local rank], from the run plan); else the current one
+    probe = TorchProbe(kind, hardware.get("device_index") if kind == "cuda" else None)
     seq_len, length_note = training_length(datamodule)
     if not _measurable(model, seq_len, auto):
         return None
@@ -639,9 +642,10 @@ def _rank_0_plan(record: Path | None) -> Plan | None:
     """On a rank other than 0, the plan rank 0 recorded; else None (this rank measures)."""
     if record is None or not record.is_file() or not extra_rank():
         return None
-    # Ranks that Lightning's subprocess launcher (or torchrun, srun) starts run this before the
-    # trainer pins their GPU, so they would all measure device 0 beside rank 0's model: they
-    # take rank 0's plan, written just before it launched them.
+    # Ranks that Lightning's subprocess launcher starts would measure their GPU while rank 0's
+    # model already fills memory: they take rank 0's plan, written just before it launched them.
+    # (torchrun and srun start every rank at once, before any file is written: there rank 0's
+    # plan is broadcast instead, laptrain.preflight.shared_plan.)
     shared = Plan.from_json(record.read_text())
     shared.notes.append("the plan of rank 0 (preflight.json), not measured on this rank")
     return shared
