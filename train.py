@@ -37,6 +37,9 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {cause}", file=sys.stderr)
         sys.exit(2)
     if outcome.exit_code:
+        from laptrain.callbacks.graceful_stop import hand_over_to_submitit
+
+        hand_over_to_submitit(outcome.exit_code)  # stopped for submitit's signal: it requeues
         sys.exit(outcome.exit_code)
     return outcome.metric
 

@@ -16,6 +16,12 @@ callback:
 - **checkpoint now** (``laptrain checkpoint <run>`` or the file ``<run>/checkpoint_now``,
   :mod:`laptrain.run_folder.checkpoint_request`): as the first Ctrl-C, without the question.
 - at the end of fit, ``last.ckpt`` even when it falls between two periodic saves.
+- **submitit's time-limit / preemption signal** (a job of ``launcher=slurm`` or of Hydra's
+  ``submitit_local``; ``SUBMITIT_PREEMPT_SIGNAL``, USR2 unless set): stops as SIGTERM does, then
+  :func:`hand_over_to_submitit` gives the signal to submitit's own handler, which requeues the job
+  from rank 0 (docs/sweeps.md, "SLURM through submitit"). Left to that handler alone, rank 0 would
+  requeue and exit in the middle of a step with no ``last.ckpt`` and the other ranks would wait in
+  their next collective until killed.
 
 With several processes every rank acts at the same step: the signals and requests any rank has
 travel in one all-reduce at every batch end.
@@ -29,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -49,8 +56,48 @@ from laptrain.run_folder import checkpoint_request
 from laptrain.run_folder.layout import LAST
 
 FIRST_CTRL_C = ("checkpoint", "stop")
+# submitit's signal before a time limit or a preemption: the name (without SIG) in this variable,
+# USR2 when unset (submitit/core/job_environment.py:19, 32-35, read the same way); submitit exports
+# SUBMITIT_EXECUTOR in every job it starts (slurm/slurm.py:529, local/local.py:262).
+PREEMPT_SIGNAL_ENV, DEFAULT_PREEMPT_SIGNAL = "SUBMITIT_PREEMPT_SIGNAL", "USR2"
 # What a rank asks for at a batch end; the all-reduce takes the largest on every rank.
 NO_REQUEST, FILE_REQUEST, CTRL_C_REQUEST = 0, 1, 2
+
+
+def submitit_preempt_signal(environ: Mapping[str, str] | None = None) -> signal.Signals | None:
+    """The signal submitit sends this job before its time limit or a preemption, or None outside
+    a submitit job (or for a name this platform lacks: submitit itself refuses it at job start)."""
+    env = os.environ if environ is None else environ
+    if not env.get("SUBMITIT_EXECUTOR"):
+        return None
+    name = env.get(PREEMPT_SIGNAL_ENV, DEFAULT_PREEMPT_SIGNAL)
+    try:
+        return signal.Signals[f"SIG{name}"]
+    except KeyError:
+        return None
+
+
+def hand_over_to_submitit(exit_code: int) -> None:
+    """After a run stopped for submitit's signal (``exit_code`` 128 + its number), with
+    ``last.ckpt`` written on every rank and the run folder unlocked: call the handler submitit
+    installed for that signal (``SignalHandler.checkpoint_and_try_requeue``, put back at the end of
+    fit). On rank 0 it pickles the job again, requeues it and exits (``scontrol requeue`` then
+    exit 255 on SLURM, exit 144 under the local executor, which is how that one knows to start the
+    job again), or raises ``UncompletedJobError`` when ``max_num_timeout`` is spent; on the other
+    ranks it only logs (submitit/core/job_environment.py:200-230). Anything else: returns."""
+    preempt = submitit_preempt_signal()
+    if preempt is None or exit_code != 128 + preempt:
+        return
+    handler = signal.getsignal(preempt)
+    from submitit.core.job_environment import SignalHandler
+
+    if not isinstance(getattr(handler, "__self__", None), SignalHandler):
+        return
+    rank_zero_info(
+        f"{preempt.name}: handing the job back to submitit, which requeues it while "
+        "hydra.launcher.max_num_timeout allows; the requeued job resumes from last.ckpt"
+    )
+    handler(preempt, None)
 
 
 class GracefulStop(Callback):
@@ -99,6 +146,7 @@ class GracefulStop(Callback):
         self._next_file_check = 0.0
         self._saved_step: int | None = None
         self._previous: dict[int, Any] = {}
+        self._preempt = submitit_preempt_signal()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT:
@@ -113,6 +161,12 @@ class GracefulStop(Callback):
                 )
                 return
         self.signal_received = signum
+        if signum == self._preempt:
+            rank_zero_info(
+                f"{signal.Signals(signum).name} received (submitit's time-limit or preemption "
+                "signal): saving last.ckpt after this batch, then handing the job to submitit"
+            )
+            return
         rank_zero_info(
             f"{signal.Signals(signum).name} received: stopping after this batch (Ctrl-C again to abort now)"
         )
@@ -123,7 +177,9 @@ class GracefulStop(Callback):
         # Installed here, after Lightning registered its own SIGTERM handler, so ours is the one used.
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        # under submitit its signal too: its own handler would requeue from inside the step
+        caught = {signal.SIGINT, signal.SIGTERM} | ({self._preempt} if self._preempt else set())
+        for signum in sorted(caught):
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle)
 
