@@ -35,8 +35,8 @@ FSDP = [
 
 
 def fit_both(tmp_path: Path, common: list[str], one: list[str], two: list[str]) -> dict:
-    """The job on 1 process (run ``one``), then under FSDP on 2 (run ``two``); returns the FSDP
-    run's metrics.json."""
+    """The job on 1 process (run ``one``), then under FSDP (run ``two``, on the 2 processes of
+    trainer=fsdp unless ``two`` sets trainer.devices); returns the FSDP run's metrics.json."""
     for run, extra in (("one", one), ("two", [*two, *FSDP])):
         done = run_train([*common, *extra, f"run_name={run}"], tmp_path, timeout=300)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -78,6 +78,21 @@ def test_classifier_under_fsdp_trains_like_one_process_tests_the_best_and_export
     best = {k.removeprefix("model."): v for k, v in best_weights(tmp_path, "two").items()}
     assert exported.keys() == {k for k in best if k in exported} and len(exported) >= 20
     assert all(torch.equal(exported[k], best[k]) for k in exported)
+
+
+def test_one_gpu_under_fsdp_trains_like_no_fsdp(tmp_path):
+    """``trainer=fsdp trainer.devices=1`` (one GPU, as on the device run of issue 36): the
+    classifier's chunked backward ran inside FSDP's forward and failed at step 1 ("Expects
+    BACKWARD_PRE or BACKWARD_POST state but got HandleTrainingState.FORWARD"); under any strategy
+    that wraps the module the step back-propagates the whole batch, as with several processes."""
+    common = [
+        *classifier_job(tmp_path),
+        "model.backbone.hidden_dropout_prob=0",
+        "model.backbone.attention_probs_dropout_prob=0",
+        "hardware.batch_size=32",
+    ]
+    fit_both(tmp_path, common, [], ["trainer.devices=1"])
+    assert largest_difference(final_weights(tmp_path, "one"), final_weights(tmp_path, "two")) < 1e-5
 
 
 @pytest.mark.slow  # ~55 s: four runs

@@ -75,6 +75,15 @@ def _add_back(params: list[Tensor], held: list[Tensor | None]) -> None:
             p.grad = g
 
 
+def wraps_the_module(strategy: Any) -> bool:
+    """Whether ``strategy`` runs ``training_step`` inside a wrapper's forward (DDP, FSDP and every
+    other ``ParallelStrategy``, with one process too: Lightning wraps the module whatever the
+    world size), where a backward cannot run before the forward returns."""
+    from lightning.pytorch.strategies import ParallelStrategy
+
+    return isinstance(strategy, ParallelStrategy)
+
+
 def backward_in_chunks(
     module: Any,
     batch: Any,
@@ -142,9 +151,11 @@ class ChunkedBackward:
         loss_fn: Callable[[Any], Tensor],
         size_fn: Callable[[Any], float] | None = None,
     ) -> Tensor:
-        if self.trainer.world_size > 1:  # type: ignore[attr-defined]
+        if wraps_the_module(self.trainer.strategy):  # type: ignore[attr-defined]
             # DDP reduces gradients from hooks on Lightning's own backward and refuses a backward
-            # inside its forward: multi-process runs back-propagate whole batches (no OOM backoff).
+            # inside its forward, and FSDP asserts that a unit is not still in its forward
+            # ("Expects BACKWARD_PRE or BACKWARD_POST state"): runs under either, one process
+            # or several, back-propagate whole batches (no OOM backoff).
             loss = loss_fn(batch)
             if self.automatic_optimization:  # type: ignore[attr-defined]
                 return loss  # Lightning back-propagates what training_step returns
