@@ -38,7 +38,7 @@ from laptrain.data.labelled_files import (
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader, replicas_of
 from laptrain.data.splits import check_train_fraction, train_subset
 from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_wordpiece
-from laptrain.data.workers import WorkerInit
+from laptrain.data.workers import WorkerInit, worker_context
 from laptrain.files import file_digest, fsync_dir, pid_alive
 
 CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.data.labelled_files
@@ -494,6 +494,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
             kwargs["persistent_workers"] = bool(self.persistent_workers)
             kwargs["prefetch_factor"] = self.prefetch_factor
             kwargs["worker_init_fn"] = WorkerInit(rank)  # signals stay with the main process
+            kwargs["multiprocessing_context"] = worker_context()  # spawn: blocked until then
         return (ResumableDataLoader if train else DataLoader)(ds, **kwargs)
 
     def train_dataloader(self) -> DataLoader:

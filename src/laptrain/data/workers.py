@@ -9,13 +9,24 @@ changes the workers' handlers (``torch/utils/data/_utils/worker.py`` ``_worker_l
 ``pl_worker_init_function`` only seeds). So each worker ignores both signals; the main process still
 ends its workers itself (``_MultiProcessingDataLoaderIter._shutdown_workers`` sets their done event
 and joins them), and a worker whose main process is gone exits through torch's ``ManagerWatchdog``.
+
+A spawn-started worker (macOS's default start method) is a fresh interpreter that imports torch
+before ``worker_init_fn`` runs: a second or more with Python's default handlers, when a Ctrl-C
+still killed it. :func:`worker_context` closes that window: the main process blocks both signals
+while it starts a worker (a blocked signal waits, it is not lost, and arrives as soon as the start
+returns), the worker inherits the blocked mask across its exec (POSIX ``execve``), and
+:class:`WorkerInit` unblocks them only once they are ignored.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext, SpawnContext, SpawnProcess
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -25,8 +36,10 @@ class WorkerInit:
     rank: int = 0
 
     def __call__(self, worker_id: int) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        if hasattr(signal, "pthread_sigmask"):  # blocked by worker_context's start: now ignored
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         # Lightning seeds workers only when a loader has no worker_init_fn of its own
         # (lightning/fabric/utilities/data.py:246 _auto_add_worker_init_fn, called from
         # lightning/pytorch/trainer/connectors/data_connector.py:507)
@@ -34,3 +47,37 @@ class WorkerInit:
             from lightning.fabric.utilities.seed import pl_worker_init_function
 
             pl_worker_init_function(worker_id, rank=self.rank)
+
+
+class _SignalsHeldProcess(SpawnProcess):
+    """A spawn-started process whose interpreter starts with Ctrl-C and SIGTERM blocked."""
+
+    def start(self) -> None:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _SignalsHeldSpawnContext(SpawnContext):
+    Process = _SignalsHeldProcess
+
+
+def worker_context(start_method: str | None = None) -> BaseContext | None:
+    """The ``multiprocessing_context`` for a loader whose workers run :class:`WorkerInit`:
+    under the spawn start method (``start_method``, default: this process's), one whose workers
+    start with the stop signals blocked until ``WorkerInit`` ignores them; None (torch's own
+    choice) otherwise. A forked worker is a copy of the main process and has its handlers from
+    the start, and a forkserver's worker inherits the server's mask, not the loader's, so the
+    window is left as it is there. Gap filled: torch's DataLoader starts its workers through the
+    context it is given (``torch/utils/data/dataloader.py``) and neither torch nor Lightning
+    holds signals back while a worker starts."""
+    # the default first (multiprocessing docs); get_start_method() would fix it for the process
+    method = start_method or (
+        multiprocessing.get_start_method(allow_none=True)
+        or multiprocessing.get_all_start_methods()[0]
+    )
+    if method != "spawn" or not hasattr(signal, "pthread_sigmask"):
+        return None
+    return _SignalsHeldSpawnContext()
