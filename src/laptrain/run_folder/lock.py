@@ -18,7 +18,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -76,6 +76,21 @@ def is_locked(folder: str | Path) -> bool:
     return False
 
 
+def launch_of(environ: Mapping[str, str] | None = None) -> str | None:
+    """What every rank of one multi-process launch shares and no other launch does, recorded with
+    the holder so that naming.choose_run_dir can tell rank 0's lock from another run's: torchrun's
+    ``TORCHELASTIC_RUN_ID`` (a fresh uuid under ``--standalone``) with its master address and port,
+    else SLURM's ``SLURM_JOB_ID``.``SLURM_STEP_ID`` (every srun task of the step). None for one
+    process and for the ranks Lightning starts itself, which are given rank 0's folder."""
+    env = os.environ if environ is None else environ
+    if env.get("TORCHELASTIC_RUN_ID"):
+        master = f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+        return f"torchrun {env['TORCHELASTIC_RUN_ID']} {master}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm {env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}"
+    return None
+
+
 def _record_holder(command: list[str] | None) -> Callable[[int], None]:
     """filelock's ``on_acquired``: write who holds the folder into the lock file, for the line a
     second process prints. Only into a native lock's descriptor (re-locking it succeeds): with
@@ -85,6 +100,7 @@ def _record_holder(command: list[str] | None) -> Callable[[int], None]:
         "host": socket.gethostname(),
         "started": time.time(),
         "command": " ".join(command if command is not None else sys.argv)[:300],
+        "launch": launch_of(),
     }
 
     def write(fd: int) -> None:

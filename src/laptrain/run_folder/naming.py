@@ -8,26 +8,62 @@ the launcher before torch.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from laptrain.run_folder.layout import last_checkpoint
-from laptrain.run_folder.lock import is_locked
+from laptrain.run_folder.lock import LOCK_NAME, is_locked, launch_of
 
 _chosen: dict[str, str] = {}
+# How long a rank waits for the holder record of a lock taken a moment ago (written just after it).
+RECORD_WAIT_S = 2.0
 
 
 def holds_run(folder: Path) -> bool:
-    """Whether ``folder`` already holds a run's checkpoints or curves, or a live run."""
+    """Whether ``folder`` already holds a run's checkpoints or curves, or a live run of another
+    launch."""
     if not folder.is_dir():
         return False
     return (
         any(folder.rglob("*.ckpt"))
         or any(folder.rglob("events.out.tfevents.*"))
-        or is_locked(folder)
+        or _held_by_another_launch(folder)
     )
+
+
+def _held_by_another_launch(folder: Path) -> bool:
+    """Locked by a live process that is not rank 0 of this very launch.
+
+    torchrun and srun start every rank at once and each resolves the run folder itself (Hydra
+    does, before any process group exists). Rank 0 takes the folder's lock as soon as it has
+    chosen (laptrain.launch.prepare), so a rank that chose a moment later found the lock, took the
+    folder for another run's and went on to ``<run>-N+1``: its logs and Hydra files in one folder,
+    rank 0's checkpoints in another. The lock's holder record names its launch
+    (:func:`laptrain.run_folder.lock.launch_of`), the same for every rank of one torchrun or srun
+    launch, so such a lock is this run's own. No rank can have written a checkpoint or a curve yet:
+    that takes the process group, which waits for every rank."""
+    if not is_locked(folder):
+        return False
+    mine = launch_of()
+    return mine is None or _holder_launch(folder) != mine
+
+
+def _holder_launch(folder: Path) -> str | None:
+    path, deadline = folder / LOCK_NAME, time.monotonic() + RECORD_WAIT_S
+    while True:
+        try:
+            record = json.loads(path.read_text() or "null")
+        except (OSError, ValueError):
+            record = None
+        if isinstance(record, dict) and "launch" in record:
+            return record["launch"]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
 
 
 def choose_run_dir(base: str, resume: object) -> str:
