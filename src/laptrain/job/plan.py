@@ -1,9 +1,11 @@
 """The run plan: every machine-dependent choice of a run, decided once, frozen, passed down.
 
 ``build_run_plan`` is the one place where the hardware profile, the data config, the trainer
-config and the memory preflight meet. The datamodule gets its batch sizes from the plan (a new
-datamodule via ``with_batch_sizes``), the Trainer gets accelerator, devices, precision and
-accumulation from ``trainer_kwargs()``; nothing writes back into the config. The console summary
+config and the memory preflight meet. The datamodule gets its batch sizes from the plan
+(:func:`planned_datamodule`: laptrain's own through ``with_batch_sizes``, any other through
+Lightning's attribute-or-hparams lookup, laptrain.job.datamodule_settings), the Trainer gets
+accelerator, devices, precision and accumulation from ``trainer_kwargs()``; nothing writes back
+into the config. The console summary
 and ``run_info.json`` are rendered from the plan, each value with the reason it was chosen.
 
 Whether a datamodule's batch follows the profile is an explicit config value: ``batch_size:
@@ -23,8 +25,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.batch_request import AUTO, batch_follows_profile, is_auto
+from laptrain.config.check import ConfigError
 from laptrain.config.scale_out import asked_devices, rank_cuda_index, shards_model_state
-from laptrain.data.contracts import EvaluatesInOtherBatches, loader_settings
+from laptrain.data.contracts import EvaluatesInOtherBatches, Loader, loader_settings
+from laptrain.job.datamodule_settings import (
+    BATCH,
+    LOADER_KNOBS,
+    TakesBatchSizes,
+    find_setting,
+    set_setting,
+    users_datamodule,
+)
 from laptrain.launch.device import device_count, device_kind, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
 
@@ -61,6 +72,12 @@ class RunPlan:
         None  # model.gradient_checkpointing=auto decided; else None
     )
     devices_asked: int | str | list[int] | None = None  # None: ``devices``
+    # settings the run sets on a datamodule that is not laptrain's (planned_datamodule): name ->
+    # where Lightning's lookup finds it, e.g. {"batch_size": "BlobsDataModule.hparams.batch_size"}
+    set_on: Mapping[str, str] = field(default_factory=dict)
+    # loader settings such a datamodule decides itself (neither an attribute nor hparams)
+    loader_own: tuple[str, ...] = ()
+    datamodule_name: str = ""
 
     @property
     def effective_batch(self) -> int:
@@ -92,9 +109,7 @@ class RunPlan:
             f"micro batch size: {self.micro_batch}{chunk}{why('batch')}",
             f"gradient accumulation: {self.accumulation}{why('accumulation')}",
             f"effective batch size: {self.effective_batch}",
-            f"dataloader workers: {self.workers}"
-            + (" (persistent)" if self.persistent_workers else ""),
-            f"pin_memory: {self.pin_memory}",
+            *self._loader_lines(),
             f"torch threads: {self.threads if self.threads else 'torch default'}{why('threads')}",
         ]
         if self.gradient_checkpointing is not None and not self.memory:
@@ -110,6 +125,29 @@ class RunPlan:
                 f"{self.memory['budget_gb']:.2f} GB ({self.memory['budget_source']})"
             )
         return lines
+
+    def _loader_lines(self) -> list[str]:
+        """Workers and pin_memory as the loaders get them, or one line naming those the
+        datamodule decides itself."""
+        lines = []
+        if "num_workers" not in self.loader_own:
+            lines.append(
+                f"dataloader workers: {self.workers}"
+                + (" (persistent)" if self.persistent_workers else "")
+                + self._on("num_workers")
+            )
+        if "pin_memory" not in self.loader_own:
+            lines.append(f"pin_memory: {self.pin_memory}{self._on('pin_memory')}")
+        if self.loader_own:
+            names = ", ".join(self.loader_own)
+            lines.append(
+                f"{names}: {self.datamodule_name} sets its own (the profile's would reach its "
+                f"loaders as a {self.loader_own[0]} attribute or hparams entry)"
+            )
+        return lines
+
+    def _on(self, name: str) -> str:
+        return f" (hardware.{name}, set on {self.set_on[name]})" if name in self.set_on else ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -151,11 +189,12 @@ def build_run_plan(
     """
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
-    asked = _asked(cfg, datamodule, reasons)
+    asked = _asked(cfg, model, datamodule, reasons)
     batch = _checked_batch(
         cfg, model, datamodule, asked, precision, reasons, preflight, output_dir, cache_dir
     )
-    loading = _loading(model, datamodule, hw, asked.follows, batch.loader_batch, reasons)
+    loading = _loading(cfg, model, datamodule, asked.follows, batch.loader_batch, reasons)
+    set_on = {**asked.set_on, **loading.set_on}
     return RunPlan(
         profile=str(hw.get("name")),
         device=device_kind(asked.accelerator),
@@ -166,9 +205,29 @@ def build_run_plan(
         batch_from_profile=asked.follows,
         reasons=reasons,
         nodes=int(trainer.get("num_nodes") or 1),
+        set_on=set_on,
+        loader_own=loading.loader_own,
+        datamodule_name=type(datamodule).__name__,
         **asdict(batch),
-        **asdict(loading),
+        **{k: v for k, v in asdict(loading).items() if k not in ("set_on", "loader_own")},
     )
+
+
+def planned_datamodule(plan: RunPlan, model: Any, datamodule: Any) -> Any:
+    """The datamodule that trains, with the plan's batch and loader settings: laptrain's own a copy
+    from ``with_batch_sizes``, any other the same object, set through Lightning's lookup before
+    its loaders are built."""
+    if plan.batch_from_profile and isinstance(datamodule, TakesBatchSizes):
+        datamodule = datamodule.with_batch_sizes(plan.loader_batch, plan.eval_batch)
+    values = {
+        BATCH: plan.loader_batch,
+        "num_workers": plan.workers,
+        "pin_memory": plan.pin_memory,
+        "persistent_workers": plan.persistent_workers,
+    }
+    for name in plan.set_on:
+        set_setting(model if name == BATCH else None, datamodule, name, values[name])
+    return datamodule
 
 
 @dataclass(frozen=True)
@@ -183,6 +242,7 @@ class _Asked:
     loader_batch: int
     accumulation: int
     auto_checkpointing: bool
+    set_on: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -205,9 +265,11 @@ class _Loading:
     pin_memory: bool
     persistent_workers: bool
     threads: int | None
+    set_on: dict[str, str] = field(default_factory=dict)
+    loader_own: tuple[str, ...] = ()
 
 
-def _asked(cfg: DictConfig, datamodule: Any, reasons: dict[str, str]) -> _Asked:
+def _asked(cfg: DictConfig, model: Any, datamodule: Any, reasons: dict[str, str]) -> _Asked:
     """The accelerator, devices, accumulation and batch the config asks for (the trainer's
     settings win over the hardware profile's; the data's batch unless it follows the profile)."""
     hw, trainer = cfg.hardware, cfg.trainer
@@ -218,12 +280,15 @@ def _asked(cfg: DictConfig, datamodule: Any, reasons: dict[str, str]) -> _Asked:
     devices_asked = asked_devices(cfg)
     devices = device_count(devices_asked, device_kind(accelerator))
     accumulation = int(trainer.get("accumulate_grad_batches") or 1)
+    set_on: dict[str, str] = {}
     if follows:
         loader_batch = 1 if auto else int(profile_batch)
         reasons["batch"] = "hardware.batch_size"
+        if users_datamodule(datamodule) and not isinstance(datamodule, TakesBatchSizes):
+            set_on[BATCH] = _batch_holder(model, datamodule)
+            reasons["batch"] += f", set on {set_on[BATCH]}"
     else:
-        loader_batch = int(datamodule.batch_size)
-        reasons["batch"] = "data.batch_size"
+        loader_batch, reasons["batch"] = _own_batch(model, datamodule)
     auto_checkpointing = is_auto(cfg.model.get("gradient_checkpointing"))
     return _Asked(
         accelerator,
@@ -234,7 +299,38 @@ def _asked(cfg: DictConfig, datamodule: Any, reasons: dict[str, str]) -> _Asked:
         loader_batch,
         accumulation,
         auto_checkpointing,
+        set_on,
     )
+
+
+def _batch_holder(model: Any, datamodule: Any) -> str:
+    """Where a datamodule that is not laptrain's takes the profile's batch, or a one-line refusal
+    naming what to add."""
+    found = find_setting(model, datamodule, BATCH)
+    if found is None:
+        name = type(datamodule).__name__
+        raise ConfigError(
+            f"data.batch_size=from_profile: {name} has no batch size to set (no batch_size "
+            f"attribute or hparams entry on it or on the model): take a batch_size argument, "
+            f"call self.save_hyperparameters() in {name}.__init__ and build its loaders with "
+            "batch_size=self.hparams.batch_size, or set data.batch_size=<n>"
+        )
+    return found.where
+
+
+def _own_batch(model: Any, datamodule: Any) -> tuple[int, str]:
+    """The batch a datamodule asks for itself (``data.batch_size=<n>``) and the reason shown."""
+    if not users_datamodule(datamodule):
+        return int(datamodule.batch_size), "data.batch_size"
+    found = find_setting(model, datamodule, BATCH)
+    if found is None or found.value is None:
+        name = type(datamodule).__name__
+        raise ConfigError(
+            f"{name} has no batch size laptrain can read (no batch_size attribute or hparams "
+            f"entry on it or on the model): take a batch_size argument and call "
+            f"self.save_hyperparameters() in {name}.__init__"
+        )
+    return int(found.value), f"data.batch_size, read from {found.where}"
 
 
 def _checked_batch(
@@ -317,7 +413,9 @@ def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str,
             reasons["checkpointing"] = "model.gradient_checkpointing=auto, nothing measured"
         return asked_batch
     if asked.auto:
-        reasons["batch"] = "batch_size auto: the largest that fits the memory budget"
+        reasons["batch"] = "batch_size auto: the largest that fits the memory budget" + (
+            f", set on {asked.set_on[BATCH]}" if BATCH in asked.set_on else ""
+        )
     if found.accumulation != asked.accumulation:
         reasons["accumulation"] = f"keeps preflight.effective_batch_size={found.effective_target}"
     return _Batch(
@@ -336,9 +434,9 @@ def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str,
 
 
 def _loading(
+    cfg: DictConfig,
     model: Any,
     datamodule: Any,
-    hw: DictConfig,
     follows: bool,
     loader_batch: int,
     reasons: dict[str, str],
@@ -354,10 +452,16 @@ def _loading(
             datamodule.eval_batch_size if isinstance(datamodule, EvaluatesInOtherBatches) else None
         )
         eval_batch = int(own or loader_batch)
+    hw = cfg.hardware
     threads = hw.get("torch_threads")
     if threads:
         reasons["threads"] = "hardware.torch_threads"
-    loader = loader_settings(datamodule, hw)
+    set_on: dict[str, str] = {}
+    own: tuple[str, ...] = ()
+    if users_datamodule(datamodule):
+        loader, set_on, own = _user_loader(cfg.data, datamodule, hw)
+    else:
+        loader = loader_settings(datamodule, hw)
     workers = loader.num_workers
     return _Loading(
         micro_batch=micro_batch,
@@ -366,4 +470,34 @@ def _loading(
         pin_memory=loader.pin_memory,
         persistent_workers=loader.persistent_workers and workers > 0,
         threads=int(threads) if threads else None,
+        set_on=set_on,
+        loader_own=own,
     )
+
+
+def _user_loader(
+    data: DictConfig, datamodule: Any, hw: DictConfig
+) -> tuple[Loader, dict[str, str], tuple[str, ...]]:
+    """Loader settings for a datamodule that is not laptrain's: one its data config sets keeps
+    the datamodule's value; the profile's goes where Lightning's lookup finds the name on the
+    datamodule; the rest it decides itself (returned third, the console names them)."""
+    profile = loader_settings(None, hw)
+    values: dict[str, Any] = {}
+    set_on: dict[str, str] = {}
+    own = []
+    for name in LOADER_KNOBS:
+        found = find_setting(None, datamodule, name)
+        if name in data and found is not None:
+            values[name] = found.value
+        elif found is not None:
+            values[name] = getattr(profile, name)
+            set_on[name] = found.where
+        else:
+            values[name] = data.get(name, getattr(profile, name))
+            own += [] if name in data else [name]
+    loader = Loader(
+        num_workers=int(values["num_workers"] or 0),
+        persistent_workers=bool(values["persistent_workers"]),
+        pin_memory=bool(values["pin_memory"]),
+    )
+    return loader, set_on, tuple(own)

@@ -47,8 +47,15 @@ from laptrain.data.contracts import SavesArtifacts, SizesTheModel
 from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
+from laptrain.job.datamodule_settings import build_datamodule
 from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
-from laptrain.job.plan import RunPlan, build_run_plan, plan_device, rank_device_index
+from laptrain.job.plan import (
+    RunPlan,
+    build_run_plan,
+    plan_device,
+    planned_datamodule,
+    rank_device_index,
+)
 from laptrain.launch.device import check_device, without_unsafe_fused
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
@@ -180,14 +187,14 @@ class Built(NamedTuple):
 def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
     """Data, model and the run plan, in that order; the datamodule that trains has the plan's
     batch sizes (a datamodule whose batch follows the profile is built without one, prepared,
-    then given the plan's)."""
+    then given the plan's) and, when it is not laptrain's, the profile's loader settings it has
+    as attributes or hparams."""
     kind = plan_device(cfg)
     index = rank_device_index(cfg, kind)
     pin_rank_gpu(index)
     checked = env is not None and env.device_checked
     precision = check_device(cfg, say=(lambda _: None) if checked else rank_zero_info)
-    follows = batch_follows_profile(cfg)
-    datamodule = instantiate(cfg.data, _convert_="all", **({"batch_size": None} if follows else {}))
+    datamodule = build_datamodule(cfg.data, batch_follows_profile(cfg))
     datamodule.prepare_data()
     datamodule.setup("fit")
     model_kwargs = datamodule.model_kwargs() if isinstance(datamodule, SizesTheModel) else {}
@@ -212,9 +219,7 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
     plan = build_run_plan(cfg, model, datamodule, precision, output_dir, Path(cfg.paths.cache_dir))
     if plan.gradient_checkpointing and isinstance(model, ChecksGradientCheckpointing):
         model.use_gradient_checkpointing()  # model.gradient_checkpointing=auto: the job needs it
-    if follows:
-        datamodule = datamodule.with_batch_sizes(plan.loader_batch, plan.eval_batch)
-    return Built(datamodule, model, plan, remake)
+    return Built(planned_datamodule(plan, model, datamodule), model, plan, remake)
 
 
 def pin_rank_gpu(index: int | None) -> None:
