@@ -75,7 +75,7 @@ class OOMBackoff(VersionedState, Callback):
         self.chunk_divisor = 1
         self.events: list[dict[str, Any]] = []
         self.batch_size, self.chunks = 0, 0
-        self._last_step, self._pending, self._warned = -1, False, False
+        self._last_step, self._pending = -1, False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -84,8 +84,36 @@ class OOMBackoff(VersionedState, Callback):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.micro_batch is not None:
+        inactive = self.inactive_because(trainer, pl_module)
+        if inactive:
+            rank_zero_info(inactive)
+        elif self.micro_batch is not None:
             rank_zero_info(f"oom_backoff: resuming with micro-batch {self.micro_batch}")
+
+    def inactive_because(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | None:
+        """The one console line saying why out-of-memory errors end this run, or None when the
+        backoff applies (said once at start: a plain module is a supported choice, not a fault)."""
+        from laptrain.model.chunked_backward import ChunkedBackward, wraps_the_module
+
+        if not self.enabled:
+            return None
+        if not isinstance(pl_module, ChunkedBackward):
+            return (
+                f"oom_backoff: does not apply to {type(pl_module).__name__} (an out-of-memory "
+                "error ends the run); it applies to a module that inherits "
+                "laptrain.model.chunked_backward.ChunkedBackward and calls "
+                "self.chunked_backward(batch, loss_fn) in training_step"
+            )
+        if wraps_the_module(trainer.strategy):
+            return (
+                "oom_backoff: inactive with more than one process (DDP refuses a backward inside "
+                "its forward, so whole batches go through Lightning's backward)"
+                if trainer.world_size > 1
+                else f"oom_backoff: inactive under {type(trainer.strategy).__name__} (it runs "
+                "training_step inside its wrapper's forward, so whole batches go through "
+                "Lightning's backward)"
+            )
+        return None
 
     def chunk_size(self, batch_size: int) -> int:
         """Micro-batch to use for a batch of ``batch_size`` samples."""
@@ -129,17 +157,7 @@ class OOMBackoff(VersionedState, Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if not self.enabled:
             return
-        if not self.chunks:
-            if not self._warned:
-                self._warned = True
-                rank_zero_warn(
-                    "oom_backoff: inactive with more than one process (DDP refuses a backward "
-                    "inside its forward, so whole batches go through Lightning's backward)"
-                    if trainer.world_size > 1
-                    else "oom_backoff: the model's training_step does not use laptrain's "
-                    "ChunkedBackward, so out-of-memory errors are not caught; see "
-                    "model/chunked_backward.py"
-                )
+        if not self.chunks:  # the backoff does not apply: said once at start (on_fit_start)
             return
         step = trainer.global_step
         due = step % (self.every_n or trainer.log_every_n_steps) == 0 and step != self._last_step
