@@ -1,5 +1,6 @@
-"""The family registry: every model preset belongs to a family, and the launch, the preflight CLI,
-the doctor and the device smoke all ask it instead of comparing ``_target_`` strings."""
+"""The family registry: every model preset of laptrain's own belongs to a family, and the launch,
+the preflight CLI, the doctor and the device smoke all ask it instead of comparing ``_target_``
+strings. A user's presets beside them (``laptrain new``) belong to none and break nothing."""
 
 from __future__ import annotations
 
@@ -13,10 +14,17 @@ from laptrain.devices.families import FAMILIES as SMOKE_BUILDS
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
 from laptrain.launch.device import check_device
-from laptrain.model.families import FAMILIES, family_of, family_of_preset, family_of_target
+from laptrain.model.families import (
+    FAMILIES,
+    family_of,
+    family_of_module,
+    family_of_preset,
+    family_of_target,
+)
 from tests.conftest import CONF, compose_train
+from tests.new_project import laptrain_options, new_project
 
-PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+PRESETS = laptrain_options(CONF, "model")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -49,6 +57,23 @@ def test_every_family_has_its_smoke_build_in_its_own_package():
 def test_a_user_module_is_no_family_and_runs_without_family_rules():
     assert family_of({"_target_": "my_project.MyModule"}) is None
     assert family_of_preset("no_such_preset", CONF) is None
+
+
+def test_user_presets_beside_laptrain_s_own_are_no_family_and_the_own_ones_all_are(tmp_path):
+    """conf/model/ with `laptrain new`'s preset in it: the check above still covers every
+    laptrain preset and passes; the user's is no family, by preset, target or built module."""
+    conf = new_project(tmp_path / "clone") / "conf"
+    user_target = OmegaConf.load(conf / "model" / "my_task.yaml")._target_
+    assert user_target == "user.my_task.model.MyTaskModule"
+    assert laptrain_options(conf, "model") == PRESETS
+    assert all(family_of_preset(p, conf) is not None for p in laptrain_options(conf, "model"))
+    assert family_of_preset("my_task", conf) is None
+    assert family_of({"_target_": user_target}) is None
+
+    class MyTaskModule(pl.LightningModule):  # a user's class named like no family's
+        pass
+
+    assert family_of_module(MyTaskModule()) is None
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,8 @@
   adapters, on the run's device and base dtype unless told.
 - ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.commands.bench).
 - ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.commands.fetch).
+- ``laptrain new NAME``: your own model, data, presets and test under ``user/NAME/``, ready to
+  train (laptrain.commands.new).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from laptrain.commands.bench import add_arguments as add_bench_arguments
 from laptrain.commands.bench import bench_command
 from laptrain.commands.fetch import add_arguments as add_fetch_arguments
 from laptrain.commands.fetch import fetch_command
+from laptrain.commands.new import add_arguments as add_new_arguments
+from laptrain.commands.new import new_command
 from laptrain.commands.predict import batch_size_arg
 from laptrain.model.families import family_of_preset
-from laptrain.project import ProjectNotFound, conf_dir, train_script
+from laptrain.project import ProjectNotFound, conf_dir, project_root, train_script
 
 
 def configured_model_params(overrides: list[str]) -> int | None:
@@ -377,6 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
             "fetch", help="put a model's pretrained weights in the cache; no model: list the cache"
         )
     )
+    add_new_arguments(
+        commands.add_parser(
+            "new", help="write your own model, data, presets and a test under user/NAME/"
+        )
+    )
     return parser
 
 
@@ -393,11 +402,26 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "eval": lora_command,
     "bench": bench_command,
     "fetch": fetch_command,
+    "new": new_command,
 }
+
+
+def import_from_clone() -> None:
+    """Puts the clone's root first on ``sys.path``, where ``python train.py`` has it (Python adds
+    a script's folder): a preset's ``_target_: user.<name>...`` then imports in ``laptrain train``,
+    ``bench`` and ``doctor`` too, whose console script's folder is the venv's ``bin/``
+    (docs/your_model.md). Outside a clone nothing changes."""
+    try:
+        root = str(project_root())
+    except ProjectNotFound:
+        return
+    if root not in sys.path:
+        sys.path.insert(0, root)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import_from_clone()
     try:
         return COMMANDS[args.command](args)
     except ProjectNotFound as err:  # a plain `pip install .` run outside the clone

@@ -6,6 +6,10 @@ A family is a package ``laptrain/model/<family>/`` with its LightningModule, one
 ``conf/model/`` whose ``_target_`` is that module, and one :class:`ModelFamily` entry below
 (docs/model_families.md walks through adding one). Entries name code by dotted path, so asking the
 registry imports neither torch nor the family: the launch asks it before torch is imported.
+
+The registry holds laptrain's own modules only (``_target_: laptrain.…``). A module of the user's
+own (``_target_: user.my_task.model.MyTaskModule``, docs/your_model.md) is no family and needs no
+entry: every question here answers None for it, and the run applies no family rule to it.
 """
 
 from __future__ import annotations
@@ -108,8 +112,15 @@ def _load(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
+def is_laptrain_target(target: object) -> bool:
+    """Whether a ``_target_`` names laptrain's own code, the registry's scope (else: the user's)."""
+    return str(target).startswith("laptrain.")
+
+
 def family_of_target(target: object) -> ModelFamily | None:
     """The family whose LightningModule is ``target`` (a ``_target_`` string), or None."""
+    if not is_laptrain_target(target):
+        return None
     return next((f for f in FAMILIES.values() if f.module == str(target)), None)
 
 
