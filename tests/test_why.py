@@ -513,46 +513,29 @@ def test_on_a_real_run_an_inf_gradient_is_recorded_and_named_with_its_parameter(
     )
 
 
+CLIPS = " or set trainer.gradient_clip_val=1.0"
+FSDP_STRATEGY = {"strategy": {"_target_": "lightning.pytorch.strategies.FSDPStrategy"}}
+
+
 @pytest.mark.parametrize(
-    ("trainer", "hardware", "fused", "advice"),
+    ("accelerator", "precision", "fused", "trainer", "advice"),
     [
         # a fused AdamW under 16-mixed unscales in its own step: Lightning refuses to clip before it
         (
-            {},
-            {"accelerator": "cuda", "precision": "16-mixed"},
+            "cuda",
+            "16-mixed",
             True,
+            {},
             " or set model.optimizer.fused=false trainer.gradient_clip_val=1.0",
         ),
-        (
-            {},
-            {"accelerator": "cuda", "precision": "16-mixed"},
-            False,
-            " or set trainer.gradient_clip_val=1.0",
-        ),
-        (
-            {},
-            {"accelerator": "cuda", "precision": "bf16-mixed"},
-            True,
-            " or set trainer.gradient_clip_val=1.0",
-        ),
-        # on MPS the launch builds it unfused at 16-mixed: clipping works as configured
-        (
-            {},
-            {"accelerator": "mps", "precision": "16-mixed"},
-            True,
-            " or set trainer.gradient_clip_val=1.0",
-        ),
-        # FSDP's precision plugin refuses norm clipping, whatever the optimizer
-        (
-            {"strategy": {"_target_": "lightning.pytorch.strategies.FSDPStrategy"}},
-            {"accelerator": "cuda", "precision": "bf16-mixed"},
-            False,
-            "",
-        ),
+        ("cuda", "16-mixed", False, {}, CLIPS),
+        ("cuda", "bf16-mixed", True, {}, CLIPS),
+        ("mps", "16-mixed", True, {}, CLIPS),  # the launch builds it unfused at 16-mixed on MPS
+        ("cuda", "bf16-mixed", False, FSDP_STRATEGY, ""),  # FSDP refuses norm clipping
     ],
 )
 def test_clipping_is_suggested_only_in_a_form_lightning_runs(
-    tmp_path, capsys, trainer, hardware, fused, advice
+    tmp_path, capsys, accelerator, precision, fused, trainer, advice
 ):
     """`laptrain why` on a diverging run reads the run's saved config: the fix it names must be
     one Lightning accepts for that optimizer, precision and strategy."""
@@ -561,7 +544,7 @@ def test_clipping_is_suggested_only_in_a_form_lightning_runs(
     folder = write_run(
         tmp_path / "run",
         {"train/loss": loss, "lr-AdamW/pg1": [(s, 3e-3) for s in steps(0, 200)]},
-        report(step=201, precision=hardware["precision"]),
+        report(step=201, precision=precision),
     )
     config = {
         "model": {
@@ -569,7 +552,7 @@ def test_clipping_is_suggested_only_in_a_form_lightning_runs(
             "optimizer": {"_target_": "torch.optim.AdamW", "fused": fused},
         },
         "trainer": {"accelerator": "${hardware.accelerator}", **trainer},
-        "hardware": hardware,
+        "hardware": {"accelerator": accelerator, "precision": precision},
     }
     (folder / ".hydra").mkdir()
     (folder / ".hydra" / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
