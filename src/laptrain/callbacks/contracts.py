@@ -168,3 +168,11 @@ class VersionedState:
             self.restore_state(state_dict)
         else:
             self.reset_state()
+
+
+@runtime_checkable
+class BackPropagatesInChunks(Protocol):
+    """A module whose ``training_step`` back-propagates its batch range by range
+    (``laptrain.model.chunked_backward.ChunkedBackward``): the OOM backoff can halve its ranges."""
+
+    def chunked_backward(self, batch: Any, loss_fn: Any, size_fn: Any = None) -> Any: ...

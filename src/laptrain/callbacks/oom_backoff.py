@@ -13,7 +13,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from laptrain.callbacks.contracts import VersionedState
+from laptrain.callbacks.contracts import BackPropagatesInChunks, VersionedState
+from laptrain.config.scale_out import wraps_the_module
 from laptrain.hardware.probe import DeviceProbe, probe_for
 
 # What each device really raises (docs/hardware.md §7): CUDA torch.OutOfMemoryError; MPS a plain
@@ -93,11 +94,9 @@ class OOMBackoff(VersionedState, Callback):
     def inactive_because(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | None:
         """The one console line saying why out-of-memory errors end this run, or None when the
         backoff applies (said once at start: a plain module is a supported choice, not a fault)."""
-        from laptrain.model.chunked_backward import ChunkedBackward, wraps_the_module
-
         if not self.enabled:
             return None
-        if not isinstance(pl_module, ChunkedBackward):
+        if not isinstance(pl_module, BackPropagatesInChunks):
             return (
                 f"oom_backoff: does not apply to {type(pl_module).__name__} (an out-of-memory "
                 "error ends the run); it applies to a module that inherits "

@@ -74,6 +74,15 @@ def shards_model_state(strategy: Any) -> bool:
     return isinstance(found, type) and issubclass(found, FSDPStrategy)
 
 
+def wraps_the_module(strategy: Any) -> bool:
+    """Whether ``strategy`` runs ``training_step`` inside a wrapper's forward (DDP, FSDP and every
+    other ``ParallelStrategy``, with one process too: Lightning wraps the module whatever the
+    world size), where a backward cannot run before the forward returns."""
+    from lightning.pytorch.strategies import ParallelStrategy
+
+    return isinstance(strategy, ParallelStrategy)
+
+
 def asked_devices(cfg: Mapping[str, Any]) -> Any:
     """The ``devices`` value the Trainer is given: ``trainer.devices``, else the profile's, else 1.
     An OmegaConf list comes back as a plain list."""

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from laptrain.config.scale_out import wraps_the_module
 from laptrain.data.collate import batch_length
 
 
@@ -73,15 +74,6 @@ def _add_back(params: list[Tensor], held: list[Tensor | None]) -> None:
             p.grad = g.add_(p.grad)
         elif g is not None:
             p.grad = g
-
-
-def wraps_the_module(strategy: Any) -> bool:
-    """Whether ``strategy`` runs ``training_step`` inside a wrapper's forward (DDP, FSDP and every
-    other ``ParallelStrategy``, with one process too: Lightning wraps the module whatever the
-    world size), where a backward cannot run before the forward returns."""
-    from lightning.pytorch.strategies import ParallelStrategy
-
-    return isinstance(strategy, ParallelStrategy)
 
 
 def backward_in_chunks(
