@@ -19,6 +19,10 @@ The second table is each callback's own time per step in its per-batch hooks, me
 laptrain arm.
 
     python benchmarks/overhead.py [--steps 40] [--repeats 5] [train.py overrides ...]
+    laptrain new my_mlp && python benchmarks/overhead.py model=my_mlp data=my_mlp hardware.batch_size=64
+
+The last column is laptrain's own cost per step over bare Lightning (each repeat's difference,
+then the median), the figure a user's own module pays for the default callbacks.
 """
 
 from __future__ import annotations
@@ -80,8 +84,31 @@ def per_step(marks: list[float]) -> float:
 
 
 def plain_loop(model: Any, batches: list[Any]) -> float:
-    """The classifier's optimizer and schedule (TextClassifierModule.configure_optimizers) in a
-    for loop."""
+    """The job's model in a for loop: laptrain's classifier with its optimizer and schedule
+    (TextClassifierModule.configure_optimizers), any other module with its own
+    ``configure_optimizers`` and ``training_step`` (a user's module, as written for Lightning:
+    its ``self.log`` calls outside a Trainer return at once)."""
+    if hasattr(model, "optimizer_factory") and hasattr(model, "warmup_ratio"):
+        return _classifier_loop(model, batches)
+    optimizer = model.configure_optimizers()
+    if isinstance(optimizer, dict):
+        optimizer = optimizer["optimizer"]
+    elif isinstance(optimizer, list | tuple):
+        optimizer = optimizer[0]
+    model.train()
+    marks = []
+    for index, batch in enumerate(batches):
+        marks.append(time.perf_counter())
+        loss = model.training_step(batch, index)
+        loss = loss["loss"] if isinstance(loss, dict) else loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    marks.append(time.perf_counter())
+    return per_step(marks)
+
+
+def _classifier_loop(model: Any, batches: list[Any]) -> float:
     decay = [p for p in model.model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.model.parameters() if p.requires_grad and p.ndim < 2]
     optimizer = model.optimizer_factory(
@@ -181,10 +208,12 @@ def main() -> None:
         f"job: {' '.join(args.overrides) or 'default'}, batch {job.plan.loader_batch}, "
         f"{args.steps} timed steps x {args.repeats} repeats, interleaved; medians\n"
     )
-    print("| arm | s/step | ratio to plain loop |")
-    print("|---|---|---|")
+    bare = times["Lightning, no callbacks"]
+    print("| arm | ms/step | ratio to plain loop | ms/step above bare Lightning |")
+    print("|---|---|---|---|")
     for arm, value in step.items():
-        print(f"| {arm} | {value:.4f} | {ratio[arm]:.3f} |")
+        above = statistics.median(a - b for a, b in zip(times[arm], bare)) * 1e3
+        print(f"| {arm} | {value * 1e3:.3f} | {ratio[arm]:.3f} | {above:+.3f} |")
     print("\n| callback | its hooks, ms/step | share of a plain step |")
     print("|---|---|---|")
     for name, total in sorted(spent.items(), key=lambda kv: -kv[1]):
