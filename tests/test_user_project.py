@@ -40,7 +40,11 @@ def test_train_py_trains_a_new_project_at_once(trained):
     clone, done = trained
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "model: MyTaskModule" in done.stdout
-    assert "done at global step 26" in done.stdout  # 819 rows / 64 = 13 batches, 2 epochs
+    # data.batch_size=from_profile: hardware=cpu's 16, found in the datamodule's hparams
+    assert (
+        "micro batch size: 16 (hardware.batch_size, set on MyTaskDataModule.hparams" in done.stdout
+    )
+    assert "done at global step 104" in done.stdout  # 819 rows / 16 = 52 batches, 2 epochs
     test_line = next(line for line in done.stdout.splitlines() if line.startswith("test: acc"))
     assert float(test_line.split()[2]) > 0.5  # 4 classes: chance is 0.25
     run = clone / "outputs" / "my_task-my_task"
@@ -53,7 +57,7 @@ def test_laptrain_why_reads_a_user_module_run(trained):
     assert done.returncode == 0
     why = laptrain("why", "outputs/my_task-my_task", cwd=clone)
     assert why.returncode == 0, why.stderr
-    assert why.stdout.splitlines()[0] == "outputs/my_task-my_task: finished at step 26"
+    assert why.stdout.splitlines()[0] == "outputs/my_task-my_task: finished at step 104"
     assert "val/acc" in why.stdout
 
 

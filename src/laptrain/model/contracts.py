@@ -1,7 +1,22 @@
-"""What the run may ask of a model beyond Lightning's hooks, as Protocols (as
-``laptrain/data/contracts.py`` does for datamodules and ``laptrain/callbacks/contracts.py`` for
-callbacks). A module joins by having the members; the run asks ``isinstance`` instead of probing
-attribute names. ``laptrain/model/checkpointing.py`` holds the gradient-checkpointing one."""
+"""What the run may ask of a model beyond Lightning's own API, as Protocols.
+
+Nothing here is required: a plain ``LightningModule`` (steps, ``configure_optimizers``, the
+``self.log`` calls its checkpoints monitor) trains under ``python train.py`` with checkpoints, stops,
+resume, guards and report (docs/your_model.md). A module joins a Protocol by having its members,
+never by subclassing; the run asks ``isinstance`` instead of probing attribute names. Each one
+buys one feature, named in its docstring:
+
+- :class:`ExportsModel`: export of what a user keeps, after the test on the best checkpoint;
+- :class:`KeepsTrainableOnly`: checkpoints and exports of the trainable parameters only;
+- :class:`ChunksBatches`: the plan and the console count the micro batch the step really runs;
+- ``ChecksGradientCheckpointing`` (``laptrain/model/checkpointing.py``):
+  ``model.gradient_checkpointing=auto``, on only when the memory preflight finds it is needed.
+
+OOM backoff is the one feature a class brings: the ``ChunkedBackward`` mixin
+(``laptrain/model/chunked_backward.py``), whose ``self.chunked_backward`` in ``training_step`` lets
+an out-of-memory error halve the micro batch instead of ending the run. ``laptrain/data/contracts.py``
+lists a datamodule's, ``laptrain/callbacks/contracts.py`` a callback's.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +27,10 @@ from typing import Any, Protocol, runtime_checkable
 @runtime_checkable
 class ExportsModel(Protocol):
     """Writes what a user keeps after training (``save_pretrained`` folder, adapters) to
-    ``<run>/<export_folder>/`` once the test has run on the best checkpoint."""
+    ``<run>/<export_folder>/`` once the test has run on the best checkpoint.
+
+    Buys: export. Without it the best checkpoint (``checkpoints/best-step*.ckpt``) is what a run
+    keeps."""
 
     export_folder: str
 
@@ -22,7 +40,10 @@ class ExportsModel(Protocol):
 
 @runtime_checkable
 class ChunksBatches(Protocol):
-    """Runs each loader batch in micro batches of ``micro_batch_size`` rows (None: whole)."""
+    """Runs each loader batch in micro batches of ``micro_batch_size`` rows (None: whole).
+
+    Buys: the plan, the console and the accumulation count the micro batch the step really runs
+    (TRM's carry slots), not the loader's batch."""
 
     micro_batch_size: int | None
 
@@ -31,7 +52,9 @@ class ChunksBatches(Protocol):
 class KeepsTrainableOnly(Protocol):
     """Checkpoints and exports only its trainable parameters (LoRA: the adapters, its base read
     again from ``model.pretrained``). Under FSDP only these are gathered from the ranks' shards
-    (``laptrain.model.fsdp_units.trainable_state_dict``): the frozen base never is."""
+    (``laptrain.model.fsdp_units.trainable_state_dict``): the frozen base never is.
+
+    Buys: small checkpoints and exports, and no gathering of frozen weights under FSDP."""
 
     def trainable_keys(self) -> set[str]:
         """The ``state_dict`` keys of the trainable parameters."""
