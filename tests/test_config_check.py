@@ -53,7 +53,7 @@ def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_closest_argument(tmp_pa
         ("run_name=a/b", "run_name='a/b' must name one folder under outputs/"),
         ("run_name=", "run_name='' must name one folder under outputs/"),
         ("run_name=..", "set run_name=<name>"),
-        ("trainer.use_distributed_sampler=true", "trainer.use_distributed_sampler must stay false"),
+        ("trainer.use_distributed_sampler=true", "does not fit laptrain's data modules"),
         ("hardware.memory_fraction=nan", "hardware.memory_fraction=nan must be a number in (0, 1]"),
         ("hardware.memory_fraction=inf", "hardware.memory_fraction=inf must be a number in (0, 1]"),
         ("hardware.memory_fraction=0", "e.g. hardware.memory_fraction=0.8"),

@@ -170,18 +170,20 @@ TRAINER_RULES: dict[str, tuple[Any, str]] = {
 }
 
 
-def check_trainer_values(trainer: Mapping[str, Any]) -> list[str]:
+def check_trainer_values(trainer: Mapping[str, Any], data_target: object = None) -> list[str]:
     problems = []
     for key, (ok, text) in TRAINER_RULES.items():
         value = trainer.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool) and not ok(value):
             problems.append(f"trainer.{key}={value} must be {text}")
-    if trainer.get("use_distributed_sampler", False) is not False:
+    laptrains_data = str(data_target or "").startswith("laptrain.")
+    if trainer.get("use_distributed_sampler") is True and laptrains_data:
         # Lightning would rebuild laptrain's batch samplers (laptrain/data/sampler.py), which
-        # shard by rank themselves, and every rank would train on the same examples.
+        # shard by rank themselves. A user's datamodule gets Lightning's sampler (null or true).
         problems.append(
-            "trainer.use_distributed_sampler must stay false: laptrain's data modules give each "
-            "process its own share of every batch (docs/sweeps.md, Several processes)"
+            "trainer.use_distributed_sampler=true does not fit laptrain's data modules, which give "
+            "each process its own share of every batch: leave it null (docs/sweeps.md, Several "
+            "processes)"
         )
     return problems
 
@@ -292,9 +294,14 @@ def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -
             parent = parent.get(head) if isinstance(parent, dict) else None
         if isinstance(parent, dict) and last in parent:
             parent[last] = value
+    trainer = plain.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("use_distributed_sampler", False) is None:
+        del trainer["use_distributed_sampler"]  # null: the run decides (data/user_loaders.py)
     problems = check_targets(plain) + check_run_name(plain.get("run_name"))
     if isinstance(plain.get("trainer"), Mapping):
-        problems += check_trainer_values(plain["trainer"])
+        data = plain.get("data")
+        target = data.get("_target_") if isinstance(data, Mapping) else None
+        problems += check_trainer_values(plain["trainer"], target)
     if isinstance(plain.get("hardware"), Mapping):
         problems += check_hardware_values(plain["hardware"])
     if problems:

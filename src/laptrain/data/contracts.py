@@ -55,6 +55,17 @@ class EvaluatesInOtherBatches(Protocol):
     eval_batch_size: int | None
 
 
+@runtime_checkable
+class ShardsItself(Protocol):
+    """``shards_itself = True``: its loaders give each process its own share of every batch and
+    its train loader saves its own position (laptrain's datamodules, through data/sampler.py).
+    The run leaves such loaders as they are, with Lightning's distributed sampler off. Any other
+    datamodule gets Lightning's sampler under several processes and a train loader that resumes
+    mid-epoch exactly (data/user_loaders.py)."""
+
+    shards_itself: bool
+
+
 @dataclass(frozen=True)
 class Loader:
     """The loader settings a run reports: the datamodule's own, else the hardware profile's."""

@@ -15,13 +15,16 @@ indices are disjoint and together the whole split, and 2 ranks x batch 8 see the
 step as 1 rank x batch 16. Lightning's own injection (``use_distributed_sampler``) cannot do this:
 it rebuilds a batch sampler that is not a ``BatchSampler`` as ``cls(sampler, batch_size=...,
 drop_last=...)`` (lightning/pytorch/utilities/data.py, ``_dataloader_init_kwargs_resolve_sampler``),
-which would hand this class the rank's index list as its lengths; laptrain's trainer config turns
-that injection off (``trainer.use_distributed_sampler: false``) and this class refuses a sampler.
+which would hand this class the rank's index list as its lengths; the datamodules that use it
+declare ``shards_itself`` (data/contracts.py), the run turns that injection off for them, and this
+class refuses a sampler.
 
 ``ResumableDataLoader`` fills the gap Lightning leaves for mid-epoch resume (docs/lightning.md,
 "Mid-epoch resume"): a plain DataLoader has no ``state_dict``, so Lightning replays the interrupted
 epoch from its start. This loader counts the batches it has handed out (not what workers
-prefetched) and, restored, skips exactly those.
+prefetched) and, restored, skips exactly those. It runs over either sampler of this module:
+``LengthGroupedBatchSampler`` (laptrain's datamodules) or ``ResumableDistributedSampler`` (a user's
+plain loader, rebuilt by ``laptrain.data.user_loaders``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 
 class LengthGroupedBatchSampler(Sampler[list[int]]):
@@ -142,32 +145,63 @@ def replicas_of(trainer: Any) -> tuple[int, int]:
     return int(trainer.world_size), int(trainer.global_rank)
 
 
+class ResumableDistributedSampler(DistributedSampler):
+    """torch's ``DistributedSampler`` (the one Lightning injects under several processes: the same
+    order for the same seed and epoch, each process every ``replicas``-th index of it) that can
+    start an epoch ``skip`` indices in, for a resumed run. On one process (``replicas=1``) it is the
+    whole order, so 1 process at batch 2B takes the indices 2 processes at batch B take together."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        replicas: int = 1,
+        rank: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(dataset, num_replicas=replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        order = super().__iter__()
+        for _ in range(skip):
+            next(order)
+        yield from order
+
+
 class ResumableDataLoader(DataLoader):
-    """A DataLoader over a ``LengthGroupedBatchSampler`` whose position Lightning saves and restores."""
+    """A DataLoader whose position Lightning saves and restores: over a
+    ``LengthGroupedBatchSampler`` (``batch_sampler=``) or a ``ResumableDistributedSampler``
+    (``sampler=`` with ``batch_size=``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not isinstance(self.batch_sampler, LengthGroupedBatchSampler):
+        if isinstance(self.batch_sampler, LengthGroupedBatchSampler):
+            self._order: Any = self.batch_sampler
+            self._per_batch = 1  # the batch sampler skips whole batches
+        elif isinstance(self.sampler, ResumableDistributedSampler) and self.batch_size:
+            self._order = self.sampler
+            self._per_batch = self.batch_size  # the sampler skips indices
+        else:
             raise TypeError(
-                "ResumableDataLoader needs batch_sampler=LengthGroupedBatchSampler(...)"
+                "ResumableDataLoader needs batch_sampler=LengthGroupedBatchSampler(...) or "
+                "sampler=ResumableDistributedSampler(...) with a batch_size"
             )
         self._served = 0
 
     def __iter__(self) -> Iterator[Any]:
-        sampler: LengthGroupedBatchSampler = self.batch_sampler  # type: ignore[assignment]
-        self._served = sampler.skip  # 0, or the batches a restored run already trained on
+        self._served = self._order.skip // self._per_batch  # 0, or what a restored run trained on
         for batch in super().__iter__():
             self._served += 1
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        sampler: LengthGroupedBatchSampler = self.batch_sampler  # type: ignore[assignment]
-        return {"epoch": sampler.epoch, "served": self._served, "seed": sampler.seed}
+        return {"epoch": self._order.epoch, "served": self._served, "seed": self._order.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        sampler: LengthGroupedBatchSampler = self.batch_sampler  # type: ignore[assignment]
-        sampler.epoch = int(state["epoch"])
+        self._order.epoch = int(state["epoch"])
         served = int(state["served"])
         # A checkpoint taken after the epoch's last batch resumes at the next epoch's start.
-        sampler.skip = served if served < len(sampler) else 0
-        self._served = sampler.skip
+        self._served = served if served < len(self) else 0
+        self._order.skip = self._served * self._per_batch

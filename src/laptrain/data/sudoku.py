@@ -245,6 +245,8 @@ class BoardDataset(Dataset):
 class SudokuBoardsDataModule(pl.LightningDataModule):
     """Loaders over in-memory boards; subclasses fill ``self.splits`` in ``setup``."""
 
+    shards_itself = True  # data.contracts.ShardsItself: each rank's share, resumable stream
+
     def __init__(
         self,
         board_size: int,

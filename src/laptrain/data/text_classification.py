@@ -212,6 +212,8 @@ class TextClassificationDataModule(pl.LightningDataModule):
         group_by_length: batch similar lengths together (seeded, resumable); false = random batches.
     """
 
+    shards_itself = True  # data.contracts.ShardsItself: LengthGroupedBatchSampler per rank
+
     def __init__(
         self,
         files: dict[str, str] | None = None,

@@ -44,6 +44,7 @@ from laptrain.console import (
     relative,
 )
 from laptrain.data.contracts import SavesArtifacts, SizesTheModel
+from laptrain.data.user_loaders import prepare_user_loaders
 from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
@@ -248,7 +249,7 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
 def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     _set_up_process(cfg)
     datamodule, model, plan, remake = build(cfg, env, output_dir)
-    trainer, callbacks, loggers = _make_trainer(cfg, plan, model)
+    trainer, callbacks, loggers = _make_trainer(cfg, plan, model, datamodule)
     _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan)
     ckpt_path = checked_resume_checkpoint(cfg, model)
     if ckpt_path:
@@ -299,14 +300,19 @@ def _set_up_process(cfg: DictConfig) -> None:
 
 
 def _make_trainer(
-    cfg: DictConfig, plan: RunPlan, model: Any
+    cfg: DictConfig, plan: RunPlan, model: Any, datamodule: Any
 ) -> tuple[pl.Trainer, list[Any], list[Any]]:
-    """The Trainer of the config with the plan's arguments, its callbacks and its loggers."""
+    """The Trainer of the config with the plan's arguments, its callbacks and its loggers; a
+    user's datamodule gets Lightning's distributed sampler and a resumable train loader."""
     callbacks = _instantiate_all(cfg.get("callbacks"))
     loggers = _instantiate_all(cfg.get("logger"))
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
-    return instantiate_trainer(cfg, plan, model, callbacks, loggers), callbacks, loggers
+    sampler = prepare_user_loaders(datamodule, cfg.trainer.get("use_distributed_sampler"))
+    trainer = instantiate_trainer(
+        cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
+    )
+    return trainer, callbacks, loggers
 
 
 def instantiate_trainer(

@@ -1,0 +1,65 @@
+"""A user's own datamodule under several processes gets one share of the data per process, the
+way Lightning's distributed sampler gives it, while laptrain's own datamodules keep their own
+samplers (issue 35, item 6)."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from laptrain.config.check import check_trainer_values
+from laptrain.data.user_loaders import ResumableTrainLoader, prepare_user_loaders
+from tests.conftest import run_train
+from tests.test_scale_out_runs import final_weights, largest_difference
+from tests.test_user_resume import user_env, write_user_project
+
+
+@pytest.mark.slow  # ~30 s: a run on 2 spawned processes and one on 1
+def test_two_processes_at_batch_8_train_like_one_at_batch_16(tmp_path):
+    """Before: every process trained on the whole train split (60 steps instead of 30 in 2
+    epochs) and the weights ended 0.26 apart from 1 process at batch 16."""
+    args = [*write_user_project(tmp_path), "trainer.max_epochs=2"]
+    env = user_env(tmp_path)
+    for run, extra in (
+        ("one", ["data.batch_size=16"]),
+        ("two", ["data.batch_size=8", "trainer=ddp_cpu"]),
+    ):
+        done = run_train([*args, *extra, f"run_name={run}"], tmp_path, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "done at global step 30" in done.stdout
+    one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
+    assert largest_difference(one, two) < 1e-5  # measured 1.0e-7
+
+
+def test_use_distributed_sampler_true_is_refused_only_for_laptrains_datamodules():
+    user = check_trainer_values({"use_distributed_sampler": True}, "mytask.BlobsDataModule")
+    assert user == []
+    ours = check_trainer_values(
+        {"use_distributed_sampler": True},
+        "laptrain.data.text_classification.TextClassificationDataModule",
+    )
+    assert len(ours) == 1 and "leave it null" in ours[0]
+
+
+class UserData(pl.LightningDataModule):
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.arange(8)), batch_size=2, shuffle=True)
+
+
+class ShardingData(UserData):
+    shards_itself = True
+
+
+def test_a_users_datamodule_gets_lightnings_sampler_and_a_resumable_train_loader():
+    data = UserData()
+    assert prepare_user_loaders(data, None) is True
+    assert isinstance(data.train_dataloader, ResumableTrainLoader)
+    assert prepare_user_loaders(UserData(), False) is False  # the config's false wins
+
+
+def test_a_datamodule_that_shards_itself_keeps_its_loaders_and_lightnings_sampler_off():
+    data = ShardingData()
+    assert prepare_user_loaders(data, None) is False
+    assert "train_dataloader" not in vars(data)
