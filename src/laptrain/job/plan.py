@@ -359,9 +359,14 @@ def _checked_batch(
                 "model.gradient_checkpointing=auto with the preflight off: set it to true to force it"
             )
         return asked_batch
+    from laptrain.preflight.measured import estimated_by_transformers
+    from laptrain.preflight.shared_plan import plan_on_rank_0
+
+    # auto on a module the estimate cannot size goes straight to the measured preflight
+    estimate = preflight is not None or not asked.auto
+    estimate = estimate or estimated_by_transformers(model, datamodule)
     if preflight is None:
         from laptrain.preflight.batch import preflight_for_run as preflight
-    from laptrain.preflight.shared_plan import plan_on_rank_0
 
     profile = _preflight_profile(cfg, asked, precision)
     run_preflight = partial(
@@ -381,8 +386,66 @@ def _checked_batch(
     strategy = cfg.trainer.get("strategy")
     if OmegaConf.is_config(strategy):
         strategy = OmegaConf.to_container(strategy, resolve=True)
-    found = plan_on_rank_0(run_preflight, strategy, profile["accelerator"], profile["device_index"])
+    found = None
+    if estimate:
+        found = plan_on_rank_0(
+            run_preflight, strategy, profile["accelerator"], profile["device_index"]
+        )
+    if found is None:
+        run_measured = partial(
+            _measured, model, datamodule, asked, profile, options, output_dir, cache_dir
+        )
+        found = _or_not_measured(
+            lambda: plan_on_rank_0(
+                run_measured, strategy, profile["accelerator"], profile["device_index"]
+            ),
+            asked,
+            reasons,
+        )
     return _answered(found, asked, asked_batch, reasons)
+
+
+def _measured(
+    model: Any,
+    datamodule: Any,
+    asked: _Asked,
+    profile: dict[Any, Any],
+    options: Any,
+    output_dir: Path | None,
+    cache_dir: Path | None,
+) -> Any:
+    """The measured preflight's plan (laptrain.preflight.measured): real training steps of a copy
+    of the module, where the estimate sizes nothing."""
+    from laptrain.preflight.measured import measured_preflight_for_run
+
+    return measured_preflight_for_run(
+        model,
+        datamodule,
+        profile,
+        accumulation=asked.accumulation,
+        effective_batch=options.get("effective_batch_size"),
+        max_batch=int(options.get("max_batch_size") or 256),
+        output_dir=output_dir,
+        cache_dir=cache_dir,
+        option="hardware.batch_size" if asked.follows else "data.batch_size",
+    )
+
+
+def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> Any:
+    """``measure()``, or None with the reason it could not measure in ``reasons["memory"]``
+    (a fixed batch trains unmeasured; ``auto`` is refused in one line)."""
+    from laptrain.preflight.measured import NotMeasured
+
+    try:
+        return measure()
+    except NotMeasured as why:
+        if asked.auto:
+            raise ValueError(
+                f"hardware.batch_size=auto: the preflight cannot measure this job ({why}): "
+                "set hardware.batch_size=<n>"
+            ) from why
+        reasons["memory"] = f"not estimated: {why}"
+        return None
 
 
 def _preflight_profile(cfg: DictConfig, asked: _Asked, precision: str) -> dict[Any, Any]:
@@ -408,7 +471,7 @@ def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str,
                 "hardware.batch_size=auto needs a model the preflight can measure: set "
                 "hardware.batch_size=<n>"
             )
-        reasons["memory"] = "not estimated: the preflight measures transformers models only"
+        reasons.setdefault("memory", "not estimated")
         if asked.auto_checkpointing:
             reasons["checkpointing"] = "model.gradient_checkpointing=auto, nothing measured"
         return asked_batch

@@ -107,7 +107,8 @@ class Estimate:
             ("overhead", self.overhead),
         ) + ((("gathered by FSDP", self.gathered),) if self.gathered else ())
         detail = ", ".join(f"{name} {value / GB:.2f}" for name, value in parts)
-        return f"{self.total / GB:.2f} GB at micro batch {self.micro_batch} x {self.seq_len} tokens ({detail})"
+        tokens = f" x {self.seq_len} tokens" if self.seq_len else ""  # 0: measured, any module
+        return f"{self.total / GB:.2f} GB at micro batch {self.micro_batch}{tokens} ({detail})"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,634 @@
+"""The memory preflight of any LightningModule: measured, where batch.py estimates.
+
+batch.py estimates a transformers model from its shape. A user's own module has no shape the
+preflight knows, so here its memory is measured: real training steps (its own ``training_step``,
+``loss.backward()``, and a step of every optimizer its own ``configure_optimizers`` returns) on real
+rows of its own training set (the dataset and collate function of ``train_dataloader()``), at
+growing batch sizes, reading the device's own counter (peak_memory.py). The answer is batch.py's
+``Plan``, so a run takes it exactly as it takes the estimate: the batch, accumulation, the
+``preflight.json`` a resumed session and the other ranks read.
+
+The search doubles the batch from 1 while it fits, then bisects between the last batch that fit
+and the first that did not. It does not wait for an out-of-memory error, as Lightning's
+``BatchSizeFinder`` does: on a Mac the limit is swap, and a batch that swaps is slow, not refused
+(docs/hardware.md §1). A batch above every batch measured so far runs only when the straight line
+through the two largest measured peaks keeps it under the budget; otherwise it counts as too large,
+not run.
+
+The run is not changed by it: the steps train a deep copy of the module (its weights, optimizer
+state, metrics and any other attribute stay as they were), the rows come from a new loader over
+the same dataset with its own seeded generator, and the RNG states (torch on the CPU and the
+device, Python's ``random``, numpy's) are put back afterwards, so a run (and a resumed session)
+draws the same numbers as without the preflight. What the copy costs is taken off the reading: on
+CPU its weights (the process's own resident set is the measure, and the copy is gone when training
+starts); on a GPU everything below the level before the copy moved there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import random
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, default_collate, default_convert
+
+from laptrain.config.batch_request import is_auto
+from laptrain.hardware.probe import TorchProbe
+from laptrain.model.contracts import ChunksBatches
+from laptrain.preflight.batch import (
+    Plan,
+    PreflightError,
+    _loader_workers,
+    _previous_batch,
+    _rank_0_plan,
+    _record,
+    _Request,
+    choose_micro_batch,
+    training_length,
+)
+from laptrain.preflight.budget import Budget, device_budget
+from laptrain.preflight.estimate import GB, Estimate
+from laptrain.preflight.peak_memory import PeakCounter, counter_for, release_freed
+
+# Steps per batch tried while searching: the second runs with the optimizer state the first made.
+STEPS_PER_TRIAL = 2
+# Steps run at the batch picked. On glibc the process's peak still grows over the first steps of a
+# run at one batch (freed blocks the heap keeps, docs/hardware.md §9b): measured at 12-16 steps of a
+# real fit, a small CNN reached its peak at step 7 (0.957 GB after step 1, 0.963 after 2, 1.025
+# from 7) and a TransformerEncoder at step 4 (0.960, 1.039, 1.070); docs/preflight_any_module.md.
+SETTLED_STEPS = 8
+# The search stops bisecting once the batches that fit and that do not are this close (a fraction
+# of the one that fits): peaks of neighbouring batches differ by less than the allocator's noise.
+RESOLUTION = 1 / 32
+# How often a settled peak over the budget may lower the batch before the job is refused.
+LOWERINGS = 3
+TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
+ROWS_SEED = 0
+
+
+class NotMeasured(ValueError):
+    """The module or its data cannot be measured; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One batch size tried: the run's peak there (bytes), and how far memory rose in its steps
+    (``rise``, the gradients and activations); ``ran`` False: predicted over the budget, not run."""
+
+    batch: int
+    peak: float
+    rise: float = 0.0
+    ran: bool = True
+    steps: int = STEPS_PER_TRIAL
+
+
+Measure = Callable[[int, int], Trial]  # (batch, steps) -> the run's peak at that batch
+
+
+class BatchSearch:
+    """Which batches fit ``budget`` bytes, asking ``measure(batch, steps)`` only for batches worth
+    running (tests inject the reader)."""
+
+    def __init__(self, measure: Measure, budget: float) -> None:
+        self.measure, self.budget = measure, budget
+        self.trials: dict[int, Trial] = {}
+        self.settled: dict[int, Trial] = {}
+        self.smallest = 1  # 2 where a step cannot run on one row (BatchNorm in training)
+
+    def predicted(self, batch: int) -> float | None:
+        """The peak at ``batch`` on the line through the largest measured batch below it and one
+        at most half as large (the farthest pair: small batches differ by allocator noise more
+        than by their rows); None with fewer than two. A falling line counts as flat."""
+        below = sorted(b for b, t in self.trials.items() if t.ran and b < batch)
+        if len(below) < 2:
+            return None
+        top = below[-1]
+        base = max((b for b in below if 2 * b <= top), default=below[0])
+        low, high = self.trials[base], self.trials[top]
+        slope = max(0.0, (high.peak - low.peak) / (high.batch - low.batch))
+        return high.peak + slope * (batch - high.batch)
+
+    def fits(self, batch: int) -> bool:
+        """Whether ``batch`` fits: measured, unless it is above every batch measured and the line
+        through the measured peaks puts it over the budget (then it counts as not fitting)."""
+        if batch not in self.trials:
+            guess = self.predicted(batch)
+            top = max((b for b, t in self.trials.items() if t.ran), default=0)
+            if batch > top and guess is not None and guess > self.budget:
+                self.trials[batch] = Trial(batch, guess, ran=False, steps=0)
+            else:
+                self.trials[batch] = self.measure(batch, STEPS_PER_TRIAL)
+        trial = self.trials[batch]
+        return trial.ran and trial.peak <= self.budget
+
+    def largest_fit(self, max_batch: int) -> int:
+        """The largest batch up to ``max_batch`` that fits (0: not even the smallest), to within
+        :data:`RESOLUTION`: doubling from the smallest while it fits, then bisecting between the
+        last that fit and the first that did not."""
+        if not self.fits(self.smallest):
+            return 0
+        fit, over = self.smallest, None
+        while over is None and fit < max_batch:
+            step = min(2 * fit, max_batch)
+            if self.fits(step):
+                fit = step
+            else:
+                over = step
+        while over is not None and over - fit > max(1, int(fit * RESOLUTION)):
+            middle = (fit + over) // 2
+            if self.fits(middle):
+                fit = middle
+            else:
+                over = middle
+        return fit
+
+    def ladder(self, batch: int) -> bool:
+        """Whether a given ``batch`` fits, running the smallest batch and twice that first, so
+        that the line can keep a batch far over the budget from running at all."""
+        first = self.smallest
+        return all(self.fits(step) for step in sorted({first, 2 * first, batch}) if step <= batch)
+
+    def start(self) -> str | None:
+        """Run the smallest batch: 1, or 2 when a step on one row fails (BatchNorm cannot
+        normalize a single value in training; the run cannot train on such a batch either). The
+        note to print when it is 2."""
+        try:
+            self.fits(1)
+        except NotMeasured as one:
+            self.trials.pop(1, None)
+            self.smallest = 2
+            try:
+                self.fits(2)
+            except NotMeasured:
+                raise one from None
+            return f"batch 1 does not train ({one}): the search starts at 2"
+        return None
+
+    def settle(self, batch: int) -> Trial:
+        """``batch`` run for :data:`SETTLED_STEPS` steps: the peak a run keeps at it."""
+        if batch not in self.settled:
+            self.settled[batch] = self.measure(batch, SETTLED_STEPS)
+        return self.settled[batch]
+
+    def lower(self, batch: int) -> int:
+        """After ``batch`` settled over the budget: the largest batch below it that the search
+        measured under the budget by the same margin (its short peak scaled by ``batch``'s
+        settled ÷ short peak); 0 when none is."""
+        scale = self.settled[batch].peak / max(self.trials[batch].peak, 1.0)
+        under = [
+            b
+            for b, t in self.trials.items()
+            if t.ran and b < batch and t.peak * max(scale, 1.0) <= self.budget
+        ]
+        return max(under, default=0)
+
+    def line(self) -> str:
+        ran = [t for t in sorted(self.trials.values(), key=lambda t: t.batch) if t.ran]
+        text = ", ".join(f"{t.batch}: {t.peak / GB:.2f}" for t in ran)
+        skipped = [t for t in self.trials.values() if not t.ran]
+        if skipped:
+            text += "; not run, predicted over the budget: " + ", ".join(
+                f"{t.batch}: {t.peak / GB:.2f}" for t in sorted(skipped, key=lambda t: t.batch)
+            )
+        settled = ", ".join(f"{b}: {t.peak / GB:.2f}" for b, t in sorted(self.settled.items()))
+        return text + (f"; after {SETTLED_STEPS} steps {settled}" if settled else "")
+
+
+@dataclass
+class TrainerStandIn:
+    """What a module's ``training_step`` and ``configure_optimizers`` commonly read of its Trainer
+    (the lightning-hydra-template's ``self.trainer.model.parameters()``), for the copy the
+    preflight trains: ``barebones`` makes ``self.log`` a no-op (lightning/pytorch/core/module.py,
+    ``LightningModule.log``). Anything else a module reads of it fails, and the module is not
+    measured (the reason is printed)."""
+
+    model: nn.Module
+    barebones: bool = True
+    global_step: int = 0
+    current_epoch: int = 0
+    logger: Any = None
+    loggers: list[Any] = field(default_factory=list)
+    world_size: int = 1
+    global_rank: int = 0
+    local_rank: int = 0
+
+    @property
+    def lightning_module(self) -> nn.Module:
+        return self.model
+
+
+class TrainingRows:
+    """Batches of any size from the dataset of the datamodule's own training loader."""
+
+    def __init__(self, datamodule: Any) -> None:
+        try:
+            loader = datamodule.train_dataloader()
+        except Exception as err:
+            raise NotMeasured(f"the datamodule's train_dataloader() failed ({_said(err)})") from err
+        if not isinstance(loader, DataLoader):
+            raise NotMeasured(
+                f"the datamodule's train_dataloader() returns a {type(loader).__name__}, "
+                "not one torch DataLoader"
+            )
+        self.dataset = loader.dataset
+        # a loader made with batch_size=None converts rows without stacking them
+        custom = loader.collate_fn is not default_convert
+        self.collate = loader.collate_fn if custom else default_collate
+        self.iterable = isinstance(self.dataset, IterableDataset)
+        self.rows = None if self.iterable else _length(self.dataset)
+
+    def batch(self, size: int) -> Any:
+        generator = torch.Generator().manual_seed(ROWS_SEED)
+        loader = DataLoader(
+            self.dataset,
+            batch_size=size,
+            shuffle=not self.iterable,
+            generator=generator,
+            collate_fn=self.collate,
+            num_workers=0,
+        )
+        try:
+            return next(iter(loader))
+        except Exception as err:
+            raise NotMeasured(f"a batch of {size} training rows failed ({_said(err)})") from err
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _said(err: BaseException) -> str:
+    """An exception as one line of the preflight's message."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
+
+
+def _optimizers(module: Any) -> list[torch.optim.Optimizer]:
+    """The optimizers of the module's own ``configure_optimizers``, in any form Lightning takes."""
+    from lightning.pytorch.core.optimizer import _configure_optimizers
+
+    try:
+        configured = module.configure_optimizers()
+        optimizers, _, _ = _configure_optimizers(configured)
+    except Exception as err:
+        raise NotMeasured(
+            f"configure_optimizers() failed outside a Trainer ({_said(err)})"
+        ) from err
+    if not optimizers:
+        raise NotMeasured("configure_optimizers() returned no optimizer")
+    return list(optimizers)
+
+
+def _state_bytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters and buffers (each storage once)."""
+    seen: dict[int, int] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
+    return sum(
+        value.nbytes
+        for optimizer in optimizers
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
+
+
+class StepMeasurer:
+    """Trains a deep copy of ``module`` on ``rows`` for the steps each call asks and returns the
+    run's peak at that batch: the counter's peak less what the copy adds (on CPU its weights; on
+    a device the level before it moved there)."""
+
+    def __init__(
+        self,
+        module: Any,
+        rows: TrainingRows,
+        device: torch.device,
+        precision: str,
+        counter: PeakCounter,
+    ) -> None:
+        self.rows, self.device, self.precision, self.counter = rows, device, precision, counter
+        before = counter.level()
+        try:
+            self.copy = copy.deepcopy(module)
+        except Exception as err:
+            raise NotMeasured(f"the module cannot be deep-copied ({_said(err)})") from err
+        self.copy_bytes = _state_bytes(self.copy)
+        self.copy.to(device)
+        dtype = TRUE_DTYPES.get(precision)
+        if dtype is not None:  # Lightning's true precisions convert the module (HalfPrecision)
+            self.copy.to(dtype)
+        self.copy.train()
+        self.copy._trainer = TrainerStandIn(self.copy)
+        self.optimizers = _optimizers(self.copy)
+        self.weights = float(_state_bytes(self.copy))
+        self.grads = float(
+            sum(p.numel() * p.element_size() for p in self.copy.parameters() if p.requires_grad)
+        )
+        # on CPU the whole process counts (budget.py), less the copy; on a device, this job's share
+        self.offset = float(self.copy_bytes) if counter.kind == "cpu" else before
+        self.baseline = before - self.weights if counter.kind == "cpu" else 0.0
+
+    def _input(self, batch: Any) -> Any:
+        from lightning.fabric.utilities.apply_func import apply_to_collection
+
+        module = self.copy
+        batch = module.on_before_batch_transfer(batch, 0)
+        batch = module.transfer_batch_to_device(batch, self.device, 0)
+        batch = module.on_after_batch_transfer(batch, 0)
+        dtype = TRUE_DTYPES.get(self.precision)
+        if dtype is None:
+            return batch
+        return apply_to_collection(
+            batch, torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t
+        )
+
+    def _step(self, batch: Any, index: int) -> None:
+        from laptrain.preflight.activations import _autocast
+
+        with _autocast(self.device, self.precision):
+            out = self.copy.training_step(batch, index)
+        loss = out.get("loss") if isinstance(out, Mapping) else out
+        if not isinstance(loss, torch.Tensor):
+            raise NotMeasured(
+                "training_step returned no loss tensor (a tensor, or a dict with 'loss')"
+            )
+        self.counter.note()
+        loss.backward()
+        self.counter.note()
+        for optimizer in self.optimizers:
+            optimizer.step()
+            self.counter.note()
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
+    def __call__(self, size: int, steps: int = STEPS_PER_TRIAL) -> Trial:
+        from laptrain.callbacks.oom_backoff import is_oom
+
+        batch = self._input(self.rows.batch(size))
+        release_freed(self.counter.kind)
+        self.counter.reset()
+        start = self.counter.level()
+        try:
+            with torch.enable_grad():
+                for index in range(steps):
+                    self._step(batch, index)
+        except NotMeasured:
+            raise
+        except Exception as err:
+            if not is_oom(err):
+                raise NotMeasured(f"training_step failed at batch {size} ({_said(err)})") from err
+            for optimizer in self.optimizers:
+                optimizer.zero_grad(set_to_none=True)
+            return Trial(size, math.inf, steps=steps)
+        finally:
+            peak = self.counter.peak()
+            del batch
+            release_freed(self.counter.kind)
+        return Trial(size, peak - self.offset, rise=max(0.0, peak - start), steps=steps)
+
+    def estimate(self, trial: Trial) -> Estimate:
+        """The run's peak at ``trial`` by part, as batch.py's plan records it."""
+        optimizer = float(_optimizer_bytes(self.optimizers))
+        activations = max(0.0, trial.rise - self.grads)
+        overhead = trial.peak - self.weights - self.grads - optimizer - activations
+        return Estimate(
+            micro_batch=trial.batch,
+            seq_len=0,
+            weights=self.weights,
+            grads=self.grads,
+            optimizer=optimizer,
+            activations=activations,
+            transient=0.0,
+            overhead=overhead,
+        )
+
+    def close(self) -> None:
+        self.optimizers.clear()
+        del self.copy
+        release_freed(self.counter.kind)
+
+
+@contextlib.contextmanager
+def kept_rng(device: torch.device) -> Iterator[None]:
+    """Put back every RNG state a training step can draw from: torch's (CPU, and the device's),
+    Python's ``random`` and numpy's global one."""
+    python_state = random.getstate()
+    try:
+        import numpy
+
+        numpy_state: Any = numpy.random.get_state()
+    except ImportError:
+        numpy, numpy_state = None, None
+    devices = [device.index or 0] if device.type in ("cuda", "mps") else []
+    kind = device.type if devices else None
+    try:
+        with torch.random.fork_rng(devices=devices, device_type=kind):
+            yield
+    finally:
+        random.setstate(python_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def estimated_by_transformers(model: Any, datamodule: Any) -> bool:
+    """Whether batch.py's estimate applies: a transformers model inside and a sequence length."""
+    from laptrain.preflight.activations import find_hf_model
+
+    if not isinstance(model, nn.Module) or find_hf_model(model) is None:
+        return False
+    return bool(training_length(datamodule)[0])
+
+
+def _checked_module(model: Any) -> None:
+    import lightning.pytorch as pl
+
+    if not isinstance(model, pl.LightningModule):
+        raise NotMeasured(f"{type(model).__name__} is not a LightningModule")
+    if isinstance(model, ChunksBatches) and model.micro_batch_size:
+        raise NotMeasured(
+            "the model runs its loader batch in chunks (micro_batch_size), which the measured "
+            "preflight does not size"
+        )
+    if not model.automatic_optimization:
+        raise NotMeasured(
+            "the module optimizes by hand (automatic_optimization=False): its training_step needs "
+            "a Trainer"
+        )
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """What the search answered: the batch, accumulation and the trial behind them."""
+
+    micro: int
+    accumulation: int
+    trial: Trial
+    notes: list[str]
+
+
+def _size(
+    search: BatchSearch, request: _Request, rows: int | None, option: str, budget: Budget
+) -> _Sizing:
+    """The batch: the largest that fits (``auto``; an earlier session's while it still fits) or
+    the fixed one, checked; either settled over :data:`SETTLED_STEPS` steps. Raises
+    PreflightError when it does not fit."""
+    started = search.start()
+    notes = [started] if started else []
+    if not request.auto:
+        return _fixed(search, request, rows, option, budget, notes)
+    top = min(request.max_batch, rows) if rows else request.max_batch
+    if rows and rows < request.max_batch:
+        notes.append(f"the training set has {rows} rows: no batch above that")
+    previous = request.previous
+    if previous and previous[0] <= top and search.ladder(previous[0]):
+        trial = search.settle(previous[0])
+        if trial.peak <= budget.bytes:
+            notes.append(
+                f"kept micro batch {previous[0]} x accumulation {previous[1]} of this run's "
+                "earlier session"
+            )
+            return _Sizing(previous[0], previous[1], trial, notes)
+    fit = search.largest_fit(top)
+    for _ in range(LOWERINGS):
+        if fit == 0:
+            break
+        micro, accumulation = choose_micro_batch(fit, request.effective_batch, request.multiple)
+        if request.effective_batch is None:
+            accumulation = request.accumulation
+        if not search.fits(micro):  # an aligned or dividing batch below the fit, measured too
+            micro = fit
+        trial = search.settle(micro)
+        if trial.peak <= budget.bytes:
+            return _Sizing(micro, accumulation, trial, notes)
+        fit = search.lower(micro)
+    one = search.settled.get(search.smallest) or search.trials[search.smallest]
+    raise PreflightError(
+        f"this job does not fit even at micro batch {one.batch}: measured peak "
+        f"{one.peak / GB:.2f} GB > "
+        f"budget {budget.bytes / GB:.2f} GB ({budget.source}): free memory, raise the budget "
+        "(hardware.memory_budget_gb, hardware.memory_fraction) or make the model smaller"
+    )
+
+
+def _fixed(
+    search: BatchSearch,
+    request: _Request,
+    rows: int | None,
+    option: str,
+    budget: Budget,
+    notes: list[str],
+) -> _Sizing:
+    """A fixed batch, checked: refused when it does not fit; accumulation keeps the effective
+    batch (``preflight.effective_batch_size``)."""
+    micro = min(int(request.requested), rows) if rows else int(request.requested)
+    fits = search.ladder(micro)
+    trial = search.settle(micro) if fits else max(search.trials.values(), key=lambda t: t.batch)
+    if trial.peak > budget.bytes:
+        how = "measured" if trial.ran else "predicted from the smaller batches"
+        raise PreflightError(
+            f"{option}={request.requested} does not fit: {how} peak {trial.peak / GB:.2f} GB "
+            f"at batch {trial.batch} > budget {budget.bytes / GB:.2f} GB ({budget.source}): set "
+            f"{option} lower, or hardware.batch_size=auto with data.batch_size=from_profile "
+            "(the preflight picks)"
+        )
+    accumulation = request.accumulation
+    if request.effective_batch:
+        accumulation = max(1, math.ceil(request.effective_batch / (micro * request.devices)))
+    return _Sizing(micro, accumulation, trial, notes)
+
+
+def measured_preflight_for_run(
+    model: Any,
+    datamodule: Any,
+    hardware: Mapping[str, Any],
+    accumulation: int = 1,
+    effective_batch: int | None = None,
+    max_batch: int = 256,
+    output_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    option: str = "hardware.batch_size",
+    counter: PeakCounter | None = None,
+) -> Plan:
+    """The measured plan of a run, as batch.py's ``preflight_for_run`` gives the estimated one.
+
+    ``hardware`` is the profile as the run plan passes it (``batch_size`` a number or ``auto``,
+    ``accelerator``, ``device_index``, ``precision``, the budget settings); ``option`` the setting
+    that fixed the batch, named when it does not fit; ``counter`` the memory reader (the device's
+    own, peak_memory.py, when None). A rank other than 0 takes rank 0's recorded plan, a resumed
+    ``auto`` run keeps its earlier batch while it fits, and the plan is written to
+    ``preflight.json``, as for the estimate.
+
+    Raises:
+        NotMeasured: the module or its loader cannot be measured (the reason in one line).
+        PreflightError: the job does not fit the budget (at batch 1, or at the fixed batch).
+    """
+    kind = str(hardware.get("accelerator", "cpu"))
+    index = hardware.get("device_index") if kind == "cuda" else None
+    record = output_dir / "preflight.json" if output_dir is not None else None
+    shared = _rank_0_plan(record)
+    if shared is not None:
+        return shared
+    _checked_module(model)
+    probe = TorchProbe(kind, index)
+    request = _Request.read(
+        hardware,
+        probe,
+        effective_batch,
+        accumulation,
+        max_batch,
+        _previous_batch(record) if is_auto(hardware.get("batch_size")) else None,
+    )
+    workers = _loader_workers(datamodule, hardware, cache_dir)
+    budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)
+    rows = TrainingRows(datamodule)
+    device = torch.device(kind, index) if index is not None else torch.device(kind)
+    with kept_rng(device), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log outside a Trainer; the run shows the rest
+        measurer = StepMeasurer(
+            model, rows, device, request.precision, counter or counter_for(kind, index)
+        )
+        try:
+            search = BatchSearch(measurer, budget.bytes)
+            sizing = _size(search, request, rows.rows, option, budget)
+            estimate = measurer.estimate(sizing.trial)
+        finally:
+            measurer.close()
+    notes = [
+        f"measured: {STEPS_PER_TRIAL} training steps of a copy of the module at each batch tried, "
+        f"on its own training rows; peak GB by batch {search.line()}",
+        *sizing.notes,
+    ]
+    if request.shards > 1:
+        notes.append("measured unsharded: FSDP holds less of the model state on each rank")
+    plan = Plan(
+        micro_batch=sizing.micro,
+        accumulation=sizing.accumulation,
+        devices=request.devices,
+        seq_len=0,
+        precision=request.precision,
+        device=kind,
+        budget=budget,
+        estimate=estimate,
+        requested_batch=request.requested if request.auto else int(request.requested),
+        effective_target=request.effective_batch,
+        checkpointing=False,
+        notes=notes,
+    )
+    _record(plan, record, None)
+    return plan

@@ -1,0 +1,211 @@
+"""The peak memory of a stretch of work, read from the device's own counters.
+
+The measured preflight (measured.py) runs real training steps and asks one of these how high
+memory went, in the units of the device's budget (budget.py):
+
+- CPU on Linux: the kernel's high-water mark of this process's resident set, ``VmHWM`` in
+  ``/proc/self/status``, which writing ``5`` to ``/proc/self/clear_refs`` resets to the current
+  resident set (proc(5), "clear_refs (since Linux 2.6.22)": "5 (since Linux 4.0) Reset the
+  peak resident set size ("high water mark") to the process's current resident set size").
+  ``getrusage``'s ``ru_maxrss`` cannot be reset, so it would keep whatever peak came first.
+- CPU elsewhere (macOS has no ``/proc``): a thread samples the resident set (psutil) every
+  millisecond while the window is open; a spike shorter than that can be missed.
+- CUDA: ``torch.cuda.reset_peak_memory_stats`` then ``torch.cuda.max_memory_allocated`` of the GPU.
+- MPS: there is no peak API (docs/hardware.md §7): ``torch.mps.driver_allocated_memory`` is read
+  at every :meth:`PeakCounter.note` (after forward, backward and each optimizer step).
+
+torch is imported inside the functions, as in hardware/probe.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Protocol
+
+from laptrain.hardware.malloc import glibc_version
+
+STATUS = Path("/proc/self/status")
+CLEAR_REFS = Path("/proc/self/clear_refs")
+SAMPLE_SECONDS = 0.001
+
+
+class PeakCounter(Protocol):
+    """Opens a window (:meth:`reset`), is told of moments worth a reading (:meth:`note`) and
+    answers the highest memory of the window (:meth:`peak`), in bytes."""
+
+    kind: str
+
+    def level(self) -> float:
+        """Bytes the process (CPU) or the device (CUDA, MPS) holds now."""
+
+    def reset(self) -> None:
+        """Start a new window at the current level."""
+
+    def note(self) -> None:
+        """A moment the peak may be at (MPS reads here; the other counters need no reading)."""
+
+    def peak(self) -> float:
+        """The highest level since :meth:`reset`."""
+
+
+def _status_kib(field: str, status: Path) -> int:
+    found = re.search(rf"^{field}:\s+(\d+) kB", status.read_text(), re.MULTILINE)
+    if found is None:
+        raise OSError(f"{status} has no {field}")
+    return int(found.group(1))
+
+
+class KernelPeakRss:
+    """Linux: the resident-set high-water mark the kernel keeps, reset through ``clear_refs``."""
+
+    kind = "cpu"
+
+    def __init__(self, status: Path = STATUS, clear_refs: Path = CLEAR_REFS) -> None:
+        self.status, self.clear_refs = status, clear_refs
+
+    def level(self) -> float:
+        return float(_status_kib("VmRSS", self.status) * 1024)
+
+    def reset(self) -> None:
+        self.clear_refs.write_text("5")
+
+    def note(self) -> None:
+        pass
+
+    def peak(self) -> float:
+        return float(_status_kib("VmHWM", self.status) * 1024)
+
+
+class SampledRss:
+    """Where the kernel keeps no resettable peak (macOS): the resident set sampled by a thread
+    every millisecond between :meth:`reset` and :meth:`peak` (torch's kernels release the GIL,
+    so the thread runs while they do)."""
+
+    kind = "cpu"
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.process = psutil.Process(os.getpid())
+        self.highest = 0.0
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def level(self) -> float:
+        return float(self.process.memory_info().rss)
+
+    def _sample(self) -> None:
+        while not self.stop.wait(SAMPLE_SECONDS):
+            self.note()
+
+    def reset(self) -> None:
+        self._join()
+        self.highest = self.level()
+        self.stop.clear()
+        self.thread = threading.Thread(target=self._sample, name="laptrain-rss", daemon=True)
+        self.thread.start()
+
+    def note(self) -> None:
+        self.highest = max(self.highest, self.level())
+
+    def _join(self) -> None:
+        if self.thread is not None:
+            self.stop.set()
+            self.thread.join()
+            self.thread = None
+
+    def peak(self) -> float:
+        self._join()
+        self.note()
+        return self.highest
+
+
+class CudaPeak:
+    """CUDA: the allocator's own peak of allocated bytes on GPU ``index``."""
+
+    kind = "cuda"
+
+    def __init__(self, index: int | None = None) -> None:
+        import torch
+
+        self.index = torch.cuda.current_device() if index is None else index
+
+    def level(self) -> float:
+        import torch
+
+        return float(torch.cuda.memory_allocated(self.index))
+
+    def reset(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.index)
+        torch.cuda.reset_peak_memory_stats(self.index)
+
+    def note(self) -> None:
+        pass
+
+    def peak(self) -> float:
+        import torch
+
+        torch.cuda.synchronize(self.index)
+        return float(torch.cuda.max_memory_allocated(self.index))
+
+
+class MpsPeak:
+    """MPS: the Metal memory of the process (allocator cache included) read at each note."""
+
+    kind = "mps"
+
+    def __init__(self) -> None:
+        self.highest = 0.0
+
+    def level(self) -> float:
+        import torch
+
+        torch.mps.synchronize()
+        return float(torch.mps.driver_allocated_memory())
+
+    def reset(self) -> None:
+        self.highest = self.level()
+
+    def note(self) -> None:
+        self.highest = max(self.highest, self.level())
+
+    def peak(self) -> float:
+        self.note()
+        return self.highest
+
+
+def counter_for(kind: str, index: int | None = None) -> PeakCounter:
+    """The counter of a device kind (cpu, cuda, mps); on CPU the kernel's when it can be reset."""
+    if kind == "cuda":
+        return CudaPeak(index)
+    if kind == "mps":
+        return MpsPeak()
+    try:
+        counter = KernelPeakRss()
+        counter.reset()
+        counter.peak()
+    except OSError:
+        return SampledRss()
+    return counter
+
+
+def release_freed(kind: str) -> None:
+    """Give freed memory back before a new window: Python's cycles, glibc's free heap pages
+    (``malloc_trim(0)``, glibc only: otherwise a smaller batch measured after a larger one reads
+    the pages the larger one left in the heap), the device allocator's cache."""
+    import torch
+
+    gc.collect()
+    if glibc_version():
+        ctypes.CDLL(None).malloc_trim(0)
+    if kind == "cuda" and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    elif kind == "mps" and torch.backends.mps.is_available():
+        torch.mps.empty_cache()
