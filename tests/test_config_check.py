@@ -8,13 +8,15 @@ import pytest
 
 from laptrain.config.check import ConfigError, check_config, precheck
 from tests.conftest import CONF, run_train
+from tests.new_project import laptrain_options
 
 
 def every_option() -> list[tuple[str, str]]:
+    """laptrain's own options (a user's presets compose with their own data: tests/new_project.py)."""
     return [
-        (group.name, option.stem)
+        (group.name, option)
         for group in sorted(p for p in CONF.iterdir() if p.is_dir())
-        for option in sorted(group.glob("*.yaml"))
+        for option in laptrain_options(CONF, group.name)
     ]
 
 

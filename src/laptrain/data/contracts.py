@@ -1,7 +1,12 @@
 """What the run may ask of a datamodule beyond Lightning's own hooks, as Protocols.
 
-A datamodule joins by having the members; the run, the plan and the preflight ask
-``isinstance(dm, KnowsLengths)`` and the like instead of probing attribute names.
+Nothing here is required: a plain ``LightningDataModule`` trains under ``python train.py``; its
+batch and loader settings are found where Lightning's batch-size finder looks (an attribute or an
+``hparams`` entry: ``laptrain/job/datamodule_settings.py``), so one written the
+lightning-hydra-template way gets the machine profile's (docs/your_model.md). A datamodule joins a
+Protocol by having the members; the run, the plan and the preflight ask ``isinstance(dm,
+KnowsLengths)`` and the like instead of probing attribute names. Each Protocol's docstring says
+what it buys.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from typing import Any, Protocol, runtime_checkable
 class KnowsLengths(Protocol):
     """Tokenized before the plan is made: ``longest_example`` is the most tokens one item of a
     split can put in a batch row (after packing and ``pad_to_multiple_of``, at most
-    ``max_length``), which is what the memory preflight sizes activations by."""
+    ``max_length``), which is what the memory preflight sizes activations by.
+
+    Buys: preflight sizing of a token model from its longest batch row."""
 
     max_length: int
 
@@ -26,14 +33,18 @@ class KnowsLengths(Protocol):
 @runtime_checkable
 class SizesTheModel(Protocol):
     """Knows sizes the model is built with (vocabulary, labels, special token ids) only after
-    ``setup``: the run passes ``model_kwargs()`` to the model's constructor."""
+    ``setup``: the run passes ``model_kwargs()`` to the model's constructor.
+
+    Buys: sizes set once, by the data, instead of repeated in the model's preset."""
 
     def model_kwargs(self) -> dict[str, Any]: ...
 
 
 @runtime_checkable
 class SavesArtifacts(Protocol):
-    """Leaves files a prediction needs beside the exported model (tokenizer, label names)."""
+    """Leaves files a prediction needs beside the exported model (tokenizer, label names).
+
+    Buys: a run folder that a prediction needs nothing else beside (``laptrain predict``)."""
 
     def save_artifacts(self, folder: str | Path) -> None: ...
 
@@ -41,7 +52,9 @@ class SavesArtifacts(Protocol):
 @runtime_checkable
 class LoaderSettings(Protocol):
     """Builds its own loaders with these settings; the plan reports them instead of the
-    profile's (``data.num_workers`` etc. win over ``hardware.*``)."""
+    profile's (``data.num_workers`` etc. win over ``hardware.*``).
+
+    Buys: a console and ``run_info.json`` that report the loader settings really used."""
 
     num_workers: int
     persistent_workers: bool
@@ -50,7 +63,9 @@ class LoaderSettings(Protocol):
 
 @runtime_checkable
 class EvaluatesInOtherBatches(Protocol):
-    """Validates and tests in batches of ``eval_batch_size`` (None: the training batch)."""
+    """Validates and tests in batches of ``eval_batch_size`` (None: the training batch).
+
+    Buys: validation and test in a batch of their own size."""
 
     eval_batch_size: int | None
 
