@@ -10,7 +10,9 @@ Trainer values Lightning would refuse late are checked too (the idea of torchtun
 
 from __future__ import annotations
 
+import copy
 import difflib
+import importlib
 import inspect
 import math
 import re
@@ -34,10 +36,81 @@ class ConfigError(ValueError):
     """The config cannot run; the message is one line naming each key and its fix."""
 
 
-def _locate(target: str) -> Any:
-    from hydra.utils import get_object
+# Where a user's own code goes: a package at the clone's root, beside train.py, which Python puts
+# first on sys.path when it runs a script (docs/your_model.md; `laptrain new NAME` writes there).
+USER_FOLDER = "user"
+# The class each of these sections must build, and what it is called in a message.
+ROLES = {"model": "LightningModule", "data": "LightningDataModule"}
 
-    return get_object(target)
+
+class TargetNotFound(ImportError):
+    """A ``_target_`` that does not import; the message is one line naming the fix."""
+
+
+def _locate(target: str) -> Any:
+    """The object ``target`` names, imported as Hydra would; :class:`TargetNotFound` with one line
+    saying which part is missing (Hydra's own error spans several lines and logs another)."""
+    parts = target.split(".")
+    module, found = None, 0
+    for cut in range(1, len(parts) + 1):  # the longest prefix that is a module
+        name = ".".join(parts[:cut])
+        try:
+            module, found = importlib.import_module(name), cut
+        except ModuleNotFoundError as err:
+            if err.name == name:
+                break  # no such module: the rest are attributes
+            raise TargetNotFound(f"importing {name} failed ({_first_line(err)})") from err
+        except Exception as err:  # the module itself fails on import
+            raise TargetNotFound(f"importing {name} failed ({_first_line(err)})") from err
+    if module is None:
+        raise TargetNotFound(
+            f"there is no module {parts[0]} on the import path: put your code in the "
+            f"{USER_FOLDER}/ folder beside train.py (e.g. {USER_FOLDER}/{parts[0]}.py, named "
+            f"_target_: {USER_FOLDER}.{target}; docs/your_model.md), or add its folder to "
+            "PYTHONPATH"
+        )
+    return _attribute(module, ".".join(parts[:found]), parts[found:])
+
+
+def _attribute(module: Any, name: str, rest: list[str]) -> Any:
+    obj = module
+    for attr in rest:
+        if not hasattr(obj, attr):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(attr, names, n=1)
+            where = getattr(module, "__file__", None) or name
+            raise TargetNotFound(
+                f"{name} ({where}) has no {attr}"
+                + (f" (did you mean {close[0]}?)" if close else "")
+            )
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+
+
+def _role_problem(obj: Any, target: str, path: str) -> str | None:
+    """A model or data ``_target_`` whose class is not what Lightning trains (a function that
+    builds one is not checked)."""
+    role = ROLES.get(path)
+    if role is None or not inspect.isclass(obj):
+        return None
+    import lightning.pytorch as pl
+
+    if issubclass(obj, getattr(pl, role)):
+        return None
+    other = next((r for r in ROLES.values() if r != role and issubclass(obj, getattr(pl, r))), None)
+    what = f"a {other}" if other else f"not a {role} (its bases: {_bases(obj)})"
+    return (
+        f"{path}._target_={target} is {what}: point {path}._target_ at a class that subclasses "
+        f"lightning.pytorch.{role} (docs/your_model.md)"
+    )
+
+
+def _bases(cls: type) -> str:
+    return ", ".join(f"{b.__module__}.{b.__qualname__}" for b in cls.__mro__[1:-1]) or "object"
 
 
 def _signature(obj: Any) -> inspect.Signature | None:
@@ -124,8 +197,11 @@ def _check_one(target: str, node: Mapping[str, Any], path: str) -> list[str]:
     where = path or "<root>"
     try:
         obj = _locate(target)
-    except Exception as err:
-        return [f"{where}._target_={target} cannot be imported ({type(err).__name__}: {err})"]
+    except TargetNotFound as err:
+        return [f"{where}._target_={target} cannot be imported: {err}"]
+    role = _role_problem(obj, target, path)
+    if role:
+        return [role]  # its arguments are another class's: no use listing them
     signature = _signature(obj)
     if signature is None:
         return []
@@ -431,11 +507,38 @@ def compose_argv(argv: Sequence[str], conf_dir: str, config_name: str = "train")
     return cfg
 
 
+def _as_built(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
+    """The config as the run instantiates it, and the values it passes instead of the config's:
+    under ``data.batch_size=from_profile`` a datamodule that takes a batch argument gets a number,
+    and one that does not is built without the key (laptrain.job.datamodule_settings)."""
+    if not batch_follows_profile(cfg):
+        return cfg, None
+    target = OmegaConf.select(cfg, "data._target_", default=None)
+    try:
+        obj = _locate(str(target)) if target else None
+    except TargetNotFound:
+        obj = None  # reported by check_targets
+    if obj is None or hasattr(obj, "with_batch_sizes") or _takes(obj, "batch_size"):
+        return cfg, {"data.batch_size": 1}
+    built = copy.deepcopy(cfg)
+    with open_dict(built):
+        built.data.pop("batch_size")
+    return built, None
+
+
+def _takes(obj: Any, name: str) -> bool:
+    signature = _signature(obj)
+    if signature is None:
+        return True
+    params = signature.parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
 def check_composed(cfg: DictConfig) -> None:
     """:func:`check_config` as the run will build it (imports each target, so torch: call it after
     the profile's environment is applied)."""
     try:
-        check_config(cfg, {"data.batch_size": 1} if batch_follows_profile(cfg) else None)
+        check_config(*_as_built(cfg))
     except ConfigError:
         raise
     except Exception as err:  # an interpolation that cannot resolve, e.g. a missing env var

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.checkpoints.files import (
     AtomicCheckpointIO,
     check_resume_checkpoint,
@@ -308,11 +309,19 @@ def _make_trainer(
     loggers = _instantiate_all(cfg.get("logger"))
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    callbacks.append(MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model))
     sampler = prepare_user_loaders(datamodule, cfg.trainer.get("use_distributed_sampler"))
     trainer = instantiate_trainer(
         cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
     )
     return trainer, callbacks, loggers
+
+
+def _model_preset() -> str:
+    """The ``model=<preset>`` this run composed (its YAML is named in a fix), or ``<preset>``."""
+    if not HydraConfig.initialized():
+        return "<preset>"
+    return str(HydraConfig.get().runtime.choices.get("model") or "<preset>")
 
 
 def instantiate_trainer(
