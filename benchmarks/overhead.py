@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -40,6 +41,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from transformers import get_linear_schedule_with_warmup
 
 from laptrain.commands.bench import build_job, job_callbacks, machine_line, make_trainer
+
+# a user's own module (user/<name>/, `laptrain new`) imports as train.py sees it: from the clone
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WARMUP = 3  # untimed steps at the start of each arm (allocator warm-up, first kernels)
 STEP_HOOKS = (
@@ -90,6 +94,7 @@ def plain_loop(model: Any, batches: list[Any]) -> float:
     its ``self.log`` calls outside a Trainer return at once)."""
     if hasattr(model, "optimizer_factory") and hasattr(model, "warmup_ratio"):
         return _classifier_loop(model, batches)
+    model._trainer = None  # detached from the last arm's Trainer: self.log returns at once
     optimizer = model.configure_optimizers()
     if isinstance(optimizer, dict):
         optimizer = optimizer["optimizer"]
@@ -163,6 +168,20 @@ def fit(
     return per_step(clock.marks)
 
 
+def first_batches(datamodule: Any, count: int) -> list[Any]:
+    """``count`` batches of the train loader, taking further epochs when it has fewer."""
+    batches: list[Any] = []
+    while len(batches) < count:
+        before = len(batches)
+        for batch in datamodule.train_dataloader():
+            batches.append(batch)
+            if len(batches) == count:
+                break
+        if len(batches) == before:
+            raise SystemExit("the train loader is empty")
+    return batches
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -173,8 +192,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="laptrain-overhead-") as tmp:
         job = build_job(args.overrides, Path(tmp), lambda _: None)
-        loader = iter(job.datamodule.train_dataloader())
-        batches = [next(loader) for _ in range(args.steps + WARMUP)]
+        batches = first_batches(job.datamodule, args.steps + WARMUP)
         times: dict[str, list[float]] = defaultdict(list)
         spent: dict[str, float] = defaultdict(float)
         timed_steps = 0
