@@ -63,3 +63,23 @@ def test_a_datamodule_that_shards_itself_keeps_its_loaders_and_lightnings_sample
     data = ShardingData()
     assert prepare_user_loaders(data, None) is False
     assert "train_dataloader" not in vars(data)
+
+
+@pytest.mark.slow  # ~35 s: a run on 2 FSDP CPU processes and one on 1
+def test_a_users_module_under_fsdp_trains_like_one_process_and_tests_its_best_checkpoint(tmp_path):
+    """A user's MLP has no layer class for FSDP units, so FSDP wraps its root alone; the test
+    after the fit ran on the fitted module, whose parameters were views of the flat shard
+    ("size mismatch ... torch.Size([0])"). Now it is built again and tested like laptrain's own."""
+    args = [*write_user_project(tmp_path), "trainer.max_epochs=2"]
+    env = user_env(tmp_path)
+    fsdp = [
+        "trainer=fsdp",
+        "trainer.accelerator=cpu",
+        "trainer.strategy._target_=tests.sharded_on_cpu.ShardedOnCPU",
+    ]
+    for run, extra in (("one", ["data.batch_size=16"]), ("two", ["data.batch_size=8", *fsdp])):
+        done = run_train([*args, *extra, f"run_name={run}"], tmp_path, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "test:" in done.stdout
+    one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
+    assert largest_difference(one, two) < 1e-5

@@ -61,7 +61,7 @@ from laptrain.job.plan import (
 from laptrain.launch.device import check_device, without_unsafe_fused
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
-from laptrain.model.fsdp_units import fsdp_strategy_for, holds_fsdp_units, whole_state_dict
+from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
 from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.run_folder.listing import resume_command
@@ -437,12 +437,15 @@ def _test(
     wraps anew and loads the checkpoint into, as for a resume. The fitted module keeps its layer
     units, so Lightning takes it for one the user wrapped, drops the policy and leaves its root
     unwrapped, its own parameters still views of the fit's shards: loading the checkpoint then
-    fails on their sizes (Lightning issue #19015; reproduced on 2 CPU ranks, docs/sweeps.md).
+    fails on their sizes (Lightning issue #19015; reproduced on 2 CPU ranks, docs/sweeps.md). A
+    module with no layer class to make units of (a user's MLP: FSDP wraps only its root) is left
+    with its parameters as views of the fit's flat shard too ("size mismatch ... torch.Size([0])"),
+    so every module trained under FSDP is built again.
     """
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.best_model_path or None
-        if holds_fsdp_units(model):
+        if shards_model_state(cfg.trainer.get("strategy")):  # units or only the root: any module
             last = Path(cfg.paths.last_ckpt)
             path = path or (str(last) if last.is_file() else None)
             if path is None:
