@@ -5,6 +5,8 @@ item 3)."""
 from __future__ import annotations
 
 import importlib
+import math
+import re
 import types
 
 import pytest
@@ -161,3 +163,29 @@ def test_train_py_gives_the_profiles_batch_to_a_user_datamodule(tmp_path):
     # issue 35, item 7: one plain line at start, no UserWarning with a source path
     assert "oom_backoff: does not apply to MLPModule (an out-of-memory error ends the run)" in out
     assert "oom_backoff" not in done.stderr and "UserWarning" not in done.stderr
+
+
+def test_train_py_gives_an_auto_batch_to_a_user_datamodule(tmp_path):
+    """``hardware.batch_size=auto``: the preflight's batch is the one the user's loader yields."""
+    project = write_user_project(tmp_path / "project")
+    done = run_train(
+        [
+            "model=mlp",
+            "data=blobs",
+            *FAST,
+            "hardware.batch_size=auto",
+            "data.batch_size=from_profile",
+            *user_args(project),
+        ],
+        tmp_path,
+        env=user_env(project),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(
+        r"micro batch size: (\d+) \(batch_size auto: the largest that fits the memory budget, "
+        r"set on BlobsDataModule.hparams.batch_size\)",
+        done.stdout,
+    )
+    assert found, done.stdout[-3000:]
+    steps = math.ceil(240 / int(found.group(1)))  # 240 training rows, one epoch
+    assert f"done at global step {steps}" in done.stdout
