@@ -125,6 +125,7 @@ def test_a_flex_attention_model_is_left_alone():
     assert "forward" not in flex.bert.encoder.layer[-1].__dict__
 
 
+@pytest.mark.slow  # ~10 s: flex attention's first compile on the CPU
 def test_a_model_switched_to_flex_attention_runs_its_full_last_layer():
     """Before, the first-token layer called ``attention_mask.dim()`` on the BlockMask and failed.
     Without gradients: torch 2.13's flex attention has no backward on CPU."""

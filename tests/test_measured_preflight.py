@@ -397,6 +397,8 @@ def user_project(folder: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # ~17 s; the plan's measured batch is tested in process, and
+# test_user_batch runs hardware.batch_size=auto on a user project
 def test_train_py_trains_a_user_module_at_the_batch_the_preflight_measured(tmp_path):
     args = user_project(tmp_path)
     env = {"PYTHONPATH": str(tmp_path)}

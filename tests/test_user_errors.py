@@ -81,10 +81,11 @@ def test_a_class_of_the_wrong_kind_is_named_with_what_it_is(project, monkeypatch
             "error: model._target_=mytaskk.MLPModule cannot be imported: there is no module "
             "mytaskk on the import path: put your code in the user/ folder beside train.py",
         ),
-        (
+        pytest.param(
             "model._target_=mytask.BlobsDataModule",
             "error: model._target_=mytask.BlobsDataModule is a LightningDataModule: point "
             "model._target_ at a class that subclasses lightning.pytorch.LightningModule",
+            marks=pytest.mark.slow,  # the same refusal path as the case above, another message
         ),
     ],
 )
@@ -102,6 +103,7 @@ def test_train_py_refuses_a_bad_target_in_one_line_before_any_folder(
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.slow  # ~6 s; test_user_batch checks the same refusal in process
 def test_train_py_tells_a_datamodule_without_a_batch_size_which_attribute_to_add(tmp_path, project):
     """Before: AttributeError 'FixedBatchDataModule' object has no attribute 'with_batch_sizes'."""
     done = run_train(
