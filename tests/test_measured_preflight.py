@@ -236,6 +236,7 @@ def test_a_fixed_batch_that_fits_is_kept_and_settled():
     assert batches_run == [1, 1, 2, 2, *[32] * (2 + SETTLED_STEPS)]
 
 
+@pytest.mark.slow  # ~7 s of real measuring; the plan test above covers the common path
 def test_a_template_style_configure_optimizers_reading_self_trainer_is_measured():
     model, dm = TemplateOptimizer(), data()
     counter = RowsCounter(copy_bytes(model), base=0.5 * GB, per_row=1 * MB)

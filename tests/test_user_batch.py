@@ -137,6 +137,7 @@ def test_a_datamodule_with_no_batch_size_asked_to_follow_the_profile_is_told_wha
         build_run_plan(cfg, mytask.MLPModule(), mytask.FixedBatchDataModule(), "32-true")
 
 
+@pytest.mark.slow  # ~8 s; the auto run below goes through train.py, this path is tested in process
 def test_train_py_gives_the_profiles_batch_to_a_user_datamodule(tmp_path):
     """Before: AttributeError 'BlobsDataModule' object has no attribute 'batch_size' (plan.py)."""
     project = write_user_project(tmp_path / "project")
