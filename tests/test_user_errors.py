@@ -167,3 +167,14 @@ def test_the_metric_check_passes_a_module_that_logs_the_monitored_metric(tmp_pat
     )
     trainer.fit(Logs())
     assert check.checked and trainer.global_step == 2
+
+
+def test_a_user_target_run_from_outside_the_clone_says_where_to_run_it(monkeypatch):
+    """A preset written by ``laptrain new`` (``user.<task>...``) read where ``user/`` is not on the
+    import path: the message told the user to put the code in user/ and name it user.user...."""
+    monkeypatch.delitem(importlib.sys.modules, "user", raising=False)
+    monkeypatch.setattr(
+        importlib.sys, "path", [p for p in importlib.sys.path if p not in ("", ".")]
+    )
+    with pytest.raises(TargetNotFound, match=r"^there is no user package on the import path: run "):
+        _locate("user.my_task.model.MyTaskModule")

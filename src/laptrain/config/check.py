@@ -62,6 +62,12 @@ def _locate(target: str) -> Any:
             raise TargetNotFound(f"importing {name} failed ({_first_line(err)})") from err
         except Exception as err:  # the module itself fails on import
             raise TargetNotFound(f"importing {name} failed ({_first_line(err)})") from err
+    if module is None and parts[0] == USER_FOLDER:
+        raise TargetNotFound(
+            f"there is no {USER_FOLDER} package on the import path: run python train.py from the "
+            f"clone that holds {USER_FOLDER}/ (laptrain new writes it there), or add that clone's "
+            "folder to PYTHONPATH"
+        )
     if module is None:
         raise TargetNotFound(
             f"there is no module {parts[0]} on the import path: put your code in the "
