@@ -80,6 +80,7 @@ def test_classifier_under_fsdp_trains_like_one_process_tests_the_best_and_export
     assert all(torch.equal(exported[k], best[k]) for k in exported)
 
 
+@pytest.mark.slow  # ~16 s: two runs (suite time; issue 39 moves such runs in process)
 def test_one_gpu_under_fsdp_trains_like_no_fsdp(tmp_path):
     """``trainer=fsdp trainer.devices=1`` (one GPU, as on the device run of issue 36): the
     classifier's chunked backward ran inside FSDP's forward and failed at step 1 ("Expects

@@ -30,6 +30,7 @@ def test_launcher_slurm_takes_a_count_and_other_launchers_take_every_form():
     check_composed(compose(["hardware=cpu", "trainer=ddp_cpu", "trainer.devices=auto"]))
 
 
+@pytest.mark.slow  # ~5 s; the refusal of each form is tested in process above
 def test_train_py_exits_2_naming_the_count(tmp_path):
     done = run_train(["-m", *SLURM, "trainer.devices=-1"], tmp_path, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
