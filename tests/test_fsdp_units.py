@@ -407,3 +407,16 @@ def test_only_fsdp_gathers_a_whole_state_dict():
     assert whole_state_dict(SimpleNamespace(strategy=DDPStrategy(), world_size=2)) is None
     name = "model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.q.lora_A.weight"
     assert unwrapped_name(name) == "model.layers.0.q.lora_A.weight"
+
+
+def test_a_step_under_any_wrapping_strategy_back_propagates_the_whole_batch():
+    """One GPU under trainer=fsdp failed at step 1 (issue 36's H200 run): the chunked backward ran
+    inside FSDP's forward because only world_size > 1 sent it to Lightning's backward. Every
+    strategy that wraps the module, with one process too, now does (the slow runs in
+    tests/test_fsdp_runs.py train one FSDP rank like no FSDP)."""
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from laptrain.config.scale_out import wraps_the_module
+
+    assert wraps_the_module(FSDPStrategy()) and wraps_the_module(DDPStrategy())
+    assert not wraps_the_module(SingleDeviceStrategy(device=torch.device("cpu")))
