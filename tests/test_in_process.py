@@ -1,0 +1,46 @@
+"""The in-process runner the end-to-end tests use (tests/in_process.py) behaves as `python train.py`
+does: the same exit code and error line, and nothing of the run left in the test process."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from tests.conftest import TINY, run_train, write_texts
+from tests.in_process import train_here
+
+BASE = ["hardware=cpu", "model=tiny_classifier", "data=text_csv", "run_name=t", *TINY]
+
+
+def test_bad_input_gives_the_same_exit_code_and_line_as_a_process(tmp_path):
+    args = [*BASE, "data.files.train=nope.csv"]
+    here, there = train_here(args, tmp_path), run_train(args, tmp_path)
+    assert here.returncode == there.returncode == 2
+    assert here.stderr.strip() == there.stderr.strip() and here.stderr.startswith("error:")
+
+
+def test_a_run_leaves_nothing_behind_in_the_test_process(tmp_path):
+    before = (
+        dict(os.environ),
+        os.getcwd(),
+        torch.get_num_threads(),
+        signal.getsignal(signal.SIGTERM),
+        signal.getsignal(signal.SIGINT),
+    )
+    args = [*BASE, f"data.files.train={write_texts(tmp_path / 'texts.csv')}", "trainer.max_steps=2"]
+    done = train_here([*args, "hardware.torch_threads=1", "test=false"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "done at global step 2" in done.stdout
+    after = (
+        dict(os.environ),
+        os.getcwd(),
+        torch.get_num_threads(),
+        signal.getsignal(signal.SIGTERM),
+        signal.getsignal(signal.SIGINT),
+    )
+    assert after == before
+    # the run folder's lock went with the run: the same command runs again (and resumes)
+    again = train_here([*args, "trainer.max_steps=3", "test=false"], tmp_path)
+    assert again.returncode == 0 and "global step 2" in again.stdout, again.stderr[-2000:]
