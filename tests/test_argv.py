@@ -1,7 +1,5 @@
 """The launcher's overrides land where Hydra's argparse accepts them, whatever flags the user typed."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,8 @@ from laptrain.config.overrides import (
     insert_overrides,
     overrides,
 )
+from tests.in_process import train_here
 
-ROOT = Path(__file__).resolve().parents[1]
 NEW = ["hardware=cpu", "hardware.torch_threads=2"]
 
 
@@ -101,17 +99,6 @@ def test_options_values_are_not_overrides():
     assert overrides(argv) == ["c=d"]
 
 
-def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize(
     ("args", "expect"),
     [
@@ -123,15 +110,15 @@ def _train(*args: str) -> subprocess.CompletedProcess:
         ),
     ],
 )
-def test_train_py_with_flags_after_or_before_overrides_prints_the_config(args, expect):
-    done = _train(*args)
+def test_train_py_with_flags_after_or_before_overrides_prints_the_config(tmp_path, args, expect):
+    done = train_here(list(args), tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert expect in done.stdout
     assert "hardware:\n  name: " in done.stdout  # the resolved profile, not `auto`
 
 
-def test_train_py_help_works_after_an_override():
-    done = _train("seed=3", "--help")
+def test_train_py_help_works_after_an_override(tmp_path):
+    done = train_here(["seed=3", "--help"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Powered by Hydra" in done.stdout
 

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from laptrain.config.check import ConfigError, check_config, precheck
-from tests.conftest import CONF, run_train
+from tests.conftest import CONF
+from tests.in_process import train_here
 from tests.new_project import laptrain_options
 
 
@@ -138,7 +139,7 @@ def test_values_the_run_passes_itself_replace_the_config_placeholder():
 def test_train_py_refuses_bad_input_in_one_line_before_any_work_and_writes_no_run_folder(
     tmp_path, args, names
 ):
-    result = run_train(args, tmp_path)
+    result = train_here(args, tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and names in errors[0]
