@@ -11,7 +11,8 @@ import pytest
 from laptrain.data.instruction_rows import check_instructions
 from laptrain.data.labelled_files import MAX_TEXT_CHARS, DataError
 from laptrain.data.precheck import check_data_config
-from tests.conftest import compose_train, run_train
+from tests.conftest import compose_train
+from tests.in_process import train_here
 
 BAD = Path(__file__).resolve().parent / "data" / "bad" / "instructions"
 
@@ -57,7 +58,7 @@ def test_the_encoding_fix_works_and_the_config_carries_it(tmp_path):
 
 def test_train_py_refuses_bad_instruction_rows_before_the_run_folder(tmp_path):
     args = ["data=instructions", f"data.files.train={BAD / 'bad_rows.jsonl'}", "run_name=bad"]
-    done = run_train(args, tmp_path)
+    done = train_here(args, tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "bad_rows.jsonl:3 (not JSON)" in errors[0]
@@ -125,7 +126,7 @@ def test_json_nested_deeper_than_the_parser_allows_is_a_bad_row_not_a_traceback(
 
 def test_train_py_refuses_an_over_long_csv_field_in_one_line(tmp_path):
     huge = qa_csv(tmp_path / "huge.csv", last=f'"{"x" * (MAX_TEXT_CHARS + 1)}",It is huge.\n')
-    done = run_train(["data=instructions", f"data.files.train={huge}", "run_name=bad"], tmp_path)
+    done = train_here(["data=instructions", f"data.files.train={huge}", "run_name=bad"], tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "huge.csv:14: a text of over 1,000,000 characters" in errors[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from laptrain.data.labelled_files import (
 )
 from laptrain.data.precheck import check_data_config
 from tests.conftest import CONF, compose_train, run_train
+from tests.in_process import train_here
 
 BAD = Path(__file__).resolve().parent / "data" / "bad"
 GOOD = BAD / "train_ok.csv"
@@ -261,13 +263,25 @@ def test_train_py_data_check_reads_the_composed_config(tmp_path, monkeypatch):
         check_data_config(compose_train(good, tmp_path).data)
 
 
+def in_a_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return run_train(args, cwd, timeout=60)  # refused in seconds: never trains
+
+
+# One case in a fresh process, where the time shows the refusal comes before torch loads; the
+# others in this process (tests/in_process.py), where torch is already loaded.
 @pytest.mark.parametrize(
-    "name", ["latin1.csv", "broken_line.jsonl", "empty_labels.csv", "stray_integer_label.csv"]
+    ("name", "run"),
+    [
+        pytest.param("latin1.csv", in_a_process, id="latin1.csv"),
+        pytest.param("broken_line.jsonl", train_here, id="broken_line.jsonl"),
+        pytest.param("empty_labels.csv", train_here, id="empty_labels.csv"),
+        pytest.param("stray_integer_label.csv", train_here, id="stray_integer_label.csv"),
+    ],
 )
-def test_train_py_exits_2_with_one_line_and_no_run_folder(tmp_path, name):
+def test_train_py_exits_2_with_one_line_and_no_run_folder(tmp_path, name, run):
     start = time.perf_counter()
     args = ["data=text_csv", f"data.files.train={BAD / name}", "run_name=bad"]
-    done = run_train(args, tmp_path, timeout=60)  # refused in seconds: never trains
+    done = run(args, tmp_path)
     seconds = time.perf_counter() - start
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

@@ -8,7 +8,8 @@ from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
 from laptrain.job import run
 from laptrain.launch.device import UNFUSED_ON_MPS_FP16, UNFUSED_UNDER_FSDP_FP16, check_device
-from tests.conftest import TINY, compose_train, run_train, write_texts
+from tests.conftest import TINY, compose_train, write_texts
+from tests.in_process import train_here
 
 SHARDED = "tests.sharded_on_cpu.ShardedOnCPU"  # a subclass of Lightning's FSDPStrategy
 
@@ -39,7 +40,7 @@ def test_16_mixed_on_mps_runs_with_one_warning():
 
 
 def test_train_py_refuses_16_mixed_on_cpu_in_one_line_before_any_data_work(tmp_path):
-    result = run_train(
+    result = train_here(
         ["hardware=cpu", "preflight.enabled=false", "hardware.precision=16-mixed"], tmp_path
     )
     assert result.returncode == 2, result.stderr[-2000:]
@@ -54,10 +55,10 @@ def test_train_py_refuses_16_mixed_on_cpu_in_one_line_before_any_data_work(tmp_p
 def test_any_profile_can_be_inspected_here_but_not_trained_on_a_device_this_machine_lacks(
     tmp_path,
 ):
-    shown = run_train(["hardware=m2_air", "--cfg", "job"], tmp_path)
+    shown = train_here(["hardware=m2_air", "--cfg", "job"], tmp_path)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "accelerator: mps" in shown.stdout and "PYTORCH_MPS_HIGH_WATERMARK_RATIO" in shown.stdout
-    refused = run_train(["hardware=m2_air"], tmp_path)
+    refused = train_here(["hardware=m2_air"], tmp_path)
     assert refused.returncode == 2
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "set hardware=auto (or hardware=cpu)" in errors[0]

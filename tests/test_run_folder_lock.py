@@ -17,7 +17,8 @@ from laptrain.run_folder.lock import (
     release_run_folder,
 )
 from laptrain.run_folder.naming import choose_run_dir
-from tests.conftest import TINY, run_train, write_texts
+from tests.conftest import TINY, write_texts
+from tests.in_process import train_here
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +80,7 @@ def test_train_py_on_a_busy_run_folder_stops_at_once_and_changes_nothing(tmp_pat
     proc = holder(folder)
     try:
         start = time.monotonic()
-        done = run_train(
+        done = train_here(
             ["hardware=cpu", "data=text_csv", f"data.files.train={data}", "run_name=t", *TINY],
             tmp_path,
         )

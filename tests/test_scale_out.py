@@ -10,7 +10,8 @@ from hydra.utils import instantiate
 
 from laptrain.config.check import ConfigError, check_config, compose_argv
 from laptrain.config.scale_out import asks_multirun, check_scale_out, reruns_command
-from tests.conftest import CONF, TINY, run_train
+from tests.conftest import CONF, TINY
+from tests.in_process import train_here
 
 
 def compose(overrides: list[str]):
@@ -106,7 +107,7 @@ def test_a_devices_value_lightning_refuses_stops_train_py_before_any_job_in_one_
     """``--cfg job`` runs no job: the refusal comes from the launch's checks, exit code 2."""
     for devices, fix in (("[0,1]", "set trainer.devices=2"), ("0", "trainer.devices=0 is not")):
         args = ["hardware=cpu", "trainer=ddp_cpu", f"trainer.devices={devices}", "--cfg", "job"]
-        done = run_train(args, tmp_path)
+        done = train_here(args, tmp_path)
         assert done.returncode == 2, done.stderr[-2000:]
         assert done.stderr.strip().splitlines() == [done.stderr.strip()]
         assert fix in done.stderr and "trainer.devices" in done.stderr
