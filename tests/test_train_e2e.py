@@ -1,4 +1,6 @@
-"""`python train.py` end to end in a subprocess: artifacts, resume, signals, env, sweeps, bad input."""
+"""`python train.py` end to end: artifacts, resume, signals, env, sweeps, bad input. In this process
+(tests/in_process.py) where a new process is not the point; signals, DDP and the environment torch
+reads at import run in a subprocess."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY, TRAIN, run_train, write_texts
+from tests.in_process import train_here
 from tests.test_hparams import hparams_row
 
 BASE = ["hardware=cpu", "model=tiny_classifier", "data=text_csv", "run_name=t", *TINY]
@@ -34,7 +37,7 @@ def ckpt_step(path: Path) -> int:
 
 def test_run_writes_checkpoint_events_and_finite_metrics_then_resumes(tmp_path):
     args = [*BASE, *data_args(tmp_path), "trainer.max_steps=4", "trainer.val_check_interval=2"]
-    first = run_train(args, tmp_path)
+    first = train_here(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     run = tmp_path / "outputs" / "t"
     assert ckpt_step(run / "checkpoints" / "last.ckpt") == 4
@@ -54,7 +57,7 @@ def test_run_writes_checkpoint_events_and_finite_metrics_then_resumes(tmp_path):
     ).is_file()
 
     # The same command with a larger budget continues from step 4, in the same folder.
-    second = run_train(
+    second = train_here(
         [*args[:-2], "trainer.max_steps=8", "trainer.val_check_interval=2"], tmp_path
     )
     assert second.returncode == 0, second.stderr[-3000:]
@@ -92,7 +95,7 @@ def test_sigterm_in_any_stage_exits_143_with_the_hint_and_the_rerun_completes(tm
     assert "SIGTERM: stopped" in stopped.stdout and "Resume with the same command" in stopped.stdout
     run = tmp_path / "outputs" / "t"
     assert not (run / "metrics.json").exists()
-    rerun = run_train(args, tmp_path)
+    rerun = train_here(args, tmp_path)  # the signal was the first run's: this one may stay here
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "test/acc" in json.loads((run / "metrics.json").read_text())
 
@@ -102,10 +105,10 @@ def test_sigterm_in_any_stage_exits_143_with_the_hint_and_the_rerun_completes(tm
 def test_resume_false_keeps_the_old_run_and_starts_a_new_folder(tmp_path):
     # logger=none as well: the learning-rate monitor, which needs a logger, steps aside
     args = [*BASE, *data_args(tmp_path), "trainer.max_steps=2", "test=false", "logger=none"]
-    first = run_train(args, tmp_path)
+    first = train_here(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert not (tmp_path / "outputs" / "t" / "tensorboard").exists()
-    fresh = run_train([*args, "resume=false"], tmp_path)
+    fresh = train_here([*args, "resume=false"], tmp_path)
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert "resuming" not in fresh.stdout
     assert ckpt_step(tmp_path / "outputs" / "t" / "checkpoints" / "last.ckpt") == 2
@@ -214,7 +217,7 @@ def test_multirun_lays_out_one_readable_folder_per_job(tmp_path):
         "test=false",
         "model.optimizer.lr=1e-4,3e-4",
     ]
-    done = run_train(args, tmp_path, timeout=400)
+    done = train_here(args, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     jobs = sorted(p.name for p in (tmp_path / "outputs" / "multirun" / "t").iterdir() if p.is_dir())
     assert [j for j in jobs if "lr=0.0001" in j] and [j for j in jobs if "lr=0.0003" in j]
@@ -236,22 +239,22 @@ def one_line_error(done: subprocess.CompletedProcess, *needles: str) -> None:
 
 
 def test_missing_data_file_names_the_option(tmp_path):
-    done = run_train([*BASE, "data.files.train=nope.csv"], tmp_path)
+    done = train_here([*BASE, "data.files.train=nope.csv"], tmp_path)
     one_line_error(done, "nope.csv", "data.files.train=")
 
 
 def test_missing_column_names_the_columns_and_the_option(tmp_path):
-    done = run_train([*BASE, *data_args(tmp_path), "data.text_column=body"], tmp_path)
+    done = train_here([*BASE, *data_args(tmp_path), "data.text_column=body"], tmp_path)
     one_line_error(done, "'body'", "columns: text, label", "data.text_column=")
 
 
 def test_batch_size_zero_names_the_option(tmp_path):
-    done = run_train([*BASE, *data_args(tmp_path), "hardware.batch_size=0"], tmp_path)
+    done = train_here([*BASE, *data_args(tmp_path), "hardware.batch_size=0"], tmp_path)
     one_line_error(done, "hardware.batch_size")
 
 
 def test_unknown_hardware_option_lists_the_profiles(tmp_path):
-    done = run_train([*BASE[1:], *data_args(tmp_path), "hardware=m9_ultra"], tmp_path)
+    done = train_here([*BASE[1:], *data_args(tmp_path), "hardware=m9_ultra"], tmp_path)
     assert done.returncode == 2
     assert "no hardware=m9_ultra: choose one of" in done.stderr and "m2_air" in done.stderr
 
@@ -269,7 +272,7 @@ def test_trm_trains_through_train_py_on_a_profile_with_batch_size_auto(tmp_path)
         "data.test_size=50",
         "data.batch_size=16",
     ]
-    done = run_train(args, tmp_path)
+    done = train_here(args, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert ckpt_step(tmp_path / "outputs" / "trm" / "checkpoints" / "last.ckpt") == 3
     assert "micro batch size: 16 (data.batch_size)" in done.stdout
