@@ -15,9 +15,10 @@ from omegaconf import OmegaConf, open_dict
 from laptrain.config.check import ConfigError
 from laptrain.job.datamodule_settings import find_setting, set_setting
 from laptrain.job.plan import build_run_plan, planned_datamodule
-from tests.conftest import compose_train, run_train
+from tests.conftest import compose_train
 from tests.test_plan import fake_preflight
-from tests.user_style import BLOBS_YAML, FAST, FIXED_YAML, user_args, user_env, write_user_project
+from tests.test_user_errors import train_user
+from tests.user_style import BLOBS_YAML, FAST, FIXED_YAML, user_args, write_user_project
 
 
 @pytest.fixture
@@ -138,10 +139,10 @@ def test_a_datamodule_with_no_batch_size_asked_to_follow_the_profile_is_told_wha
 
 
 @pytest.mark.slow  # ~8 s; the auto run below goes through train.py, this path is tested in process
-def test_train_py_gives_the_profiles_batch_to_a_user_datamodule(tmp_path):
+def test_train_py_gives_the_profiles_batch_to_a_user_datamodule(tmp_path, monkeypatch):
     """Before: AttributeError 'BlobsDataModule' object has no attribute 'batch_size' (plan.py)."""
     project = write_user_project(tmp_path / "project")
-    done = run_train(
+    done = train_user(
         [
             "model=mlp",
             "data=blobs",
@@ -151,7 +152,8 @@ def test_train_py_gives_the_profiles_batch_to_a_user_datamodule(tmp_path):
             *user_args(project),
         ],
         tmp_path,
-        env=user_env(project),
+        project,
+        monkeypatch,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     out = done.stdout
@@ -166,10 +168,10 @@ def test_train_py_gives_the_profiles_batch_to_a_user_datamodule(tmp_path):
     assert "oom_backoff" not in done.stderr and "UserWarning" not in done.stderr
 
 
-def test_train_py_gives_an_auto_batch_to_a_user_datamodule(tmp_path):
+def test_train_py_gives_an_auto_batch_to_a_user_datamodule(tmp_path, monkeypatch):
     """``hardware.batch_size=auto``: the preflight's batch is the one the user's loader yields."""
     project = write_user_project(tmp_path / "project")
-    done = run_train(
+    done = train_user(
         [
             "model=mlp",
             "data=blobs",
@@ -179,7 +181,8 @@ def test_train_py_gives_an_auto_batch_to_a_user_datamodule(tmp_path):
             *user_args(project),
         ],
         tmp_path,
-        env=user_env(project),
+        project,
+        monkeypatch,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     found = re.search(

@@ -5,18 +5,29 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.config.check import TargetNotFound, _locate, _role_problem
-from tests.conftest import quiet_trainer, run_train
+from tests.conftest import quiet_trainer
+from tests.in_process import train_here
 from tests.user_style import FAST, user_args, user_env, write_user_project
 
 
 @pytest.fixture
 def project(tmp_path) -> Path:
     return write_user_project(tmp_path / "project")
+
+
+def train_user(args: list[str], cwd: Path, project: Path, monkeypatch) -> CompletedProcess:
+    """``python train.py <args>`` with ``user_env(project)``, run in this process: a process puts
+    that PYTHONPATH on sys.path when it starts, so here ``project`` goes first on it for the run,
+    and no ``mytask`` of an earlier test is left imported."""
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.delitem(importlib.sys.modules, "mytask", raising=False)
+    return train_here(args, cwd, env=user_env(project))
 
 
 def refused(done) -> str:
@@ -90,23 +101,26 @@ def test_a_class_of_the_wrong_kind_is_named_with_what_it_is(project, monkeypatch
     ],
 )
 def test_train_py_refuses_a_bad_target_in_one_line_before_any_folder(
-    tmp_path, project, override, expected
+    tmp_path, project, monkeypatch, override, expected
 ):
     """Before: a three-line ImportError text, or 'model.hidden is not an argument of
     mytask.BlobsDataModule' for a datamodule named as the model."""
-    done = run_train(
+    done = train_user(
         ["model=mlp", "data=blobs", *FAST, override, *user_args(project)],
         tmp_path,
-        env=user_env(project),
+        project,
+        monkeypatch,
     )
     assert refused(done).startswith(expected)
     assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.slow  # ~6 s; test_user_batch checks the same refusal in process
-def test_train_py_tells_a_datamodule_without_a_batch_size_which_attribute_to_add(tmp_path, project):
+def test_train_py_tells_a_datamodule_without_a_batch_size_which_attribute_to_add(
+    tmp_path, project, monkeypatch
+):
     """Before: AttributeError 'FixedBatchDataModule' object has no attribute 'with_batch_sizes'."""
-    done = run_train(
+    done = train_user(
         [
             "model=mlp",
             "data=fixed_batch",
@@ -115,7 +129,8 @@ def test_train_py_tells_a_datamodule_without_a_batch_size_which_attribute_to_add
             *user_args(project),
         ],
         tmp_path,
-        env=user_env(project),
+        project,
+        monkeypatch,
     )
     line = refused(done)
     assert line.startswith(
@@ -126,13 +141,14 @@ def test_train_py_tells_a_datamodule_without_a_batch_size_which_attribute_to_add
 
 
 def test_train_py_stops_at_the_first_validation_when_the_monitored_metric_is_not_logged(
-    tmp_path, project
+    tmp_path, project, monkeypatch
 ):
     """Before: Lightning's MisconfigurationException traceback from ModelCheckpoint."""
-    done = run_train(
+    done = train_user(
         ["model=mlp", "data=blobs", *FAST, "+model.stage_name=valid", *user_args(project)],
         tmp_path,
-        env=user_env(project),
+        project,
+        monkeypatch,
     )
     line = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
