@@ -25,7 +25,8 @@ from laptrain.data.instructions import IGNORE, CausalLMCollator
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
 from laptrain.model.chunked_backward import ChunkedBackward
-from tests.conftest import CONF_FIXTURES, TINY, TINY_LORA, quiet_trainer, run_train, write_texts
+from tests.conftest import CONF_FIXTURES, TINY, TINY_LORA, quiet_trainer, write_texts
+from tests.in_process import train_here
 
 MB = 1024 * 1024
 MPS_READING = MemoryReading(
@@ -341,7 +342,7 @@ def test_train_py_on_an_apple_profile_with_fake_mps_reads_two_sessions(tmp_path)
         "trainer.log_every_n_steps=5",
         *TINY,
     ]
-    first = run_train(args, tmp_path)
+    first = train_here(args, tmp_path)
     assert first.returncode == 75, first.stderr[-3000:]  # paused by the session budget
     assert "Resume with the same command" in first.stdout + first.stderr
     run = tmp_path / "outputs" / "guarded"
@@ -349,7 +350,7 @@ def test_train_py_on_an_apple_profile_with_fake_mps_reads_two_sessions(tmp_path)
     assert report["run"]["status"] == "stopped (session); resume with the same command"
     steps_first = report["run"]["global_step"]
 
-    second = run_train(args, tmp_path)
+    second = train_here(args, tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     report = json.loads((run / "report.json").read_text())
     assert report["run"]["status"] == "finished" and report["run"]["sessions"] == 2
@@ -379,7 +380,7 @@ def test_train_py_with_packing_finishes_and_reports_real_tokens(tmp_path):
         "test=false",
         "run_name=packed",
     ]
-    done = run_train(args, tmp_path, env={"OMP_NUM_THREADS": "1"})
+    done = train_here(args, tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     throughput = json.loads((tmp_path / "outputs" / "packed" / "report.json").read_text())[
         "throughput"
