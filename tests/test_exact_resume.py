@@ -1,5 +1,7 @@
 """Stopped and rerun through `python train.py` == never stopped, bit for bit, with every default
-callback and validation on (the unit test in test_resume.py runs a bare Trainer)."""
+callback and validation on (the unit test in test_resume.py runs a bare Trainer). A run that a
+signal or a kill stops runs in a subprocess (the signal goes to the process); the straight runs
+and the reruns run in the test process (tests/in_process.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY, run_train, write_texts
+from tests.in_process import train_here
 
 HOOKS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # tests.signal_at in the child
 
@@ -26,8 +29,14 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def signalled(args: list[str]) -> bool:
+    """The run sends itself a signal (tests.signal_at's SignalAt, KillAt): a process of its own."""
+    return any(name in arg for arg in args for name in ("signal_at.SignalAt", "signal_at.KillAt"))
+
+
 def run_ok(args: list[str], tmp_path: Path, code: int = 0) -> str:
-    done = run_train(args, tmp_path, env=HOOKS)
+    run = run_train if signalled(args) else train_here
+    done = run(args, tmp_path, env=HOOKS)
     assert done.returncode == code, (done.returncode, done.stderr[-3000:])
     return done.stdout
 
