@@ -13,7 +13,8 @@ import pytest
 
 from laptrain.commands import cli
 from laptrain.run_folder.clean import folder_bytes
-from tests.conftest import TINY, run_train, write_texts
+from tests.conftest import TINY, write_texts
+from tests.in_process import train_here
 
 COMMON = ["hardware=cpu", "model=tiny_classifier", "data=text_csv", "trainer.val_check_interval=2"]
 
@@ -27,7 +28,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("a", ["trainer.max_steps=4"]),
         ("b", ["trainer.max_steps=6", "model.optimizer.lr=0.002"]),
     ):
-        done = run_train([*COMMON, *TINY, data, *differ, f"run_name={name}"], cwd=home)
+        done = train_here([*COMMON, *TINY, data, *differ, f"run_name={name}"], cwd=home)
         assert done.returncode == 0, done.stderr[-3000:]
     return home / "outputs"
 
