@@ -9,7 +9,8 @@ import pytest
 from laptrain.config.check import ConfigError
 from laptrain.hardware.probe import FakeProbe
 from laptrain.job.plan import build_run_plan
-from tests.conftest import TINY, compose_train, run_train, write_texts
+from tests.conftest import TINY, compose_train, write_texts
+from tests.in_process import train_here
 
 
 def fake_preflight(micro: int, accumulation: int, checkpointing: bool = False):
@@ -122,7 +123,7 @@ def test_trainer_precision_on_the_command_line_is_what_the_preflight_sizes(tmp_p
     for precision in ("32-true", "bf16-mixed"):
         args = ["hardware=cpu", "data=text_csv", f"data.files.train={data}", *TINY]
         args += [f"trainer.precision={precision}", "trainer.max_steps=1", "test=false"]
-        done = run_train([*args, f"run_name={precision}"], tmp_path)
+        done = train_here([*args, f"run_name={precision}"], tmp_path)
         assert done.returncode == 0, done.stderr[-2000:]
         out = done.stdout + done.stderr
         budget = next(line for line in out.splitlines() if "preflight: budget" in line)

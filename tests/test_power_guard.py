@@ -17,8 +17,9 @@ from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.power_guard import PowerGuard
 from laptrain.callbacks.run_report import RunReport
 from laptrain.hardware.power import BatteryReading, FakeBattery
-from tests.conftest import CONF_FIXTURES, TINY, quiet_trainer, run_train, write_texts
+from tests.conftest import CONF_FIXTURES, TINY, quiet_trainer, write_texts
 from tests.fake_ranks import two_ranks
+from tests.in_process import train_here
 from tests.test_power import awake
 
 PLUGGED, HALF = BatteryReading(90.0, True), BatteryReading(50.0, False, 3600)
@@ -320,7 +321,7 @@ def test_train_py_stops_on_a_low_battery_and_the_rerun_resumes_from_that_step(tm
         "test=false",
         *TINY,
     ]
-    first = run_train([*args, "callbacks=fake_battery_low"], tmp_path)
+    first = train_here([*args, "callbacks=fake_battery_low"], tmp_path)
     out = first.stdout + first.stderr
     assert first.returncode == 75, first.stderr[-3000:]  # paused: rerun later
     assert "battery at 18 % (below callbacks.power_guard.min_percent=20) at step 4" in out
@@ -334,7 +335,7 @@ def test_train_py_stops_on_a_low_battery_and_the_rerun_resumes_from_that_step(tm
     events = b"".join(p.read_bytes() for p in (run / "tensorboard").rglob("events.out.*"))
     assert b"power/percent" in events and b"power/plugged" in events
 
-    second = run_train([*args, "callbacks=fake_mps"], tmp_path)  # on the charger again
+    second = train_here([*args, "callbacks=fake_mps"], tmp_path)  # on the charger again
     assert second.returncode == 0, second.stderr[-3000:]
     out = second.stdout + second.stderr  # the guards' lines, as `callbacks=fake_mps` shows them
     assert "keep_awake=false turns this off" in out  # what holds sleep off here, or why nothing

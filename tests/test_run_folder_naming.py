@@ -7,6 +7,7 @@ import pytest
 
 from laptrain.run_folder import naming as run_dir
 from tests.conftest import TINY, TRAIN, write_texts
+from tests.in_process import train_here
 
 
 def test_resume_keeps_the_folder_and_fresh_runs_never_overwrite(tmp_path, monkeypatch):
@@ -136,15 +137,13 @@ def test_torchrun_ranks_with_resume_false_share_one_new_folder(tmp_path):
         "test=false",
         "run_name=t",
     ]
-    env = {**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")}
-    first = subprocess.run(
-        [sys.executable, str(TRAIN), *args], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    first = train_here(args, tmp_path)  # the 1-process run needs no process of its own
     assert first.returncode == 0, first.stderr[-3000:]
     wrapper = tmp_path / "rank_1_after_rank_0.py"
     wrapper.write_text(RANK_1_AFTER_RANK_0.format(train=str(TRAIN)))
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     ddp = ["trainer=ddp_cpu", "trainer.strategy=ddp", "resume=false"]
+    env = {**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(
         [*launcher, str(wrapper), *args, *ddp],
         cwd=tmp_path,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from laptrain.config.check import ConfigError, check_composed, compose_argv
-from tests.conftest import CONF, run_train
+from tests.conftest import CONF
+from tests.in_process import train_here
 
 SLURM = ["hardware=cpu", "trainer=ddp_cpu", "trainer.strategy=ddp", "launcher=slurm"]
 
@@ -32,7 +33,7 @@ def test_launcher_slurm_takes_a_count_and_other_launchers_take_every_form():
 
 @pytest.mark.slow  # ~5 s; the refusal of each form is tested in process above
 def test_train_py_exits_2_naming_the_count(tmp_path):
-    done = run_train(["-m", *SLURM, "trainer.devices=-1"], tmp_path, timeout=120)
+    done = train_here(["-m", *SLURM, "trainer.devices=-1"], tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
         "error: launcher=slurm asks SLURM for trainer.devices GPUs and tasks per node, which "
