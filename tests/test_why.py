@@ -28,7 +28,8 @@ from laptrain.callbacks.oom_backoff import OOMBackoff
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.commands import cli, why
 from laptrain.hardware.probe import FakeProbe, MemoryReading
-from tests.conftest import TINY, run_train, write_texts
+from tests.conftest import TINY, write_texts
+from tests.in_process import train_here
 
 MB = 1024**2
 Curves = dict[str, list[tuple[int, float]]]
@@ -454,7 +455,7 @@ def test_on_a_real_run_the_nan_stop_is_named_as_the_guard_named_it(tmp_path, cap
         "trainer.log_every_n_steps=1",
         "model.optimizer.lr=1e4",
     ]
-    done = run_train(args, tmp_path)
+    done = train_here(args, tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     said = re.search(
         r"error: (loss is \S+|the gradient of \S+ is \S+) at global step (\d+) .*?"
@@ -490,7 +491,7 @@ def test_on_a_real_run_an_inf_gradient_is_recorded_and_named_with_its_parameter(
         "+callbacks.inf.step=5",
         f"+callbacks.inf.name={TINY_PARAMETER}",
     ]
-    done = run_train(args, tmp_path, env=HOOKS)
+    done = train_here(args, tmp_path, env=HOOKS)
     assert done.returncode == 2, done.stderr[-3000:]
     assert f"error: the gradient of {TINY_PARAMETER} is inf at global step 4 " in done.stderr
     folder = tmp_path / "outputs" / "inf"
