@@ -82,6 +82,7 @@ def run_case(name: str, batch: int, seq_len: int, checkpointing: bool, device: s
     import torch
 
     from laptrain.hardware.probe import TorchProbe
+    from laptrain.model.checkpointing import switch_on
     from laptrain.preflight.activations import hf_batch_maker, hf_loss
     from laptrain.preflight.batch import measure_peak
     from laptrain.preflight.estimate import model_memory
@@ -90,7 +91,7 @@ def run_case(name: str, batch: int, seq_len: int, checkpointing: bool, device: s
     torch.set_num_threads(1)
     model = build(name)
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        switch_on(model)
     probe = TorchProbe(device)
     rss = probe.memory().rss
     memory = model_memory(model, seq_len, "32-true")

@@ -59,14 +59,20 @@ def parse_setting(value: Any) -> bool | str:
     raise ValueError(f"model.gradient_checkpointing must be true, false or auto (got {value!r})")
 
 
-def enable_checkpointing(model: nn.Module) -> None:
-    """Non-reentrant activation checkpointing on a transformers model, inputs requiring grad,
-    dropout masks replayed on MPS (:func:`replay_device_rng`)."""
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.23
+def switch_on(model: nn.Module, kwargs: Mapping[str, Any] | None = None) -> None:
+    """transformers' checkpointing switch under its current name (``activation_checkpointing_enable``
+    from 5.23; the old ``gradient_checkpointing_enable`` warns on every call there) or the old one
+    on an older transformers."""
+    if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Non-reentrant activation checkpointing on a transformers model, inputs requiring grad,
+    dropout masks replayed on MPS (:func:`replay_device_rng`)."""
+    switch_on(model, {"use_reentrant": False})
     model.enable_input_require_grads()
     replay_device_rng(model)
 

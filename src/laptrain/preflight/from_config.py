@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from laptrain.config.batch_request import is_auto
+from laptrain.model.checkpointing import switch_on
 from laptrain.model.families import FAMILIES, family_of
 from laptrain.preflight.activations import ActivationProfile, Quadratic, measure_activations
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, Estimate, ModelMemory
@@ -155,10 +156,7 @@ def measure_lora_activations(
     with warnings.catch_warnings():  # transformers' deprecation notes about the old names
         warnings.simplefilter("ignore", FutureWarning)
         base = small.get_base_model()
-        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.23
-            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        switch_on(base, kwargs)
         base.enable_input_require_grads()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
