@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import TINY_LORA, run_train
+from tests.in_process import train_here
 
 TOTAL, STOP = 12, 6
 RUN = ["run_name=lora"]
@@ -89,19 +90,19 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
         (folder / "cache").symlink_to(tmp_path / "cache", target_is_directory=True)
     (tmp_path / "cache").mkdir()
 
-    straight = train([*JOB, *RUN], straight_dir)
+    straight = train_here([*JOB, *RUN], straight_dir)
     assert straight.returncode == 0, straight.stderr[-3000:]
     want_adapter, want_ckpt, step = final_weights(straight_dir / "outputs" / "lora")
     assert step == TOTAL and want_ckpt
 
-    stopped = train([*JOB, *RUN, *SIGTERM_AT], stopped_dir)
+    stopped = train([*JOB, *RUN, *SIGTERM_AT], stopped_dir)  # a process: SIGTERM ends it
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     run = stopped_dir / "outputs" / "lora"
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == STOP
     assert not (run / "adapter").exists()  # the final adapter is written only when a run ends
 
-    resumed = train([*JOB, *RUN], stopped_dir)
+    resumed = train_here([*JOB, *RUN], stopped_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"global step {STOP}," in resumed.stdout
     got_adapter, got_ckpt, step = final_weights(run)
@@ -115,7 +116,7 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
     assert_equal(want_adapter, step_adapter, f"adapters/step-{TOTAL:06d}")
 
     other = [a for a in JOB if not a.startswith("model.tiny_base.hidden_size")]
-    refused = train(
+    refused = train_here(
         [*other, "model.tiny_base.hidden_size=48", *RUN, f"trainer.max_steps={TOTAL + 4}"],
         stopped_dir,
     )
