@@ -18,7 +18,8 @@ from laptrain.callbacks.model_checkpoint import ModelCheckpoint
 from laptrain.callbacks.nonfinite_guard import NonFiniteGuard, NonFiniteLoss
 from laptrain.callbacks.run_report import RunReport
 from laptrain.commands import cli
-from tests.conftest import TINY, quiet_trainer, run_train, write_texts
+from tests.conftest import TINY, quiet_trainer, write_texts
+from tests.in_process import train_here
 
 HOOKS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
@@ -165,7 +166,7 @@ def test_an_unknown_action_is_refused_naming_the_choices():
 
 def test_train_py_with_a_nan_exits_2_in_one_line_never_saves_it_and_why_names_it(tmp_path, capsys):
     data = write_texts(tmp_path / "texts.csv")
-    done = run_train(
+    done = train_here(
         [
             "hardware=cpu",
             "data=text_csv",
