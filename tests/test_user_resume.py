@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset, Weighte
 from laptrain.data.sampler import ResumableDataLoader
 from laptrain.data.user_loaders import prepare_user_loaders, resumable_train_loader
 from tests.conftest import ROOT, run_train
+from tests.test_user_errors import train_user
 
 USER_MODULE = '''
 """A user's task: an MLP on three Gaussian blobs."""
@@ -123,11 +124,13 @@ def assert_ends_equal(tmp_path: Path, straight: str, resumed: str) -> None:
     assert repr(a["optimizer_states"]) == repr(b["optimizer_states"])
 
 
-def stop_and_rerun(tmp_path: Path, args: list[str], signum: str, code: int, times: int) -> str:
-    """Run ``args`` whole (run ``straight``), then stopped by ``signum`` in step 5 (run ``cut``),
-    then rerun ``cut``; returns the rerun's console."""
+def stop_and_rerun(
+    tmp_path: Path, monkeypatch, args: list[str], signum: str, code: int, times: int
+) -> str:
+    """Run ``args`` whole (run ``straight``), then stopped by ``signum`` in step 5 (run ``cut``, a
+    process of its own: the signal goes to it), then rerun ``cut``; returns the rerun's console."""
     env = user_env(tmp_path)
-    done = run_train([*args, "run_name=straight"], tmp_path, env=env)
+    done = train_user([*args, "run_name=straight"], tmp_path, tmp_path, monkeypatch)
     assert done.returncode == 0, done.stderr[-3000:]
     signal = [
         "+callbacks.sig._target_=tests.signal_at.SignalAt",
@@ -138,31 +141,33 @@ def stop_and_rerun(tmp_path: Path, args: list[str], signum: str, code: int, time
     cut = run_train([*args, "run_name=cut", *signal], tmp_path, env=env)
     assert cut.returncode == code, cut.stderr[-3000:]
     assert last_checkpoint(tmp_path, "cut")["global_step"] == 5
-    rerun = run_train([*args, "run_name=cut"], tmp_path, env=env)
+    rerun = train_user([*args, "run_name=cut"], tmp_path, tmp_path, monkeypatch)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "not resumable" not in rerun.stdout + rerun.stderr
     return rerun.stdout
 
 
 @pytest.mark.slow  # ~28 s: three runs through train.py
-def test_sigterm_mid_epoch_and_rerun_ends_equal_to_a_run_never_stopped(tmp_path):
+def test_sigterm_mid_epoch_and_rerun_ends_equal_to_a_run_never_stopped(tmp_path, monkeypatch):
     """Before: Lightning warned that the loader is not resumable, replayed the epoch in a new
     order, and the weights ended up to 0.11 apart."""
     args = [*write_user_project(tmp_path), "trainer.max_epochs=2", "test=false"]
-    out = stop_and_rerun(tmp_path, args, "SIGTERM", 143, times=1)
+    out = stop_and_rerun(tmp_path, monkeypatch, args, "SIGTERM", 143, times=1)
     assert "global step 5" in out
     assert_ends_equal(tmp_path, "straight", "cut")
 
 
 @pytest.mark.slow  # ~35 s: worker processes start at each epoch of three runs
-def test_double_ctrl_c_with_workers_and_rerun_ends_equal_to_a_run_never_stopped(tmp_path):
+def test_double_ctrl_c_with_workers_and_rerun_ends_equal_to_a_run_never_stopped(
+    tmp_path, monkeypatch
+):
     args = [
         *write_user_project(tmp_path),
         "trainer.max_epochs=2",
         "test=false",
         "data.num_workers=2",
     ]
-    stop_and_rerun(tmp_path, args, "SIGINT", 130, times=2)
+    stop_and_rerun(tmp_path, monkeypatch, args, "SIGINT", 130, times=2)
     assert_ends_equal(tmp_path, "straight", "cut")
 
 
