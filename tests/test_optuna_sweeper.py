@@ -7,21 +7,19 @@ import functools
 import math
 from pathlib import Path
 
+import optuna  # the [sweep] extra, which [dev] installs: a missing optuna fails here, not skips
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
-
-optuna = pytest.importorskip("optuna", reason="the [sweep] extra: pip install -e '.[sweep]'")
-
-from optuna.distributions import (  # noqa: E402
+from optuna.distributions import (
     CategoricalDistribution,
     FloatDistribution,
     IntDistribution,
 )
-from optuna.trial import TrialState  # noqa: E402
+from optuna.trial import TrialState
 
-import hydra_plugins.laptrain_optuna_sweeper.optuna_sweeper as plugin  # noqa: E402
-from hydra_plugins.laptrain_optuna_sweeper.optuna_sweeper import (  # noqa: E402
+import hydra_plugins.laptrain_optuna_sweeper.optuna_sweeper as plugin
+from hydra_plugins.laptrain_optuna_sweeper.optuna_sweeper import (
     LaptrainOptunaSweeper,
     search_space,
 )
