@@ -4,6 +4,8 @@ samplers (issue 35, item 6)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -13,20 +15,29 @@ from laptrain.config.check import check_trainer_values
 from laptrain.data.user_loaders import ResumableTrainLoader, prepare_user_loaders
 from tests.conftest import run_train
 from tests.test_scale_out_runs import final_weights, largest_difference
+from tests.test_user_errors import train_user
 from tests.test_user_resume import user_env, write_user_project
 
 
+def one_or_two(args: list[str], start: str, folder: Path, env: dict, monkeypatch):
+    """The 1-process run in this process (train_user); the run on 2 processes from a process of
+    its own, which starts them."""
+    if start == "here":
+        return train_user(args, folder, folder, monkeypatch)
+    return run_train(args, folder, env=env, timeout=300)
+
+
 @pytest.mark.slow  # ~30 s: a run on 2 spawned processes and one on 1
-def test_two_processes_at_batch_8_train_like_one_at_batch_16(tmp_path):
+def test_two_processes_at_batch_8_train_like_one_at_batch_16(tmp_path, monkeypatch):
     """Before: every process trained on the whole train split (60 steps instead of 30 in 2
     epochs) and the weights ended 0.26 apart from 1 process at batch 16."""
     args = [*write_user_project(tmp_path), "trainer.max_epochs=2"]
     env = user_env(tmp_path)
-    for run, extra in (
-        ("one", ["data.batch_size=16"]),
-        ("two", ["data.batch_size=8", "trainer=ddp_cpu"]),
+    for run, extra, start in (
+        ("one", ["data.batch_size=16"], "here"),
+        ("two", ["data.batch_size=8", "trainer=ddp_cpu"], "processes"),
     ):
-        done = run_train([*args, *extra, f"run_name={run}"], tmp_path, env=env, timeout=300)
+        done = one_or_two([*args, *extra, f"run_name={run}"], start, tmp_path, env, monkeypatch)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "done at global step 30" in done.stdout
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
@@ -66,7 +77,9 @@ def test_a_datamodule_that_shards_itself_keeps_its_loaders_and_lightnings_sample
 
 
 @pytest.mark.slow  # ~35 s: a run on 2 FSDP CPU processes and one on 1
-def test_a_users_module_under_fsdp_trains_like_one_process_and_tests_its_best_checkpoint(tmp_path):
+def test_a_users_module_under_fsdp_trains_like_one_process_and_tests_its_best_checkpoint(
+    tmp_path, monkeypatch
+):
     """A user's MLP has no layer class for FSDP units, so FSDP wraps its root alone; the test
     after the fit ran on the fitted module, whose parameters were views of the flat shard
     ("size mismatch ... torch.Size([0])"). Now it is built again and tested like laptrain's own."""
@@ -77,8 +90,11 @@ def test_a_users_module_under_fsdp_trains_like_one_process_and_tests_its_best_ch
         "trainer.accelerator=cpu",
         "trainer.strategy._target_=tests.sharded_on_cpu.ShardedOnCPU",
     ]
-    for run, extra in (("one", ["data.batch_size=16"]), ("two", ["data.batch_size=8", *fsdp])):
-        done = run_train([*args, *extra, f"run_name={run}"], tmp_path, env=env, timeout=300)
+    for run, extra, start in (
+        ("one", ["data.batch_size=16"], "here"),
+        ("two", ["data.batch_size=8", *fsdp], "processes"),
+    ):
+        done = one_or_two([*args, *extra, f"run_name={run}"], start, tmp_path, env, monkeypatch)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "test:" in done.stdout
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
