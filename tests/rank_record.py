@@ -72,6 +72,20 @@ class RecordStartWeights(Callback):
             torch.save(weights, self.folder / "start.pt")
 
 
+class RecordFrozenDtypes(Callback):
+    """The dtypes of this rank's frozen parameters (a LoRA base) as the fit starts, written to
+    ``<folder>/rank<N>-dtypes.json``: a test compares what each rank holds."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        dtypes = sorted({str(p.dtype) for p in pl_module.parameters() if not p.requires_grad})
+        path = self.folder / f"rank{trainer.global_rank}-dtypes.json"
+        path.write_text(json.dumps(dtypes))
+
+
 class SignalAt(Callback):
     """Sends ``signum`` to this process on one rank only, as the batch that makes ``global_step``
     reach ``step`` begins (a scheduler that signals the main process)."""

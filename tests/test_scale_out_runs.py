@@ -179,6 +179,7 @@ def test_torchrun_starts_both_ranks_and_they_agree_on_an_auto_base_dtype(tmp_pat
     """torchrun starts every rank at once, each composing and building on its own: with
     ``model.base_dtype=auto`` each decides on its device's total memory, the ranks compare their
     choices once the process group is up, and the job trains, tests and exports."""
+    record = tmp_path / "record"
     args = [
         *TINY_LORA,
         "model.base_dtype=auto",
@@ -189,6 +190,8 @@ def test_torchrun_starts_both_ranks_and_they_agree_on_an_auto_base_dtype(tmp_pat
         "trainer.max_steps=2",
         *DDP,
         "run_name=torchrun",
+        "+callbacks.dtypes._target_=tests.rank_record.RecordFrozenDtypes",
+        f"+callbacks.dtypes.folder={record}",
     ]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     done = subprocess.run(
@@ -200,6 +203,9 @@ def test_torchrun_starts_both_ranks_and_they_agree_on_an_auto_base_dtype(tmp_pat
         timeout=300,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    # each rank decided on its own (torchrun starts them together) and both hold the same dtype
+    held = [json.loads(p.read_text()) for p in sorted(record.glob("rank*-dtypes.json"))]
+    assert len(held) == 2 and held[0] == held[1] and held[0], held
     folder = tmp_path / "outputs" / "torchrun"
     assert "test/loss" in json.loads((folder / "metrics.json").read_text())
     assert (folder / "adapter").is_dir()
