@@ -25,7 +25,8 @@ from laptrain.preflight.measured import (
     measured_preflight_for_run,
 )
 from laptrain.preflight.peak_memory import KernelPeakRss, SampledRss
-from tests.conftest import compose_train, quiet_trainer, run_train
+from tests.conftest import compose_train, quiet_trainer
+from tests.test_user_errors import train_user
 
 GB = 1024**3
 MB = 1024**2
@@ -400,10 +401,11 @@ def user_project(folder: Path) -> list[str]:
 
 @pytest.mark.slow  # ~17 s; the plan's measured batch is tested in process, and
 # test_user_batch runs hardware.batch_size=auto on a user project
-def test_train_py_trains_a_user_module_at_the_batch_the_preflight_measured(tmp_path):
+def test_train_py_trains_a_user_module_at_the_batch_the_preflight_measured(tmp_path, monkeypatch):
+    """In this process (train_user: ``tmp_path`` on sys.path as PYTHONPATH puts it): on CPU the
+    budget counts the whole process, this one's memory too, as it counts the peak."""
     args = user_project(tmp_path)
-    env = {"PYTHONPATH": str(tmp_path)}
-    done = run_train(
+    done = train_user(
         [
             *args,
             "data.batch_size=from_profile",
@@ -413,7 +415,8 @@ def test_train_py_trains_a_user_module_at_the_batch_the_preflight_measured(tmp_p
             "run_name=auto",
         ],
         tmp_path,
-        env=env,
+        tmp_path,
+        monkeypatch,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
@@ -426,11 +429,12 @@ def test_train_py_trains_a_user_module_at_the_batch_the_preflight_measured(tmp_p
     )
     assert ckpt["global_step"] == 4  # one epoch of 240 rows at 64 a batch
 
-    small = run_train(
+    small = train_user(
         [*args, "hardware.batch_size=auto", "data.batch_size=from_profile"]
         + ["hardware.memory_budget_gb=0.01", "run_name=small"],
         tmp_path,
-        env=env,
+        tmp_path,
+        monkeypatch,
     )
     assert small.returncode == 2
     error = small.stderr.strip().splitlines()[-1]
