@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import TINY, TINY_LORA, run_train, write_texts
+from tests.in_process import train_here
 from tests.test_scale_out_runs import (
     LORA_ON_TEN_MODULES,
     final_weights,
@@ -35,11 +36,14 @@ FSDP = [
 
 
 def fit_both(tmp_path: Path, common: list[str], one: list[str], two: list[str]) -> dict:
-    """The job on 1 process (run ``one``), then under FSDP (run ``two``, on the 2 processes of
-    trainer=fsdp unless ``two`` sets trainer.devices); returns the FSDP run's metrics.json."""
-    for run, extra in (("one", one), ("two", [*two, *FSDP])):
-        done = run_train([*common, *extra, f"run_name={run}"], tmp_path, timeout=300)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    """The job on 1 process (run ``one``, in the test process), then under FSDP (run ``two``, on
+    the 2 processes of trainer=fsdp unless ``two`` sets trainer.devices; a process of its own even
+    then: its process group is not the test process's to keep); returns the FSDP run's
+    metrics.json."""
+    one_here = train_here([*common, *one, "run_name=one"], tmp_path)
+    assert one_here.returncode == 0, (one_here.stdout + one_here.stderr)[-3000:]
+    done = run_train([*common, *two, *FSDP, "run_name=two"], tmp_path, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return json.loads((tmp_path / "outputs" / "two" / "metrics.json").read_text())
 
 
@@ -114,12 +118,11 @@ def test_lora_under_fsdp_trains_like_one_process_also_on_a_bf16_base_and_exports
     assert largest_difference(one, two) < 1e-5
 
     bf16 = [*common, "model.base_dtype=bfloat16", "hardware.precision=bf16-mixed"]
-    for run, extra in (
-        ("one_bf16", ["data.batch_size=8"]),
-        ("two_bf16", ["data.batch_size=4", *FSDP]),
-    ):
-        done = run_train([*bf16, *extra, f"run_name={run}"], tmp_path, timeout=300)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    one_bf16 = train_here([*bf16, "data.batch_size=8", "run_name=one_bf16"], tmp_path)
+    assert one_bf16.returncode == 0, (one_bf16.stdout + one_bf16.stderr)[-3000:]
+    args = [*bf16, "data.batch_size=4", *FSDP, "run_name=two_bf16"]
+    done = run_train(args, tmp_path, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     loss = {
         run: json.loads((tmp_path / "outputs" / run / "metrics.json").read_text())["test/loss"]
         for run in ("one_bf16", "two_bf16")
@@ -215,7 +218,7 @@ def test_lora_fsdp_run_stopped_by_sigterm_resumes_to_the_same_adapters(tmp_path)
 @pytest.mark.slow  # ~10 s; tests/test_fsdp_units.py checks the refusal itself
 def test_trm_under_fsdp_stops_at_launch_in_one_line(tmp_path):
     args = ["model=trm_sudoku", "data=sudoku", "hardware=cpu", "data.train_size=64", *FSDP]
-    done = run_train([*args, "run_name=trm"], tmp_path, timeout=120)
+    done = train_here([*args, "run_name=trm"], tmp_path)  # refused before any rank starts
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [errors[0]] and "use trainer=ddp" in errors[0]
