@@ -211,8 +211,16 @@ def test_checkpointing_gives_every_adapter_a_gradient_and_the_same_loss(tokenize
         assert abs(off - on) <= 1e-6
 
 
+def preset_adamw(params):
+    """The LoRA presets' optimizer (conf/model/smollm2_135m_lora.yaml)."""
+    return torch.optim.AdamW(params, lr=5.0e-4, weight_decay=0.0)
+
+
 # ----- 7. accumulation equivalence --------------------------------------------------------------
-def test_micro_1_x_accumulation_8_equals_micro_8_x_accumulation_1(tokenizer, base, tmp_path):
+@pytest.mark.parametrize("optimizer", [sgd, preset_adamw], ids=["sgd", "preset-adamw"])
+def test_micro_1_x_accumulation_8_equals_micro_8_x_accumulation_1(
+    tokenizer, base, tmp_path, optimizer
+):
     pairs = [(p, r * (1 + i % 3)) for i, (p, r) in enumerate(PAIRS)]  # 1x-3x response lengths
     rows = examples(tokenizer, pairs * 2)
     counts = [sum(x != IGNORE for x in r["labels"]) for r in rows]
@@ -220,7 +228,9 @@ def test_micro_1_x_accumulation_8_equals_micro_8_x_accumulation_1(tokenizer, bas
     after = {}
     for micro, accumulation in ((8, 1), (1, 8)):
         torch.manual_seed(3)
-        module = CausalLMLoRAModule(tokenizer, pretrained=base, optimizer=sgd, save_adapters=False)
+        module = CausalLMLoRAModule(
+            tokenizer, pretrained=base, optimizer=optimizer, save_adapters=False
+        )
         fit = trainer(tmp_path / f"m{micro}", max_steps=2, accumulate_grad_batches=accumulation)
         fit.fit(module, train_dataloaders=loader(tokenizer, rows, micro))
         assert fit.global_step == 2
@@ -228,8 +238,11 @@ def test_micro_1_x_accumulation_8_equals_micro_8_x_accumulation_1(tokenizer, bas
     moved = 0
     for name, w8 in after[8].items():
         w1 = after[1][name]
-        scale = max(float(w8.abs().max()), 1e-12)
-        assert float((w8 - w1).abs().max()) / scale <= 1e-5, name
+        if optimizer is sgd:  # the update is the gradient: equal to float rounding
+            scale = max(float(w8.abs().max()), 1e-12)
+            assert float((w8 - w1).abs().max()) / scale <= 1e-5, name
+        else:  # Adam divides by the gradient's own size, so rounding shows more: measured 2.4e-8
+            assert float((w8 - w1).abs().max()) <= 1e-3 * 5.0e-4, name  # 0.1 % of one step (lr)
         moved += int(w8.abs().sum() > 0)
     assert moved == len(after[8])
 
