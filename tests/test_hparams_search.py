@@ -10,7 +10,8 @@ import pytest
 
 optuna = pytest.importorskip("optuna", reason="the [sweep] extra: pip install -e '.[sweep]'")
 
-from tests.conftest import CONF_FIXTURES, run_train, write_texts  # noqa: E402
+from tests.conftest import CONF_FIXTURES, write_texts  # noqa: E402
+from tests.in_process import train_here  # noqa: E402
 from tests.test_hparams import hparams_row  # noqa: E402
 
 
@@ -24,7 +25,7 @@ def test_optuna_study_resumes_and_each_trial_logs_an_hparams_row(tmp_path):
         f"hydra.searchpath=[file://{CONF_FIXTURES}]",
         f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
     ]
-    first = run_train([*args, "hydra.sweeper.n_trials=2"], tmp_path, timeout=400)
+    first = train_here([*args, "hydra.sweeper.n_trials=2"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     sweep = tmp_path / "outputs" / "multirun" / "t"
     storage = f"sqlite:///{sweep / 'optuna.db'}"
@@ -46,13 +47,13 @@ def test_optuna_study_resumes_and_each_trial_logs_an_hparams_row(tmp_path):
         assert params["parameters"] > 0 and params["micro_batch"] in (8, 16, 32)
 
     # the same command again: the study is complete, no trial runs
-    again = run_train([*args, "hydra.sweeper.n_trials=2"], tmp_path, timeout=400)
+    again = train_here([*args, "hydra.sweeper.n_trials=2"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Launching" not in again.stdout + again.stderr
     assert "2 finished trials, 0 to run" in again.stdout + again.stderr
 
     # one more trial: exactly one runs, numbered after the first two
-    more = run_train([*args, "hydra.sweeper.n_trials=3"], tmp_path, timeout=400)
+    more = train_here([*args, "hydra.sweeper.n_trials=3"], tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
     log = more.stdout + more.stderr
     assert log.count("Launching 1 jobs locally") == 1 and "\t#2 : " in log
