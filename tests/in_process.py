@@ -95,9 +95,10 @@ def _logger_states() -> dict[str, tuple]:
 
 
 def _put_back_loggers(states: dict[str, tuple]) -> None:
-    for name in list(logging.root.manager.loggerDict) + [""]:
+    """Loggers that existed before the run as they were; a library's logger first made during the
+    run (its import) stays as the import set it, as it would in the next process."""
+    for name, (level, handlers, propagate, disabled) in states.items():
         log = logging.getLogger(name)
-        level, handlers, propagate, disabled = states.get(name, (logging.NOTSET, [], True, False))
         for handler in set(log.handlers) - set(handlers):
             handler.close()
         log.handlers[:] = handlers
