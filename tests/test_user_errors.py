@@ -160,6 +160,8 @@ def test_train_py_stops_at_the_first_validation_when_the_monitored_metric_is_not
         "+model._metric_.mode=max)"
     ]
     assert not checkpoints(tmp_path / "outputs")  # stopped before ModelCheckpoint saved
+    # a first run: its folder (logs, run_info, TensorBoard events) goes too; nothing is written
+    assert not [p for p in (tmp_path / "outputs").iterdir() if p.name != "multirun"]
 
 
 def test_the_metric_check_passes_a_module_that_logs_the_monitored_metric(tmp_path, project):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from laptrain.checkpoints.files import (
     clean_leftovers,
 )
 from laptrain.config.batch_request import batch_follows_profile
-from laptrain.config.check import LAPTRAIN_KEYS
+from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
 from laptrain.config.scale_out import shards_model_state
 from laptrain.config.tree import print_config
 from laptrain.console import (
@@ -65,7 +66,7 @@ from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
 from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.run_folder.listing import resume_command
-from laptrain.run_folder.lock import hold_run_folder, release_run_folder
+from laptrain.run_folder.lock import hold_run_folder, made_here, release_run_folder
 from laptrain.versions import package_versions
 
 
@@ -262,6 +263,10 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     except SystemExit as stop:
         return _interrupted(stop, "fit", cfg, output_dir, trainer)
+    except ConfigError:  # bad input found by running it (e.g. an unlogged monitored metric)
+        if ckpt_path is None and trainer.is_global_zero and made_here(output_dir):
+            shutil.rmtree(output_dir, ignore_errors=True)  # a first run: nothing of it is kept
+        raise
     stopped = _stopped(cfg, output_dir, trainer, callbacks)
     if stopped is not None:
         return stopped

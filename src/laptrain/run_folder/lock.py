@@ -27,6 +27,7 @@ from laptrain.config.scale_out import extra_rank
 
 LOCK_NAME = ".laptrain.lock"
 _held: dict[str, FileLock] = {}
+_made: set[str] = set()  # folders this process created when it took them
 
 
 class RunFolderBusy(OSError):
@@ -125,6 +126,8 @@ def hold_run_folder(folder: str | Path, command: list[str] | None = None) -> boo
     key = str(folder.resolve())
     if key in _held:
         return False
+    if not folder.exists():
+        _made.add(key)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     lock = FileLock(path, timeout=0, on_acquired=_record_holder(command))
@@ -136,8 +139,15 @@ def hold_run_folder(folder: str | Path, command: list[str] | None = None) -> boo
     return True
 
 
+def made_here(folder: str | Path) -> bool:
+    """Whether this process created ``folder`` when it took it (a first run, not a rerun)."""
+    return str(Path(folder).resolve()) in _made
+
+
 def release_run_folder(folder: str | Path) -> None:
     """Give ``folder`` back (sweep jobs run one after another in one process)."""
-    lock = _held.pop(str(Path(folder).resolve()), None)
+    key = str(Path(folder).resolve())
+    _made.discard(key)
+    lock = _held.pop(key, None)
     if lock is not None:
         lock.release()
