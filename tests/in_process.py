@@ -45,7 +45,9 @@ class _Restore(contextlib.ExitStack):
 
     def __enter__(self) -> _Restore:
         super().__enter__()
-        environ, here, argv, path = dict(os.environ), os.getcwd(), list(sys.argv), list(sys.path)
+        environ, here = dict(os.environ), os.getcwd()
+        argv_list, path_list = sys.argv, sys.path  # train.py rebinds sys.argv: keep the objects
+        argv, path = list(sys.argv), list(sys.path)
         modules = set(sys.modules)
         handlers = {s: signal.getsignal(s) for s in SIGNALS}
         loggers = _logger_states()
@@ -61,6 +63,7 @@ class _Restore(contextlib.ExitStack):
             os.environ.clear()
             os.environ.update(environ)
             os.chdir(here)
+            sys.argv, sys.path = argv_list, path_list
             sys.argv[:], sys.path[:] = argv, path
             for name in set(sys.modules) - modules:
                 file = getattr(sys.modules[name], "__file__", None) or ""

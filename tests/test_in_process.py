@@ -22,6 +22,9 @@ def test_bad_input_gives_the_same_exit_code_and_line_as_a_process(tmp_path):
 
 
 def test_a_run_leaves_nothing_behind_in_the_test_process(tmp_path):
+    import sys
+
+    argv, argv_list = list(sys.argv), sys.argv
     before = (
         dict(os.environ),
         os.getcwd(),
@@ -41,6 +44,7 @@ def test_a_run_leaves_nothing_behind_in_the_test_process(tmp_path):
         signal.getsignal(signal.SIGINT),
     )
     assert after == before
+    assert sys.argv is argv_list and sys.argv == argv  # train.py rebinds sys.argv
     # the run folder's lock went with the run: the same command runs again (and resumes)
     again = train_here([*args, "trainer.max_steps=3", "test=false"], tmp_path)
     assert again.returncode == 0 and "global step 2" in again.stdout, again.stderr[-2000:]
