@@ -291,9 +291,15 @@ def ranks_examples(folder: Path, stage: str) -> list[list[int]]:
 
 
 def test_ddp_subprocess_ranks_split_every_batch_then_resume_and_test_without_hanging(tmp_path):
-    """`trainer.strategy=ddp`: Lightning re-runs train.py for rank 1, as GPU users get it."""
+    """`trainer.strategy=ddp`: Lightning re-runs train.py for rank 1, as GPU users get it. Two
+    processes at 16 end where one process at 32 ends (the README's "DDP equals one process")."""
     record = tmp_path / "record"
-    args = [*BASE, *data_args(tmp_path), "trainer=ddp_cpu", "trainer.strategy=ddp"]
+    no_dropout = [
+        "model.backbone.hidden_dropout_prob=0",
+        "model.backbone.attention_probs_dropout_prob=0",
+    ]
+    job = [*BASE, *data_args(tmp_path), *no_dropout]
+    args = [*job, "trainer=ddp_cpu", "trainer.strategy=ddp"]
     recorder = [
         "+callbacks.record._target_=tests.rank_record.RecordExamples",
         f"+callbacks.record.folder={record}",
@@ -318,6 +324,18 @@ def test_ddp_subprocess_ranks_split_every_batch_then_resume_and_test_without_han
         first, second = ranks_examples(record, stage)
         assert len(first) == len(second) == rows // 2, stage
         assert sorted(first + second) == list(range(rows)), stage
+    one_job = [a for a in job if not a.startswith("run_name=")]
+    one = train_here(
+        [*one_job, "run_name=one", "hardware.batch_size=32", "trainer.max_steps=6", "test=false"],
+        tmp_path,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    two_w = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
+    one_last = tmp_path / "outputs" / "one" / "checkpoints" / "last.ckpt"
+    one_w = torch.load(one_last, map_location="cpu", weights_only=True)["state_dict"]
+    assert one_w.keys() == two_w.keys()
+    worst = max((one_w[k].double() - two_w[k].double()).abs().max().item() for k in one_w)
+    assert worst < 1e-5, worst  # the slow test_scale_out_runs case measures the same bound
 
     # the same command, a larger budget: both processes resume, then test on the best checkpoint
     # (each rank its share of the test split) and write metrics.json
