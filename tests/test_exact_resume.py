@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import TINY, run_train, write_texts
 from tests.in_process import train_here
+from tests.same_state import assert_same
 
 HOOKS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # tests.signal_at in the child
 
@@ -45,12 +46,8 @@ def assert_same_run(tmp_path: Path, straight: str, resumed: str) -> None:
     a, b = tmp_path / "outputs" / straight, tmp_path / "outputs" / resumed
     last_a, last_b = load(a / "checkpoints" / "last.ckpt"), load(b / "checkpoints" / "last.ckpt")
     assert last_a["global_step"] == last_b["global_step"]
-    differ = [
-        k for k, v in last_a["state_dict"].items() if not torch.equal(v, last_b["state_dict"][k])
-    ]
-    assert differ == [], f"{len(differ)} of {len(last_a['state_dict'])} tensors differ"
-    for key in ("optimizer_states", "lr_schedulers"):
-        assert repr(last_a[key]) == repr(last_b[key]), key
+    for key in ("state_dict", "optimizer_states", "lr_schedulers"):
+        assert_same(last_a[key], last_b[key], key)  # every tensor torch.equal
     # the same checkpoints kept (no best-step<N>.ckpt from the stop) and the same final metrics
     names = lambda run: sorted(p.name for p in (run / "checkpoints").iterdir())  # noqa: E731
     assert names(a) == names(b)
