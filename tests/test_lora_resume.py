@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import TINY_LORA, run_train
 from tests.in_process import train_here
+from tests.same_state import assert_same
 
 TOTAL, STOP = 12, 6
 RUN = ["run_name=lora"]
@@ -66,11 +67,11 @@ def train(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return run_train(args, cwd, env={"OMP_NUM_THREADS": "1"})
 
 
-def final_weights(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
-    """The exported adapter, last.ckpt's adapter weights, and last.ckpt's global step."""
+def final_weights(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], int]:
+    """The exported adapter, last.ckpt (adapter weights, optimizer, schedulers), and its step."""
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     adapter = load_file(str(run / "adapter" / "adapter_model.safetensors"))
-    return adapter, ckpt["state_dict"], int(ckpt["global_step"])
+    return adapter, ckpt, int(ckpt["global_step"])
 
 
 def assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:
@@ -93,7 +94,7 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
     straight = train_here([*JOB, *RUN], straight_dir)
     assert straight.returncode == 0, straight.stderr[-3000:]
     want_adapter, want_ckpt, step = final_weights(straight_dir / "outputs" / "lora")
-    assert step == TOTAL and want_ckpt
+    assert step == TOTAL and want_ckpt["state_dict"]
 
     stopped = train([*JOB, *RUN, *SIGTERM_AT], stopped_dir)  # a process: SIGTERM ends it
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
@@ -107,7 +108,8 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
     assert f"global step {STOP}," in resumed.stdout
     got_adapter, got_ckpt, step = final_weights(run)
     assert step == TOTAL
-    assert_equal(want_ckpt, got_ckpt, "last.ckpt adapter weights")
+    for key in ("state_dict", "optimizer_states", "lr_schedulers"):
+        assert_same(want_ckpt[key], got_ckpt[key], key)  # weights, AdamW moments, schedule
     assert_equal(want_adapter, got_adapter, "adapter/adapter_model.safetensors")
     # the step adapters beside the checkpoints hold the same weights
     step_adapter = load_file(
