@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from laptrain.run_folder import lock
+from laptrain.run_folder import lock, naming
 
 TRAIN = Path(__file__).resolve().parents[1] / "train.py"
+PREFIX = Path(sys.prefix).resolve()  # the environment's packages are never the run's own
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2]
 
 
@@ -49,6 +50,7 @@ class _Restore(contextlib.ExitStack):
         argv_list, path_list = sys.argv, sys.path  # train.py rebinds sys.argv: keep the objects
         argv, path = list(sys.argv), list(sys.path)
         modules = set(sys.modules)
+        tops = {m.partition(".")[0] for m in modules}
         handlers = {s: signal.getsignal(s) for s in SIGNALS}
         loggers = _logger_states()
         threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
@@ -56,18 +58,21 @@ class _Restore(contextlib.ExitStack):
         matmul = torch.get_float32_matmul_precision()
         rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         held = set(lock._held)
+        chosen = dict(naming._chosen)
+        naming._chosen.clear()  # a process chooses its run folder afresh
 
         def restore() -> None:
             for key in set(lock._held) - held:
                 lock.release_run_folder(key)
+            naming._chosen.clear()
+            naming._chosen.update(chosen)
             os.environ.clear()
             os.environ.update(environ)
             os.chdir(here)
             sys.argv, sys.path = argv_list, path_list
             sys.argv[:], sys.path[:] = argv, path
             for name in set(sys.modules) - modules:
-                file = getattr(sys.modules[name], "__file__", None) or ""
-                if file.startswith(str(self.cwd)) or name == "user" or name.startswith("user."):
+                if name.partition(".")[0] == "user" or self._from_run(name, tops):
                     del sys.modules[name]
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
@@ -84,6 +89,17 @@ class _Restore(contextlib.ExitStack):
         self.enter_context(warnings.catch_warnings())
         _warn_like_a_fresh_process()
         return self
+
+    def _from_run(self, name: str, tops: set[str]) -> bool:
+        """Whether module ``name`` came from the run's folder (a user project written there): a
+        package new to this process (not torch, laptrain or tests) whose file is under it."""
+        if name.partition(".")[0] in tops:
+            return False
+        file = getattr(sys.modules[name], "__file__", None)
+        if not file:
+            return False
+        where = Path(file).resolve()
+        return where.is_relative_to(self.cwd) and not where.is_relative_to(PREFIX)
 
 
 def _logger_states() -> dict[str, tuple]:
@@ -137,6 +153,9 @@ def train_here(
     code = 0
     with _Restore(Path(cwd).resolve()):
         os.environ.update({"LAPTRAIN_CACHE": str(Path(cwd) / "cache"), **(env or {})})
+        # a process puts PYTHONPATH's folders first on sys.path when it starts
+        extra = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:0] = extra
         os.chdir(cwd)
         sys.argv[:] = [str(TRAIN), *args]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

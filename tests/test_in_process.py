@@ -48,3 +48,27 @@ def test_a_run_leaves_nothing_behind_in_the_test_process(tmp_path):
     # the run folder's lock went with the run: the same command runs again (and resumes)
     again = train_here([*args, "trainer.max_steps=3", "test=false"], tmp_path)
     assert again.returncode == 0 and "global step 2" in again.stdout, again.stderr[-2000:]
+
+
+def test_each_run_chooses_its_folder_as_a_new_process_would(tmp_path):
+    """``resume=false`` twice: two folders, as two processes make (the folder choice is cached
+    per process)."""
+    args = [*BASE, f"data.files.train={write_texts(tmp_path / 'texts.csv')}", "trainer.max_steps=1"]
+    for _ in range(2):
+        done = train_here([*args, "test=false", "resume=false", "logger=none"], tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["t", "t-2"]
+
+
+def test_pythonpath_in_env_reaches_the_imports_and_the_run_s_own_modules_go(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "mymod.py").write_text("VALUE = 1\n")
+    args = ["hardware=cpu", "model._target_=mymod.Nothing", "run_name=x"]
+    done = train_here(args, tmp_path, env={"PYTHONPATH": str(project)})
+    assert done.returncode == 2 and "mymod" in done.stderr and "has no Nothing" in done.stderr, (
+        done.stderr
+    )
+    import sys
+
+    assert "mymod" not in sys.modules and str(project) not in sys.path
