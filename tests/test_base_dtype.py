@@ -9,7 +9,7 @@ import pytest
 from laptrain.config.scale_out import started_together
 from laptrain.model.lora.base_dtype import (
     DECIDED_ENV,
-    GB,
+    GiB,
     base_parameter_count,
     check_ranks_agree,
     choose_base_dtype,
@@ -29,10 +29,10 @@ def test_llama_32_3b_is_counted_on_the_meta_device_without_weights():
 
 def test_a_16_gb_mac_gets_a_bfloat16_base_and_a_64_gb_one_float32():
     params = 3_212_749_824  # 12.85 GB in float32
-    budget_16 = 0.65 * 0.75 * 16 * GB  # Apple profile: 0.65 x recommended (~75 % of RAM)
+    budget_16 = 0.65 * 0.75 * 16 * GiB  # Apple profile: 0.65 x recommended (~75 % of RAM)
     choice, why = choose_base_dtype(params, budget_16, bf16_supported=True)
-    assert choice == "bfloat16" and "11.97 GB in float32" in why and "5.98 GB" in why
-    assert choose_base_dtype(params, 0.65 * 0.75 * 64 * GB, True)[0] == "float32"
+    assert choice == "bfloat16" and "11.97 GiB in float32" in why and "5.98 GiB" in why
+    assert choose_base_dtype(params, 0.65 * 0.75 * 64 * GiB, True)[0] == "float32"
     assert choose_base_dtype(params, budget_16, bf16_supported=False)[0] == "float32"
 
 
@@ -41,7 +41,7 @@ def test_only_auto_is_decided_and_the_reason_is_said_once():
     env: dict[str, str] = {}
     fixed = resolve_auto_base_dtype({"base_dtype": "float32"}, lambda: 1.0, True, said.append, env)
     assert fixed == {}
-    decided = resolve_auto_base_dtype(LLAMA_AUTO, lambda: 7.8 * GB, True, said.append, env)
+    decided = resolve_auto_base_dtype(LLAMA_AUTO, lambda: 7.8 * GiB, True, said.append, env)
     assert decided == {"base_dtype": "bfloat16"} and len(said) == 1
     tiny = resolve_auto_base_dtype({"base_dtype": "auto"}, lambda: 1.0, True, said.append, env)
     assert tiny == {"base_dtype": "float32"}
@@ -51,7 +51,7 @@ def test_every_rank_of_a_ddp_job_ends_with_rank_0s_dtype_whatever_its_own_gpu_ha
     """Rank 0 decides on its GPU's free memory before it starts the other ranks; Lightning's
     launcher copies its environment into them. Rank 1 alone would read less free memory (rank 0
     is loading by then) and pick bfloat16: a base in two dtypes across the ranks of one job."""
-    free = {0: 30 * GB, 1: 20 * GB}  # Llama 3.2 3B is 12.85 GB in float32; 0.9 of free memory
+    free = {0: 30 * GiB, 1: 20 * GiB}  # Llama 3.2 3B is 12.85 GB in float32; 0.9 of free memory
     read: list[int] = []
 
     def budget(gpu: int):
@@ -70,9 +70,9 @@ def test_every_rank_of_a_ddp_job_ends_with_rank_0s_dtype_whatever_its_own_gpu_ha
 def test_torchrun_ranks_decide_on_total_memory_so_a_busy_gpu_does_not_split_them():
     """torchrun and srun start every rank at once: no rank can hand its choice to the others. Each
     decides on its device's total memory (the same on identical GPUs), not on what is free: GPU 1
-    shares 12 GB with another process here, and on free memory alone its rank would pick bfloat16
+    shares 12 GiB with another process here, and on free memory alone its rank would pick bfloat16
     while rank 0 picks float32."""
-    free, total = {0: 30 * GB, 1: 18 * GB}, 32 * GB
+    free, total = {0: 30 * GiB, 1: 18 * GiB}, 32 * GiB
     for launcher in ({"WORLD_SIZE": "2"}, {"SLURM_NTASKS": "2"}):
         chosen = []
         for rank in (0, 1):
@@ -106,9 +106,11 @@ def test_ranks_holding_different_dtypes_stop_in_one_line_naming_the_fix():
 
 
 def test_the_capacity_budget_reads_total_memory_and_a_fixed_budget_wins():
-    reading = SimpleNamespace(device_limit=80 * GB, system_total=64 * GB, system_available=9 * GB)
+    reading = SimpleNamespace(
+        device_limit=80 * GiB, system_total=64 * GiB, system_available=9 * GiB
+    )
     probe = SimpleNamespace(kind="cuda", memory=lambda: reading)
-    assert capacity_budget(probe, 0.9) == 0.9 * 80 * GB
-    assert capacity_budget(probe, 0.9, memory_budget_gb=20) == 20 * GB
+    assert capacity_budget(probe, 0.9) == 0.9 * 80 * GiB
+    assert capacity_budget(probe, 0.9, memory_budget_gb=20) == 20 * GiB
     cpu = SimpleNamespace(kind="cpu", memory=lambda: reading)
-    assert capacity_budget(cpu, 0.5) == 32 * GB
+    assert capacity_budget(cpu, 0.5) == 32 * GiB

@@ -64,7 +64,7 @@ def test_a_misspelt_key_in_a_yaml_file_is_named_with_the_closest_argument(tmp_pa
         ("hardware.memory_fraction=abc", "hardware.memory_fraction=abc must be"),
         (
             "hardware.memory_budget_gb=nan",
-            "hardware.memory_budget_gb=nan must be a number of GB > 0",
+            "hardware.memory_budget_gb=nan must be a number of GiB (2^30 bytes) > 0",
         ),
         ("hardware.memory_budget_gb=inf", "hardware.memory_budget_gb=inf must be"),
         ("hardware.memory_budget_gb=-2", "or null to take hardware.memory_fraction"),

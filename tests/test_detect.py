@@ -22,7 +22,7 @@ from laptrain.hardware.detect import (
 )
 
 RECORDINGS = Path(__file__).parent / "recordings"
-GB = 1024**3
+GiB = 1024**3
 
 
 def recorded(name: str):
@@ -94,7 +94,7 @@ def test_hyperthreads_are_not_counted_as_cores():
 def test_meminfo_and_nvidia_smi_tolerate_missing_output():
     assert parse_meminfo("") == 0
     assert parse_nvidia_smi("") == ()
-    assert parse_nvidia_smi("NVIDIA A100-SXM4-80GB, 81920\n")[0].memory_bytes == 80 * GB
+    assert parse_nvidia_smi("NVIDIA A100-SXM4-80GB, 81920\n")[0].memory_bytes == 80 * GiB
 
 
 def test_recording_round_trips_through_a_folder(tmp_path):

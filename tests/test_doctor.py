@@ -212,7 +212,7 @@ def test_doctor_shows_todays_macos_memory_pressure_and_the_top_consumers():
     yellow = check_memory_pressure(mac, FakePressure([2]), lambda: top)
     assert yellow.ok and yellow.warning
     assert yellow.detail == (
-        "warning (yellow); most memory: Safari (pid 501) 3.0 GB; Xcode (pid 502) 2.0 GB"
+        "warning (yellow); most memory: Safari (pid 501) 3.0 GiB; Xcode (pid 502) 2.0 GiB"
     )
     assert yellow.fix == "close what you can spare of the above before training"
     green = check_memory_pressure(mac, FakePressure([1]), lambda: top)
@@ -221,7 +221,7 @@ def test_doctor_shows_todays_macos_memory_pressure_and_the_top_consumers():
     assert not linux.warning
     assert (
         linux.detail
-        == "the level is read on macOS only; most memory: Safari (pid 501) 3.0 GB; Xcode (pid 502) 2.0 GB"
+        == "the level is read on macOS only; most memory: Safari (pid 501) 3.0 GiB; Xcode (pid 502) 2.0 GiB"
     )
 
 

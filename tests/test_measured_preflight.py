@@ -28,7 +28,7 @@ from laptrain.preflight.peak_memory import KernelPeakRss, SampledRss
 from tests.conftest import compose_train, quiet_trainer
 from tests.test_user_errors import train_user
 
-GB = 1024**3
+GiB = 1024**3
 MB = 1024**2
 batches_run: list[int] = []  # batch sizes the modules' training steps ran, in order
 
@@ -175,14 +175,14 @@ def test_a_settled_peak_over_the_budget_lowers_the_batch_by_the_same_margin():
 def test_auto_picks_the_largest_batch_whose_measured_peak_fits_and_records_it():
     batches_run.clear()
     model, dm = Tiny(), data()
-    counter = RowsCounter(copy_bytes(model), base=0.5 * GB, per_row=1 * MB)
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
     plan = measured_preflight_for_run(
         model, dm, hardware(budget_gb=0.6), max_batch=256, counter=counter
     )
-    # 0.5 GB + b MB <= 0.6 GB: b <= 102
+    # 0.5 GiB + b MiB <= 0.6 GiB: b <= 102
     assert 102 - 102 * measured.RESOLUTION <= plan.micro_batch <= 102
-    assert plan.estimate.total <= plan.budget.bytes == 0.6 * GB
-    assert plan.estimate.total == pytest.approx(0.5 * GB + plan.micro_batch * MB)
+    assert plan.estimate.total <= plan.budget.bytes == 0.6 * GiB
+    assert plan.estimate.total == pytest.approx(0.5 * GiB + plan.micro_batch * MB)
     assert max(batches_run) <= 102  # no batch over the budget ran
     assert batches_run[-SETTLED_STEPS:] == [plan.micro_batch] * SETTLED_STEPS  # the pick, settled
     text = "\n".join(plan.summary_lines())
@@ -200,7 +200,7 @@ def test_measuring_leaves_the_module_the_rng_and_the_training_as_they_were():
         if measure_first:
             before = {k: v.clone() for k, v in model.state_dict().items()}
             rng = (torch.get_rng_state(), random.getstate(), numpy.random.get_state()[1].copy())
-            counter = RowsCounter(copy_bytes(model), base=0.1 * GB, per_row=1 * MB)
+            counter = RowsCounter(copy_bytes(model), base=0.1 * GiB, per_row=1 * MB)
             measured_preflight_for_run(model, dm, hardware(16), counter=counter)
             after = model.state_dict()
             assert all(torch.equal(before[k], after[k]) for k in before)
@@ -217,7 +217,7 @@ def test_measuring_leaves_the_module_the_rng_and_the_training_as_they_were():
 def test_a_fixed_batch_far_over_the_budget_is_refused_in_one_line_without_running_it():
     batches_run.clear()
     model, dm = Tiny(), data()
-    counter = RowsCounter(copy_bytes(model), base=0.5 * GB, per_row=1 * MB)
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
     with pytest.raises(PreflightError) as refused:
         measured_preflight_for_run(
             model, dm, hardware(200, 0.6), option="data.batch_size", counter=counter
@@ -231,7 +231,7 @@ def test_a_fixed_batch_far_over_the_budget_is_refused_in_one_line_without_runnin
 def test_a_fixed_batch_that_fits_is_kept_and_settled():
     batches_run.clear()
     model, dm = Tiny(), data()
-    counter = RowsCounter(copy_bytes(model), base=0.5 * GB, per_row=1 * MB)
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
     plan = measured_preflight_for_run(model, dm, hardware(32, 0.6), counter=counter)
     assert plan.micro_batch == 32 and plan.requested_batch == 32
     assert batches_run == [1, 1, 2, 2, *[32] * (2 + SETTLED_STEPS)]
@@ -240,7 +240,7 @@ def test_a_fixed_batch_that_fits_is_kept_and_settled():
 @pytest.mark.slow  # ~7 s of real measuring; the plan test above covers the common path
 def test_a_template_style_configure_optimizers_reading_self_trainer_is_measured():
     model, dm = TemplateOptimizer(), data()
-    counter = RowsCounter(copy_bytes(model), base=0.5 * GB, per_row=1 * MB)
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
     plan = measured_preflight_for_run(model, dm, hardware(budget_gb=0.55), counter=counter)
     assert 0 < plan.micro_batch <= 51
     assert model._trainer is None  # the stand-in was given to the copy only
@@ -275,7 +275,7 @@ def test_a_datamodule_whose_loader_fails_is_not_measured_and_says_so():
 
 def test_the_run_plan_takes_the_measured_batch_for_a_user_module(tmp_path, monkeypatch):
     model, dm = Tiny(), data()
-    counter = RowsCounter(copy_bytes(model), base=0.5 * GB, per_row=1 * MB)
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
     monkeypatch.setattr(measured, "counter_for", lambda kind, index=None: counter)
     overrides = ["hardware=cpu", "hardware.batch_size=auto", "hardware.memory_budget_gb=0.6"]
     cfg = compose_train([*overrides, "data.batch_size=from_profile"], tmp_path)
@@ -420,7 +420,7 @@ def test_train_py_trains_a_user_module_at_the_batch_the_preflight_measured(tmp_p
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    # 240 training rows, a budget of GBs: every batch fits up to the cap of 64
+    # 240 training rows, a budget of GiBs: every batch fits up to the cap of 64
     assert "micro batch size: 64 (batch_size auto: the largest that fits the memory budget" in out
     assert "preflight: measured: 2 training steps of a copy of the module" in out
     assert "preflight: estimate " in out and "at micro batch 64 (" in out

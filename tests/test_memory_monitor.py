@@ -261,7 +261,7 @@ def test_macos_pressure_warning_names_the_top_consumers_once(tmp_path):
         trainer, logger = fit(monitor, 5, tmp_path)
     named = [str(w.message) for w in record if "memory pressure" in str(w.message)]
     assert len(named) == 1 and "yellow in Activity Monitor" in named[0]
-    assert "Safari (pid 501) 3.0 GB; Slack (pid 502) 1.0 GB" in named[0]
+    assert "Safari (pid 501) 3.0 GiB; Slack (pid 502) 1.0 GiB" in named[0]
     levels = [m["memory/pressure_level"] for _, m in memory_calls(logger)]
     assert levels == [1.0, 2.0, 2.0, 1.0, 2.0]
     assert trainer.global_step == 5 and monitor.stop_reason is None

@@ -27,7 +27,7 @@ def fake_preflight(micro: int, accumulation: int, checkpointing: bool = False):
             estimate=types.SimpleNamespace(total=2 * 1024**3),
             budget=types.SimpleNamespace(bytes=8 * 1024**3, source="test budget"),
             summary_lines=lambda batch=True: (
-                ["preflight: estimate 2.00 GB"] + (["preflight: effective batch"] if batch else [])
+                ["preflight: estimate 2.00 GiB"] + (["preflight: effective batch"] if batch else [])
             ),
         )
 
@@ -50,7 +50,7 @@ def test_an_auto_batch_comes_from_the_preflight_and_the_config_is_left_as_writte
     assert "effective_batch_size=64" in plan.reasons["accumulation"]
     assert cfg.hardware.batch_size == "auto" and cfg.trainer.accumulate_grad_batches == 1
     # the preflight's own lines carry the estimate; the batch is printed once, by the plan
-    assert plan.memory["lines"] == ["preflight: estimate 2.00 GB"]
+    assert plan.memory["lines"] == ["preflight: estimate 2.00 GiB"]
     assert not any(line.startswith("memory:") for line in plan.summary_lines())
     assert sum("effective batch" in line for line in plan.summary_lines()) == 1
 

@@ -126,7 +126,7 @@ def test_top_processes_are_the_largest_others_by_rss():
     assert [p.rss for p in top] == sorted((p.rss for p in top), reverse=True)
     everyone = top_processes(10_000, exclude_pid=-1)
     assert os.getpid() in [p.pid for p in everyone]  # only the excluded pid is left out
-    assert ProcessMemory("Safari", 501, 3 * 1024**3).text() == "Safari (pid 501) 3.0 GB"
+    assert ProcessMemory("Safari", 501, 3 * 1024**3).text() == "Safari (pid 501) 3.0 GiB"
 
 
 def test_inhibit_commands_per_platform():

@@ -16,7 +16,7 @@ from laptrain.preflight.activations import (
 )
 from laptrain.preflight.batch import PreflightError, choose_micro_batch, plan_batch
 from laptrain.preflight.budget import device_budget
-from laptrain.preflight.estimate import GB, model_memory
+from laptrain.preflight.estimate import GiB, model_memory
 
 SEQ = 64
 
@@ -28,7 +28,7 @@ def tiny_bert() -> BertForSequenceClassification:
 
 def reading(**kw) -> MemoryReading:
     base = dict(
-        rss=0, system_total=16 * GB, system_available=8 * GB, system_percent=50.0, swap_used=0
+        rss=0, system_total=16 * GiB, system_available=8 * GiB, system_percent=50.0, swap_used=0
     )
     return MemoryReading(**{**base, **kw})
 
@@ -65,7 +65,7 @@ def test_auto_picks_the_largest_batch_within_a_tiny_budget():
     model = tiny_bert()
     memory = model_memory(model, SEQ, "32-true")
     budget = memory.estimate(10, SEQ, "cpu", 0).total + 1
-    plan = plan_batch(model, SEQ, cpu_profile(budget / GB), FakeProbe(readings=[reading()]))
+    plan = plan_batch(model, SEQ, cpu_profile(budget / GiB), FakeProbe(readings=[reading()]))
     assert plan.micro_batch == 10
     assert plan.estimate.total <= plan.budget.bytes
     assert memory.estimate(11, SEQ, "cpu", 0).total > plan.budget.bytes
@@ -112,7 +112,7 @@ def test_auto_keeps_the_effective_batch_through_accumulation():
     memory = model_memory(model, SEQ, "32-true")
     budget = memory.estimate(10, SEQ, "cpu", 0).total + 1
     plan = plan_batch(
-        model, SEQ, cpu_profile(budget / GB), FakeProbe(readings=[reading()]), effective_batch=64
+        model, SEQ, cpu_profile(budget / GiB), FakeProbe(readings=[reading()]), effective_batch=64
     )
     assert (plan.micro_batch, plan.accumulation, plan.effective_batch) == (8, 8, 64)
     assert "micro batch 8 x accumulation 8 x devices 1 = effective batch 64" in "\n".join(
@@ -130,22 +130,24 @@ def test_alignment_rounds_down_to_a_multiple_of_8_and_prefers_aligned_divisors()
 
 def test_cuda_profile_plans_against_free_gpu_memory_with_alignment():
     model = tiny_bert()
-    probe = FakeProbe(kind="cuda", readings=[reading(device_limit=8 * GB, device_free=1 * GB)])
+    probe = FakeProbe(kind="cuda", readings=[reading(device_limit=8 * GiB, device_free=1 * GiB)])
     profile = cpu_profile(None, precision="16-mixed", batch_multiple=8)
     plan = plan_batch(model, SEQ, profile, probe, max_batch=100)
-    assert plan.budget.source == "0.8 x free GPU memory 1.0 GB"
+    assert plan.budget.source == "0.8 x free GPU memory 1.0 GiB"
     assert plan.micro_batch == 96 and plan.micro_batch % 8 == 0
 
 
 def test_mps_budget_is_a_fraction_of_recommended_max_capped_by_available_ram():
     roomy = FakeProbe(
-        kind="mps", readings=[reading(device_limit=12 * GB, system_available=20 * GB)]
+        kind="mps", readings=[reading(device_limit=12 * GiB, system_available=20 * GiB)]
     )
-    assert device_budget(roomy, 0.8).bytes == pytest.approx(0.8 * 12 * GB)
-    busy = FakeProbe(kind="mps", readings=[reading(device_limit=12 * GB, system_available=4 * GB)])
+    assert device_budget(roomy, 0.8).bytes == pytest.approx(0.8 * 12 * GiB)
+    busy = FakeProbe(
+        kind="mps", readings=[reading(device_limit=12 * GiB, system_available=4 * GiB)]
+    )
     budget = device_budget(busy, 0.8)
-    assert budget.bytes == 4 * GB and budget.source.startswith("available RAM 4.0 GB")
-    assert device_budget(busy, 0.8, memory_budget_gb=2).bytes == 2 * GB
+    assert budget.bytes == 4 * GiB and budget.source.startswith("available RAM 4.0 GiB")
+    assert device_budget(busy, 0.8, memory_budget_gb=2).bytes == 2 * GiB
 
 
 def test_a_job_that_cannot_fit_is_refused_with_fixes_ordered_by_effect():
@@ -159,8 +161,8 @@ def test_a_job_that_cannot_fit_is_refused_with_fixes_ordered_by_effect():
     names = " ".join(fixes)
     for fix in ("data.max_length=32", "activation_checkpointing_enable", "bf16-mixed", "smaller"):
         assert fix in names
-    assert fixes[-1].startswith("none alone is enough")  # 0.0001 GB is below any job
-    savings = [float(f.split(" saves ")[1].split(" GB")[0]) for f in fixes[:-1]]
+    assert fixes[-1].startswith("none alone is enough")  # 0.0001 GiB is below any job
+    savings = [float(f.split(" saves ")[1].split(" GiB")[0]) for f in fixes[:-1]]
     assert savings == sorted(savings, reverse=True)
 
 
@@ -172,7 +174,7 @@ def test_a_fixed_batch_that_does_not_fit_names_the_option():
         PreflightError, match=r"hardware.batch_size=16 does not fit.*largest that fits is 4"
     ):
         plan_batch(
-            model, SEQ, cpu_profile(budget / GB, batch_size=16), FakeProbe(readings=[reading()])
+            model, SEQ, cpu_profile(budget / GiB, batch_size=16), FakeProbe(readings=[reading()])
         )
 
 
@@ -197,7 +199,7 @@ def test_frozen_base_counts_once_and_checkpointing_shrinks_activations():
 def test_precision_the_device_lacks_is_refused_before_measuring():
     from laptrain.hardware.profile import ProfileError
 
-    probe = FakeProbe(kind="mps", readings=[reading(device_limit=8 * GB)])
+    probe = FakeProbe(kind="mps", readings=[reading(device_limit=8 * GiB)])
     with pytest.raises(ProfileError, match="hardware.precision=64-true cannot run on MPS"):
         plan_batch(tiny_bert(), SEQ, cpu_profile(None, precision="64-true"), probe)
 
@@ -275,7 +277,7 @@ def test_refusal_marks_the_fixes_that_are_enough_on_their_own():
     )
     budget = (short + full) / 2
     with pytest.raises(PreflightError) as err:
-        plan_batch(model, SEQ, cpu_profile(budget / GB), FakeProbe(readings=[reading()]))
+        plan_batch(model, SEQ, cpu_profile(budget / GiB), FakeProbe(readings=[reading()]))
     fixes = str(err.value).split("Fixes, largest first: ")[1].split("; ")
     assert any("data.max_length=16" in f and f.endswith("(enough)") for f in fixes)
     assert not fixes[-1].startswith("none alone")
@@ -293,7 +295,7 @@ def test_verify_lowers_an_auto_batch_when_the_measured_peak_is_above_the_estimat
         lambda model, micro, *a: 1.05 * memory.estimate(micro, SEQ, "cpu", 0).total,
     )
     probe = FakeProbe(readings=[reading()])
-    plan = plan_batch(model, SEQ, cpu_profile(budget / GB), probe, effective_batch=32, verify=True)
+    plan = plan_batch(model, SEQ, cpu_profile(budget / GiB), probe, effective_batch=32, verify=True)
     assert plan.micro_batch < 16 and plan.micro_batch * plan.accumulation == 32
     assert 1.05 * plan.estimate.total <= budget
     assert "micro batch lowered 16 ->" in plan.summary_lines()[-1]
@@ -312,7 +314,7 @@ def test_auto_checkpointing_stays_off_when_the_batch_fits_without_it():
     model = tiny_bert()
     memory = model_memory(model, SEQ, "32-true")
     budget = memory.estimate(8, SEQ, "cpu", 0, checkpointing=False).total + 1
-    profile = cpu_profile(budget / GB, batch_size=8)
+    profile = cpu_profile(budget / GiB, batch_size=8)
     plan = plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]), checkpointing="auto")
     assert not plan.checkpointing
     assert "gradient checkpointing off (model.gradient_checkpointing=auto" in plan.notes[0]
@@ -325,11 +327,11 @@ def test_auto_checkpointing_turns_on_when_the_batch_does_not_fit_without_it():
     without = memory.estimate(8, SEQ, "cpu", 0, checkpointing=False).total
     with_it = memory.estimate(8, SEQ, "cpu", 0, checkpointing=True).total
     assert with_it < without
-    profile = cpu_profile((with_it + 1) / GB, batch_size=8)
+    profile = cpu_profile((with_it + 1) / GiB, batch_size=8)
     plan = plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]), checkpointing="auto")
     assert plan.checkpointing and plan.micro_batch == 8
     assert plan.estimate.total == pytest.approx(with_it)
-    assert f"needs {without / GB:.2f} GB > budget" in plan.notes[0]
+    assert f"needs {without / GiB:.2f} GiB > budget" in plan.notes[0]
     # the same job with checkpointing forced off is refused, naming it as the fix
     with pytest.raises(PreflightError, match="largest that fits"):
         plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]), checkpointing=False)

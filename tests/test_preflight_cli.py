@@ -68,7 +68,7 @@ def test_an_apple_profile_on_this_linux_box_needs_a_budget(capsys, llama_3b_fold
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     (line,) = captured.err.strip().splitlines()
-    assert "hardware=m2_air is for a Mac" in line and "hardware.memory_budget_gb=<GB>" in line
+    assert "hardware=m2_air is for a Mac" in line and "hardware.memory_budget_gb=<GiB>" in line
 
 
 def test_classifier_models_are_left_to_the_training_preflight(capsys):

@@ -6,7 +6,7 @@ import pytest
 
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.preflight.batch import PreflightError, plan_batch
-from laptrain.preflight.budget import GB
+from laptrain.preflight.budget import GiB
 from laptrain.preflight.worker_memory import (
     WorkerCost,
     measure_worker_bytes,
@@ -33,32 +33,32 @@ def test_the_measurement_runs_once_per_machine_and_is_cached(tmp_path):
 
     def fake_measure(method: str) -> float:
         calls.append(method)
-        return 0.3 * GB
+        return 0.3 * GiB
 
     first = worker_cost(4, True, cache_dir=tmp_path, measure=fake_measure, start_method="spawn")
     again = worker_cost(4, True, cache_dir=tmp_path, measure=fake_measure, start_method="spawn")
-    assert first == again == WorkerCost(8, 0.3 * GB, "spawn")
+    assert first == again == WorkerCost(8, 0.3 * GiB, "spawn")
     assert calls == ["spawn"]
     assert worker_cost(0, True, cache_dir=tmp_path, measure=fake_measure) is None
     assert calls == ["spawn"]
 
 
 def test_workers_that_eat_the_budget_are_named_among_the_fixes():
-    """m5-like profile: 8 persistent workers of 0.3 GB take all of a 2.4 GB budget."""
+    """m5-like profile: 8 persistent workers of 0.3 GiB take all of a 2.4 GiB budget."""
     probe = FakeProbe(
         kind="mps",
         readings=[
             MemoryReading(
                 rss=0,
-                system_total=16 * GB,
-                system_available=12 * GB,
+                system_total=16 * GiB,
+                system_available=12 * GiB,
                 system_percent=25.0,
                 swap_used=0,
-                device_limit=int(2.4 * GB / 0.65) + 1000,
+                device_limit=int(2.4 * GiB / 0.65) + 1000,
             )
         ],
     )
-    workers = WorkerCost(8, 0.3 * GB, "spawn")
+    workers = WorkerCost(8, 0.3 * GiB, "spawn")
     profile = cpu_profile(None, memory_fraction=0.65)
     plan_batch(tiny_bert(), SEQ, profile, probe)  # fits without the workers
     with pytest.raises(PreflightError, match=r"hardware\.num_workers=0"):

@@ -55,6 +55,8 @@ def packed_tokens(labels: Tensor) -> Tensor:
 
 
 def machine_facts() -> dict[str, Any]:
+    """Platform, CPU count and RAM; ``ram_gb`` is GiB (bytes / 2^30, so a 16 GB Mac reads 16.0;
+    the key keeps its name for readers of ``report.json``)."""
     return {
         "platform": platform.platform(),
         "machine": platform.machine(),

@@ -44,7 +44,7 @@ from laptrain.hardware.power import (
 from laptrain.hardware.profile import ProfileError, load_profile, validate_precision
 from laptrain.versions import package_versions
 
-GB = 1024**3
+GiB = 1024**3
 # the packages a run cannot do without (laptrain.versions lists more)
 REQUIRED = ("torch", "lightning", "transformers", "peft", "hydra", "omegaconf")
 SMOKE_LINE = (
@@ -204,7 +204,7 @@ def check_disk(folder: Path, need_bytes: float, what: str) -> Check:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     free = shutil.disk_usage(existing).free
-    detail = f"{free / GB:.1f} GB free in {existing}; {what} need {need_bytes / GB:.1f} GB"
+    detail = f"{free / GiB:.1f} GiB free in {existing}; {what} need {need_bytes / GiB:.1f} GiB"
     if free < need_bytes:
         return Check("disk", False, detail, "free disk space or set paths.* to another drive")
     return Check("disk", True, detail)
@@ -253,10 +253,10 @@ def check_memory_pressure(
 
 
 def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
-    """Bytes for the kept checkpoints: 4 B fp32 weights + 8 B AdamW state (exp_avg, exp_avg_sq: torch/optim/adamw.py) per parameter per file, 1 GB spare."""
+    """Bytes for the kept checkpoints: 4 B fp32 weights + 8 B AdamW state (exp_avg, exp_avg_sq: torch/optim/adamw.py) per parameter per file, 1 GiB spare."""
     if params is None:
-        return 2.0 * GB, "checkpoints (model size unknown)"
-    return params * 12.0 * kept + GB, f"{kept} checkpoints of a {params / 1e6:.1f} M model + 1 GB"
+        return 2.0 * GiB, "checkpoints (model size unknown)"
+    return params * 12.0 * kept + GiB, f"{kept} checkpoints of a {params / 1e6:.1f} M model + 1 GiB"
 
 
 def _trainer(kind: str, precision: str, **kw: Any) -> Any:
@@ -335,7 +335,7 @@ def check_training(profile: Mapping[str, Any]) -> Check:
         "training",
         True,
         f"3 steps on {kind} in {precision}, loss {module.losses[0]:.3f} -> {module.losses[-1]:.3f}; "
-        f"preflight estimate {plan.estimate.total / GB:.2f} GB",
+        f"preflight estimate {plan.estimate.total / GiB:.2f} GiB",
     )
 
 

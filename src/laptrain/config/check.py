@@ -293,7 +293,7 @@ def check_hardware_values(hardware: Mapping[str, Any]) -> list[str]:
     """The profile's numbers that the run computes with, refused up front where they would give a
     traceback mid-run (``nan`` as a batch size, ``torch.set_num_threads(-1)``) or a run that never
     ends (an ``inf`` memory budget): ``memory_fraction`` in (0, 1], ``memory_budget_gb`` a finite
-    number > 0 or null, ``torch_threads`` an int >= 1, or null / 0 for torch's default
+    number of GiB > 0 or null, ``torch_threads`` an int >= 1, or null / 0 for torch's default
     (laptrain.job.plan and job.run treat a falsy value as unset), ``malloc_keep_freed`` a bool
     (``"yes"`` would otherwise mean off: laptrain.hardware.malloc applies only ``True``)."""
     problems = []
@@ -306,7 +306,7 @@ def check_hardware_values(hardware: Mapping[str, Any]) -> list[str]:
     budget = hardware.get("memory_budget_gb")
     if budget is not None and not (_real(budget) and math.isfinite(budget) and budget > 0):
         problems.append(
-            f"hardware.memory_budget_gb={budget} must be a number of GB > 0, or null to take "
+            f"hardware.memory_budget_gb={budget} must be a number of GiB (2^30 bytes) > 0, or null to take "
             "hardware.memory_fraction of free memory: e.g. hardware.memory_budget_gb=12"
         )
     threads = hardware.get("torch_threads")

@@ -44,7 +44,7 @@ SYSCTL_KEYS = (
 # may have a PATH without /usr/sbin, and a bare "sysctl" then finds nothing.
 SYSCTL = "/usr/sbin/sysctl"
 NVIDIA_SMI_QUERY = ("--query-gpu=name,memory.total", "--format=csv,noheader,nounits")
-GB = 1024**3
+GiB = 1024**3
 PROBE_TIMEOUT_S = 10.0  # nvidia-smi, sysctl, sw_vers: each answers in well under a second
 
 
@@ -136,8 +136,11 @@ class MachineInfo:
 
     @property
     def memory_gb(self) -> int:
-        """Installed memory in marketing GB (16 for a 16 GB Mac; rounded to the nearest integer)."""
-        return round(self.memory_bytes / GB)
+        """Installed memory in marketing GB (16 for a 16 GB Mac; rounded to the nearest integer).
+
+        Apple's "16 GB" is 16 GiB of RAM (2^34 bytes), so the bytes are divided by 2^30; the
+        result is the size printed on the box, and ``summary`` labels it GB as Apple does."""
+        return round(self.memory_bytes / GiB)
 
     def cores_text(self) -> str:
         if self.performance_cores and self.efficiency_cores:

@@ -159,7 +159,7 @@ class ProcessMemory:
     rss: int
 
     def text(self) -> str:
-        return f"{self.name} (pid {self.pid}) {self.rss / 1024**3:.1f} GB"
+        return f"{self.name} (pid {self.pid}) {self.rss / 1024**3:.1f} GiB"
 
 
 def top_processes(n: int = 3, exclude_pid: int | None = None) -> list[ProcessMemory]:

@@ -46,7 +46,8 @@ class RunPlan:
 
     ``micro_batch`` is what one forward/backward really runs (TRM: its chunk of carry slots);
     ``loader_batch`` what the training loader yields (TRM: the carry slots); for the text families
-    they are equal. ``memory`` is the preflight's record (estimate, budget) when it ran.
+    they are equal. ``memory`` is the preflight's record (estimate, budget) when it ran; its
+    ``estimate_gb`` and ``budget_gb`` are GiB (bytes / 2^30; the keys keep their names for readers).
     ``devices`` is how many devices train (per node); ``devices_asked`` the ``trainer.devices``
     value the Trainer is given as written ([0,1], "0,1", auto, -1 or a count).
     """
@@ -121,8 +122,8 @@ class RunPlan:
             lines.append(f"memory: {self.reasons['memory']}")
         if self.memory and not self.memory.get("lines"):
             lines.append(
-                f"memory: estimate {self.memory['estimate_gb']:.2f} GB of budget "
-                f"{self.memory['budget_gb']:.2f} GB ({self.memory['budget_source']})"
+                f"memory: estimate {self.memory['estimate_gb']:.2f} GiB of budget "
+                f"{self.memory['budget_gb']:.2f} GiB ({self.memory['budget_source']})"
             )
         return lines
 
@@ -484,7 +485,7 @@ def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str,
     return _Batch(
         loader_batch=found.micro_batch if asked.auto else asked.loader_batch,
         accumulation=found.accumulation,
-        memory={
+        memory={  # *_gb: GiB (bytes / 2^30); the keys keep their names for readers
             "estimate_gb": found.estimate.total / 1024**3,
             "budget_gb": found.budget.bytes / 1024**3,
             "budget_source": found.budget.source,

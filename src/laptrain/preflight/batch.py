@@ -39,7 +39,7 @@ from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
 from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
 from laptrain.preflight.budget import Budget, device_budget
-from laptrain.preflight.estimate import GB, Estimate, ModelMemory, model_memory
+from laptrain.preflight.estimate import Estimate, GiB, ModelMemory, model_memory
 from laptrain.preflight.worker_memory import WorkerCost, worker_cost
 
 
@@ -74,7 +74,7 @@ class Plan:
         summary prints micro batch, accumulation and effective batch itself, with reasons)."""
         lines = [
             f"preflight: estimate {self.estimate.line()}",
-            f"preflight: budget {self.budget.bytes / GB:.2f} GB ({self.budget.source}) on {self.device}, "
+            f"preflight: budget {self.budget.bytes / GiB:.2f} GiB ({self.budget.source}) on {self.device}, "
             f"precision {self.precision}, gradient checkpointing {'on' if self.checkpointing else 'off'}",
         ]
         if batch:
@@ -86,7 +86,7 @@ class Plan:
         if self.measured_peak is not None:
             ratio = self.estimate.total / self.measured_peak
             lines.append(
-                f"preflight: verified with 2 real steps: peak {self.measured_peak / GB:.2f} GB, "
+                f"preflight: verified with 2 real steps: peak {self.measured_peak / GiB:.2f} GiB, "
                 f"estimate / measured = {ratio:.2f}"
             )
         return lines + [f"preflight: {note}" for note in self.notes]
@@ -175,13 +175,13 @@ def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, A
     options.sort(key=lambda item: -item[0])
     need = est.total - budget.bytes
     fixes = [
-        f"{text} saves {saving / GB:.2f} GB" + (" (enough)" if saving >= need else "")
+        f"{text} saves {saving / GiB:.2f} GiB" + (" (enough)" if saving >= need else "")
         for saving, text in options
         if saving > 0
     ]
     if not any(saving >= need for saving, _ in options):
         fixes.append(
-            f"none alone is enough (the process itself takes {est.overhead / GB:.2f} GB): "
+            f"none alone is enough (the process itself takes {est.overhead / GiB:.2f} GiB): "
             "raise the budget (hardware.memory_budget_gb, hardware.memory_fraction) or free memory"
         )
     return fixes
@@ -418,7 +418,7 @@ def _settle_checkpointing(job: _Job, requested: int | str) -> _Job:
     on = needed.total > budget.bytes
     note = (
         f"gradient checkpointing on (model.gradient_checkpointing=auto: without it micro batch "
-        f"{needed.micro_batch} needs {needed.total / GB:.2f} GB > budget {budget.bytes / GB:.2f} GB)"
+        f"{needed.micro_batch} needs {needed.total / GiB:.2f} GiB > budget {budget.bytes / GiB:.2f} GiB)"
         if on
         else "gradient checkpointing off (model.gradient_checkpointing=auto: the job fits "
         "without it)"
@@ -433,8 +433,8 @@ def _largest_fit(job: _Job, max_batch: int) -> int:
     if one.total > budget.bytes:
         fixes = "; ".join(_fixes(job.memory, one, budget, dict(job.fix_args)))
         raise PreflightError(
-            f"this job does not fit even at micro batch 1: estimate {one.total / GB:.2f} GB > budget "
-            f"{budget.bytes / GB:.2f} GB ({budget.source}). Fixes, largest first: {fixes}"
+            f"this job does not fit even at micro batch 1: estimate {one.total / GiB:.2f} GiB > budget "
+            f"{budget.bytes / GiB:.2f} GiB ({budget.source}). Fixes, largest first: {fixes}"
         )
     per_sample = job.estimate(2).total - one.total
     return 1 + int((budget.bytes - one.total) // per_sample) if per_sample > 0 else max_batch
@@ -467,8 +467,8 @@ def _fixed_batch(
     budget = job.budget
     if micro > largest_fit:
         raise PreflightError(
-            f"hardware.batch_size={micro} does not fit: estimate {job.estimate(micro).total / GB:.2f} GB > "
-            f"budget {budget.bytes / GB:.2f} GB ({budget.source}); the largest that fits is "
+            f"hardware.batch_size={micro} does not fit: estimate {job.estimate(micro).total / GiB:.2f} GiB > "
+            f"budget {budget.bytes / GiB:.2f} GiB ({budget.source}); the largest that fits is "
             f"{largest_fit}: set hardware.batch_size=auto (or <= {largest_fit})"
         )
     accum = request.accumulation
@@ -539,9 +539,9 @@ def _correct(
         fit -= 1
     if fit == 0:
         raise PreflightError(
-            f"measured peak {plan.measured_peak / GB:.2f} GB at micro batch {plan.micro_batch} is "
+            f"measured peak {plan.measured_peak / GiB:.2f} GiB at micro batch {plan.micro_batch} is "
             f"{ratio:.2f} x the estimate; even micro batch 1 would exceed the budget "
-            f"{budget.bytes / GB:.2f} GB ({budget.source}): shorten data.max_length or raise the budget"
+            f"{budget.bytes / GiB:.2f} GiB ({budget.source}): shorten data.max_length or raise the budget"
         )
     before = plan.micro_batch
     target = plan.effective_target

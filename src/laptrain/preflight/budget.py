@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from laptrain.hardware.probe import DeviceProbe
 from laptrain.preflight.worker_memory import WorkerCost
 
-GB = 1024**3
+GiB = 1024**3
 # MPSAllocator.mm's default LOW watermark on unified memory (Apple Silicon) when the variable is unset.
 MPS_DEFAULT_LOW_WATERMARK = 1.4
 
@@ -26,7 +26,7 @@ MPS_DEFAULT_LOW_WATERMARK = 1.4
 @dataclass(frozen=True)
 class Budget:
     bytes: float
-    source: str  # e.g. "0.65 x MPS recommended max 12.0 GB"
+    source: str  # e.g. "0.65 x MPS recommended max 12.0 GiB"
 
 
 def mps_low_watermark(environ: Mapping[str, str] | None = None) -> float:
@@ -44,8 +44,11 @@ def _device_budget(
     memory_budget_gb: float | None,
     environ: Mapping[str, str] | None,
 ) -> Budget:
+    # hardware.memory_budget_gb is in GiB (2^30 bytes); the key keeps its name for users' configs.
     if memory_budget_gb:
-        return Budget(float(memory_budget_gb) * GB, f"hardware.memory_budget_gb={memory_budget_gb}")
+        return Budget(
+            float(memory_budget_gb) * GiB, f"hardware.memory_budget_gb={memory_budget_gb}"
+        )
     reading = probe.memory()
     if probe.kind == "mps" and reading.device_limit:
         low = mps_low_watermark(environ)
@@ -55,11 +58,11 @@ def _device_budget(
         if reading.system_available and reading.system_available < limit:
             return Budget(
                 float(reading.system_available),
-                f"available RAM {reading.system_available / GB:.1f} GB (below "
-                f"{fraction} x MPS recommended max {reading.device_limit / GB:.1f} GB)",
+                f"available RAM {reading.system_available / GiB:.1f} GiB (below "
+                f"{fraction} x MPS recommended max {reading.device_limit / GiB:.1f} GiB)",
             )
         return Budget(
-            limit, f"{fraction} x MPS recommended max {reading.device_limit / GB:.1f} GB{capped}"
+            limit, f"{fraction} x MPS recommended max {reading.device_limit / GiB:.1f} GiB{capped}"
         )
     if probe.kind == "cuda":
         free = reading.device_free
@@ -67,12 +70,12 @@ def _device_budget(
             free = reading.device_limit - (reading.device_reserved or 0)
         if free:
             return Budget(
-                memory_fraction * free, f"{memory_fraction} x free GPU memory {free / GB:.1f} GB"
+                memory_fraction * free, f"{memory_fraction} x free GPU memory {free / GiB:.1f} GiB"
             )
     available = reading.system_available
     return Budget(
         memory_fraction * available + reading.rss,
-        f"{memory_fraction} x available RAM {available / GB:.1f} GB + this process {reading.rss / GB:.1f} GB",
+        f"{memory_fraction} x available RAM {available / GiB:.1f} GiB + this process {reading.rss / GiB:.1f} GiB",
     )
 
 
@@ -98,7 +101,7 @@ def capacity_budget(
     number on every rank of identical devices, whatever else runs on them (torchrun and srun ranks
     decide ``base_dtype: auto`` from it, laptrain.model.lora.base_dtype)."""
     if memory_budget_gb:
-        return float(memory_budget_gb) * GB
+        return float(memory_budget_gb) * GiB
     reading = probe.memory()
     if probe.kind in ("cuda", "mps") and reading.device_limit:
         return memory_fraction * reading.device_limit

@@ -22,7 +22,7 @@ from laptrain.preflight.activations import (
 )
 from laptrain.preflight.resident import file_mappings, resident_parameter_bytes
 
-GB = 1024**3
+GiB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class Calibration:
     e.g. a causal LM's logits). ``retained``: with gradient checkpointing, bytes per byte of the
     blocks' activations that are freed in forward (all blocks but the one recomputed) that the
     process still holds: glibc's malloc keeps freed blocks in its heap once its dynamic mmap
-    threshold has grown (measured: SmolLM2-135M, 30 blocks, RSS grows ~0.16 GB per block at batch
-    16 x 256 with checkpointing; ~0.02 GB with ``MALLOC_MMAP_THRESHOLD_=65536``, docs/hardware.md §9b).
+    threshold has grown (measured: SmolLM2-135M, 30 blocks, RSS grows ~0.16 GiB per block at batch
+    16 x 256 with checkpointing; ~0.02 GiB with ``MALLOC_MMAP_THRESHOLD_=65536``, docs/hardware.md §9b).
     """
 
     step_overhead: float
@@ -106,9 +106,9 @@ class Estimate:
             ("activations", self.activations + self.transient),
             ("overhead", self.overhead),
         ) + ((("gathered by FSDP", self.gathered),) if self.gathered else ())
-        detail = ", ".join(f"{name} {value / GB:.2f}" for name, value in parts)
+        detail = ", ".join(f"{name} {value / GiB:.2f}" for name, value in parts)
         tokens = f" x {self.seq_len} tokens" if self.seq_len else ""  # 0: measured, any module
-        return f"{self.total / GB:.2f} GB at micro batch {self.micro_batch}{tokens} ({detail})"
+        return f"{self.total / GiB:.2f} GiB at micro batch {self.micro_batch}{tokens} ({detail})"
 
 
 @dataclass(frozen=True)

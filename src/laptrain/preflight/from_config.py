@@ -261,7 +261,7 @@ def choose_budget(hw: Mapping[str, Any]) -> BudgetChoice:
     where = "a Mac" if _is_apple(hw) else f"a {kind.upper()} machine"
     raise PreflightInputError(
         f"hardware={name} is for {where}, not this one: its memory budget cannot be probed here; "
-        f"add hardware.memory_budget_gb=<GB> (e.g. 0.65 x 0.75 x the Mac's RAM for an MPS profile)"
+        f"add hardware.memory_budget_gb=<GiB> (e.g. 0.65 x 0.75 x the Mac's RAM for an MPS profile)"
     )
 
 

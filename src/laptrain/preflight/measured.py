@@ -55,7 +55,7 @@ from laptrain.preflight.batch import (
     training_length,
 )
 from laptrain.preflight.budget import Budget, device_budget
-from laptrain.preflight.estimate import GB, Estimate
+from laptrain.preflight.estimate import Estimate, GiB
 from laptrain.preflight.peak_memory import PeakCounter, counter_for, release_freed
 
 # Steps per batch tried while searching: the second runs with the optimizer state the first made.
@@ -192,13 +192,13 @@ class BatchSearch:
 
     def line(self) -> str:
         ran = [t for t in sorted(self.trials.values(), key=lambda t: t.batch) if t.ran]
-        text = ", ".join(f"{t.batch}: {t.peak / GB:.2f}" for t in ran)
+        text = ", ".join(f"{t.batch}: {t.peak / GiB:.2f}" for t in ran)
         skipped = [t for t in self.trials.values() if not t.ran]
         if skipped:
             text += "; not run, predicted over the budget: " + ", ".join(
-                f"{t.batch}: {t.peak / GB:.2f}" for t in sorted(skipped, key=lambda t: t.batch)
+                f"{t.batch}: {t.peak / GiB:.2f}" for t in sorted(skipped, key=lambda t: t.batch)
             )
-        settled = ", ".join(f"{b}: {t.peak / GB:.2f}" for b, t in sorted(self.settled.items()))
+        settled = ", ".join(f"{b}: {t.peak / GiB:.2f}" for b, t in sorted(self.settled.items()))
         return text + (f"; after {SETTLED_STEPS} steps {settled}" if settled else "")
 
 
@@ -520,8 +520,8 @@ def _size(
     one = search.settled.get(search.smallest) or search.trials[search.smallest]
     raise PreflightError(
         f"this job does not fit even at micro batch {one.batch}: measured peak "
-        f"{one.peak / GB:.2f} GB > "
-        f"budget {budget.bytes / GB:.2f} GB ({budget.source}): free memory, raise the budget "
+        f"{one.peak / GiB:.2f} GiB > "
+        f"budget {budget.bytes / GiB:.2f} GiB ({budget.source}): free memory, raise the budget "
         "(hardware.memory_budget_gb, hardware.memory_fraction) or make the model smaller"
     )
 
@@ -542,8 +542,8 @@ def _fixed(
     if trial.peak > budget.bytes:
         how = "measured" if trial.ran else "predicted from the smaller batches"
         raise PreflightError(
-            f"{option}={request.requested} does not fit: {how} peak {trial.peak / GB:.2f} GB "
-            f"at batch {trial.batch} > budget {budget.bytes / GB:.2f} GB ({budget.source}): set "
+            f"{option}={request.requested} does not fit: {how} peak {trial.peak / GiB:.2f} GiB "
+            f"at batch {trial.batch} > budget {budget.bytes / GiB:.2f} GiB ({budget.source}): set "
             f"{option} lower, or hardware.batch_size=auto with data.batch_size=from_profile "
             "(the preflight picks)"
         )
@@ -611,7 +611,7 @@ def measured_preflight_for_run(
             measurer.close()
     notes = [
         f"measured: {STEPS_PER_TRIAL} training steps of a copy of the module at each batch tried, "
-        f"on its own training rows; peak GB by batch {search.line()}",
+        f"on its own training rows; peak GiB by batch {search.line()}",
         *sizing.notes,
     ]
     if request.shards > 1:

@@ -28,7 +28,7 @@ from pathlib import Path
 from laptrain.files import write_text_atomic
 from laptrain.project import default_cache_dir
 
-GB = 1024**3
+GiB = 1024**3
 CACHE_FILE = "worker_memory.json"
 
 
@@ -46,7 +46,7 @@ class WorkerCost:
 
     def text(self) -> str:
         return (
-            f"{self.processes} loader worker(s) x {self.bytes_each / GB:.2f} GB "
+            f"{self.processes} loader worker(s) x {self.bytes_each / GiB:.2f} GiB "
             f"({self.start_method}, measured)"
         )
 

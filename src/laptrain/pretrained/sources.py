@@ -638,8 +638,8 @@ def check_gguf_fits(path: Path, available_bytes: int | None = None) -> None:
     if need > available_bytes:
         raise TooLargeError(
             f"model.pretrained={path}: {params / 1e9:.2f} B parameters need about "
-            f"{need / 1024**3:.1f} GB to dequantise to float32, and this machine has "
-            f"{available_bytes / 1024**3:.1f} GB available: use a smaller model, or convert it "
+            f"{need / 1024**3:.1f} GiB to dequantise to float32, and this machine has "
+            f"{available_bytes / 1024**3:.1f} GiB available: use a smaller model, or convert it "
             "on a larger machine and set model.pretrained=<that save_pretrained folder>"
         )
 

@@ -49,8 +49,8 @@ def folder_bytes(folder: Path) -> int:
 
 
 def human_bytes(n: int) -> str:
-    """``1.2 MB`` (binary units, as the run report's MB)."""
-    for unit, size in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+    """``1.2 MiB``: binary units (2^10, 2^20, 2^30 bytes), as the run report's ``*_mb`` are."""
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"

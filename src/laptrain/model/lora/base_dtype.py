@@ -22,7 +22,7 @@ from typing import Any
 from laptrain.config.scale_out import extra_rank, started_together
 
 FP32_SHARE = 0.5
-GB = 1024**3
+GiB = 1024**3
 # Rank 0's choice, left in its environment for the ranks Lightning's subprocess launcher starts.
 DECIDED_ENV = "LAPTRAIN_AUTO_BASE_DTYPE"
 
@@ -62,18 +62,18 @@ def choose_base_dtype(
     fp32 = 4 * params
     if fp32 <= FP32_SHARE * budget_bytes:
         return "float32", (
-            f"base_dtype auto: {params / 1e9:.2f}B parameters = {fp32 / GB:.2f} GB in float32, "
-            f"within {FP32_SHARE:.0%} of the {budget_bytes / GB:.1f} GB budget: float32"
+            f"base_dtype auto: {params / 1e9:.2f}B parameters = {fp32 / GiB:.2f} GiB in float32, "
+            f"within {FP32_SHARE:.0%} of the {budget_bytes / GiB:.1f} GiB budget: float32"
         )
     if not bf16_supported:
         return "float32", (
-            f"base_dtype auto: float32 needs {fp32 / GB:.2f} GB, over {FP32_SHARE:.0%} of the "
-            f"{budget_bytes / GB:.1f} GB budget, but this device has no native bfloat16: float32"
+            f"base_dtype auto: float32 needs {fp32 / GiB:.2f} GiB, over {FP32_SHARE:.0%} of the "
+            f"{budget_bytes / GiB:.1f} GiB budget, but this device has no native bfloat16: float32"
         )
     return "bfloat16", (
-        f"base_dtype auto: {params / 1e9:.2f}B parameters = {fp32 / GB:.2f} GB in float32, over "
-        f"{FP32_SHARE:.0%} of the {budget_bytes / GB:.1f} GB budget: bfloat16 "
-        f"({fp32 / 2 / GB:.2f} GB)"
+        f"base_dtype auto: {params / 1e9:.2f}B parameters = {fp32 / GiB:.2f} GiB in float32, over "
+        f"{FP32_SHARE:.0%} of the {budget_bytes / GiB:.1f} GiB budget: bfloat16 "
+        f"({fp32 / 2 / GiB:.2f} GiB)"
     )
 
 

@@ -104,6 +104,9 @@ def choose_size(
         raise ValueError("model.size=auto needs presets with ram_class_gb in model.sizes")
     ram_pick = next((n for gb, n in classed if memory_gb <= gb), classed[-1][1])
     pick_speed = presets[ram_pick].ref_samples_per_s
+    # Labelled GB: the RAM classes are field note 002's Mac sizes (marketing GB), and memory_gb is
+    # the number given (model.memory_gb, or hardware.memory_budget_gb, which the preflight reads in
+    # GiB) or psutil's total RAM / 1e9.
     lines = [f"size=auto: {memory_gb:.1f} GB RAM -> field note 002's RAM class picks {ram_pick!r}"]
     candidates = []
     for name, preset in sorted(auto.items(), key=lambda kv: kv[1].ref_samples_per_s):
