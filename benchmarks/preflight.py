@@ -61,7 +61,7 @@ MODELS = {
 }
 BATCHES = (4, 8, 16)
 LENGTHS = (128, 256)
-GB = 1024**3
+GiB = 1024**3
 
 
 def build(name: str):
@@ -169,7 +169,7 @@ def real_cases(folder: Path) -> list[tuple[str, str, list[str]]]:
     return cases
 
 
-ESTIMATE = re.compile(r"preflight: estimate ([0-9.]+) GB at micro batch (\d+) x (\d+) tokens")
+ESTIMATE = re.compile(r"preflight: estimate ([0-9.]+) GiB at micro batch (\d+) x (\d+) tokens")
 
 
 def chosen(cases: list[tuple[str, str, list[str]]], only: str | None) -> list:
@@ -201,7 +201,7 @@ def run_real(overrides: list[str], folder: Path) -> dict:
     if os.waitstatus_to_exitcode(status) or not found:
         raise SystemExit(f"train.py {' '.join(overrides)} failed:\n{text[-3000:]}")
     return {
-        "estimate": float(found.group(1)) * GB,
+        "estimate": float(found.group(1)) * GiB,
         "batch": int(found.group(2)),
         "tokens": int(found.group(3)),
         "measured": usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024),
@@ -226,13 +226,15 @@ def real(args: argparse.Namespace) -> None:
         f"{torch.__version__}, {time.time() - start:.0f} s; hardware.malloc_keep_freed "
         f"{keep_freed(args.set)}" + (f"; overrides {' '.join(args.set)}" if args.set else "") + "\n"
     )
-    print("| model | data | grad ckpt | sized at | estimate GB | peak RSS GB | ratio | 0.85-1.15 |")
+    print(
+        "| model | data | grad ckpt | sized at | estimate GiB | peak RSS GiB | ratio | 0.85-1.15 |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for model, data, ckpt, r, ratio in rows:
         met = "yes" if 0.85 <= ratio <= 1.15 else "NO"
         print(
             f"| {model} | {data} | {ckpt} | {r['batch']} x {r['tokens']} | "
-            f"{r['estimate'] / GB:.2f} | {r['measured'] / GB:.2f} | {ratio:.2f} | {met} |"
+            f"{r['estimate'] / GiB:.2f} | {r['measured'] / GiB:.2f} | {ratio:.2f} | {met} |"
         )
 
 
@@ -281,7 +283,7 @@ def main() -> None:
                     )
                     result = json.loads(out.stdout.strip().splitlines()[-1])
                     ratio = result["estimate"] / result["measured"]
-                    ratios.append(f"{ratio:.2f} ({result['measured'] / GB:.2f} GB)")
+                    ratios.append(f"{ratio:.2f} ({result['measured'] / GiB:.2f} GiB)")
                     print(case, json.dumps(result), file=sys.stderr)
                 rows.append((name, seq_len, "on" if ckpt else "off", ratios))
     import torch

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GB = 1024**3
+GiB = 1024**3
 
 MODELS_PY = '''
 import lightning.pytorch as pl
@@ -148,7 +148,7 @@ class RandomRows(pl.LightningDataModule):
         return self.val_dataloader()
 '''
 
-# name -> (model preset, data preset, headroom GB): the budget is the process at the preflight
+# name -> (model preset, data preset, headroom GiB): the budget is the process at the preflight
 # plus this much (hardware.memory_fraction of the RAM available now), so that each search stops
 # at the budget well below preflight.max_batch_size on any machine
 CASES = {
@@ -168,8 +168,8 @@ CASES = {
         0.5,
     ),
 }
-ESTIMATE = re.compile(r"preflight: estimate ([0-9.]+) GB at micro batch (\d+) \(")
-BUDGET = re.compile(r"preflight: budget ([0-9.]+) GB")
+ESTIMATE = re.compile(r"preflight: estimate ([0-9.]+) GiB at micro batch (\d+) \(")
+BUDGET = re.compile(r"preflight: budget ([0-9.]+) GiB")
 MEASURED = re.compile(r"preflight: measured: .*")
 
 
@@ -223,7 +223,7 @@ def run_case(name: str, folder: Path, extra: list[str], steps: int) -> dict:
     import psutil
 
     key = preset(name)
-    fraction = CASES[name][2] * GB / psutil.virtual_memory().available
+    fraction = CASES[name][2] * GiB / psutil.virtual_memory().available
     common = [f"model={key}", f"data={key}", *extra]
     planned, _ = train(
         folder,
@@ -252,9 +252,9 @@ def run_case(name: str, folder: Path, extra: list[str], steps: int) -> dict:
     )
     trials = MEASURED.search(planned)
     return {
-        "budget": float(budget.group(1)) * GB,
+        "budget": float(budget.group(1)) * GiB,
         "batch": batch,
-        "predicted": float(found.group(1)) * GB,
+        "predicted": float(found.group(1)) * GiB,
         "measured": float(peak),
         "trials": trials.group(0) if trials else "",
     }
@@ -287,7 +287,7 @@ def main() -> None:
         + "\n"
     )
     print(
-        "| model | budget GB | batch picked | predicted peak GB | measured peak GB | ratio "
+        "| model | budget GiB | batch picked | predicted peak GiB | measured peak GiB | ratio "
         "| 0.85-1.15 |"
     )
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -295,8 +295,8 @@ def main() -> None:
         ratio = r["predicted"] / r["measured"]
         met = "yes" if 0.85 <= ratio <= 1.15 else "NO"
         print(
-            f"| {name} | {r['budget'] / GB:.2f} | {r['batch']} | {r['predicted'] / GB:.2f} | "
-            f"{r['measured'] / GB:.2f} | {ratio:.2f} | {met} |"
+            f"| {name} | {r['budget'] / GiB:.2f} | {r['batch']} | {r['predicted'] / GiB:.2f} | "
+            f"{r['measured'] / GiB:.2f} | {ratio:.2f} | {met} |"
         )
 
 
