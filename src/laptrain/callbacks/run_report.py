@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import resource
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -28,6 +26,7 @@ from laptrain.callbacks.contracts import (
 from laptrain.callbacks.report_writer import machine_facts, token_count, write_report
 from laptrain.console import best_checkpoint
 from laptrain.data.collate import batch_length
+from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.run_folder.layout import run_last_checkpoint
 from laptrain.run_folder.listing import resume_command
 from laptrain.versions import package_versions
@@ -318,11 +317,11 @@ def _checkpoint_section(trainer: pl.Trainer, folder: Path) -> dict[str, Any]:
 
 
 def process_memory() -> dict[str, Any]:
-    """This process's peak resident memory (``getrusage``; this session only), for runs without
-    the memory monitor, whose device and swap readings would otherwise show as zeros."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    mb = peak / 1024**2 if sys.platform == "darwin" else peak / 1024
-    return {"peak_process_rss_mb": round(mb, 1), "source": "getrusage (memory monitor off)"}
+    """This process's peak resident memory (this session only; MiB despite the key's name), for
+    runs without the memory monitor, whose device and swap readings would otherwise show as
+    zeros."""
+    mb = process_peak_bytes() / 1024**2
+    return {"peak_process_rss_mb": round(mb, 1), "source": "VmHWM (memory monitor off)"}
 
 
 def _settled(totals: dict[str, Any]) -> dict[str, Any]:

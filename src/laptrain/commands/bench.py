@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.project import conf_dir
 
 # Advice thresholds (shares of a step or of a resource); see bench.advice().
@@ -263,9 +264,7 @@ def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = T
     stats.threads = _torch_threads()
     stats.device = job.plan.device
     stats.device_peak_bytes, stats.device_total_bytes = memory()
-    stats.rss_peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
-        1 if sys.platform == "darwin" else 1024
-    )
+    stats.rss_peak_bytes = process_peak_bytes()
     stats.ram_total_bytes = psutil.virtual_memory().total
     stats.workers = int(job.plan.workers or 0)
     stats.grouped = getattr(job.datamodule, "group_by_length", None)

@@ -21,8 +21,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import resource
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,6 +33,7 @@ from laptrain.config.batch_request import is_auto
 from laptrain.config.scale_out import extra_rank
 from laptrain.data.contracts import KnowsLengths, loader_settings
 from laptrain.files import write_text_atomic
+from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
 from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
@@ -187,11 +186,6 @@ def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, A
     return fixes
 
 
-def _process_peak_bytes() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return float(peak if sys.platform == "darwin" else peak * 1024)
-
-
 def measure_peak(
     model: nn.Module,
     micro_batch: int,
@@ -232,7 +226,7 @@ def measure_peak(
     del optimizer, loss
     gc.collect()
     probe.empty_cache()
-    return peak if probe.kind != "cpu" else _process_peak_bytes()
+    return peak if probe.kind != "cpu" else process_peak_bytes()
 
 
 def plan_batch(
