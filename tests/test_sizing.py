@@ -41,3 +41,15 @@ def test_size_auto_is_replaced_in_place_with_flags_around_it():
     # an option's value is not an override: `--config-name model.size=auto` is left alone
     odd = ["train.py", "--config-name", "model.size=auto"]
     assert resolve_size_argv(odd, YAML) == (odd, [])
+
+
+def test_a_16_gb_mac_s_own_ram_gets_the_16_gb_class(monkeypatch):
+    """Without a number on the command line the machine's RAM decides: a 16 GB Mac has 16 x 2^30
+    bytes, which read as 10^9-byte GB was 17.2 and picked the 32 GB class."""
+    import psutil
+
+    monkeypatch.setattr(
+        psutil, "virtual_memory", lambda: type("Memory", (), {"total": 16 * 2**30})()
+    )
+    _, lines = resolve_size_argv(["train.py", "model=trm_sudoku", "model.size=auto"], YAML)
+    assert "16.0 GB RAM" in lines[0] and "picks 'ram_16gb'" in lines[0], lines[0]

@@ -104,9 +104,10 @@ def choose_size(
         raise ValueError("model.size=auto needs presets with ram_class_gb in model.sizes")
     ram_pick = next((n for gb, n in classed if memory_gb <= gb), classed[-1][1])
     pick_speed = presets[ram_pick].ref_samples_per_s
-    # Labelled GB: the RAM classes are field note 002's Mac sizes (marketing GB), and memory_gb is
-    # the number given (model.memory_gb, or hardware.memory_budget_gb, which the preflight reads in
-    # GiB) or psutil's total RAM / 1e9.
+    # Labelled GB: the RAM classes are field note 002's Mac sizes (marketing GB, which are GiB: a
+    # 16 GB Mac has 16 x 2^30 bytes), and memory_gb is the number given (model.memory_gb, or
+    # hardware.memory_budget_gb, read in GiB) or psutil's total RAM / 2^30 (/ 1e9 read a 16 GB Mac
+    # as 17.2 and picked the 32 GB class).
     lines = [f"size=auto: {memory_gb:.1f} GB RAM -> field note 002's RAM class picks {ram_pick!r}"]
     candidates = []
     for name, preset in sorted(auto.items(), key=lambda kv: kv[1].ref_samples_per_s):
@@ -155,7 +156,7 @@ def resolve_size_argv(argv: list[str], config_path: str) -> tuple[list[str], lis
     budget = _argv_value(argv, "model.time_budget_min") or config["time_budget_min"]
     choice = choose_size(
         parse_presets(config["sizes"]),
-        float(memory) if memory else psutil.virtual_memory().total / 1e9,
+        float(memory) if memory else psutil.virtual_memory().total / 2**30,
         float(budget),
         int(config["auto_target_samples"]),
     )
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with open(args.config) as f:
         config = yaml.safe_load(f)
-    memory = args.memory_gb or psutil.virtual_memory().total / 1e9
+    memory = args.memory_gb or psutil.virtual_memory().total / 2**30
     budget = args.budget_min or float(config["time_budget_min"])
     choice = choose_size(
         parse_presets(config["sizes"]),
