@@ -6,7 +6,6 @@ never stopped ends (issue 35, item 5): laptrain rebuilds its train loader as a r
 from __future__ import annotations
 
 import logging
-import textwrap
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -16,93 +15,22 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset, Weighte
 
 from laptrain.data.sampler import ResumableDataLoader
 from laptrain.data.user_loaders import prepare_user_loaders, resumable_train_loader
+from tests import user_style
 from tests.conftest import ROOT, run_train
 from tests.test_user_errors import train_user
 
-USER_MODULE = '''
-"""A user's task: an MLP on three Gaussian blobs."""
-import lightning.pytorch as pl
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-
-class MLP(pl.LightningModule):
-    def __init__(self, hidden: int = 32, lr: float = 0.01):
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 3))
-
-    def forward(self, x):
-        return self.net(x)
-
-    def _step(self, batch, stage):
-        x, y = batch
-        logits = self(x)
-        loss = nn.functional.cross_entropy(logits, y)
-        self.log(f"{stage}/loss", loss, sync_dist=stage != "train")
-        self.log(f"{stage}/acc", (logits.argmax(-1) == y).float().mean(), sync_dist=stage != "train")
-        return loss
-
-    def training_step(self, batch, batch_idx):
-        return self._step(batch, "train")
-
-    def validation_step(self, batch, batch_idx):
-        self._step(batch, "val")
-
-    def test_step(self, batch, batch_idx):
-        self._step(batch, "test")
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
-
-
-class BlobsDataModule(pl.LightningDataModule):
-    def __init__(self, rows: int = 400, batch_size: int = 16, num_workers: int = 0):
-        super().__init__()
-        self.save_hyperparameters()
-        self.batch_size = batch_size
-
-    def setup(self, stage=None):
-        g = torch.Generator().manual_seed(0)
-        y = torch.randint(0, 3, (self.hparams.rows,), generator=g)
-        x = torch.randn(self.hparams.rows, 8, generator=g) + y[:, None].float()
-        a, b = self.hparams.rows * 6 // 10, self.hparams.rows * 8 // 10
-        self.train_set = TensorDataset(x[:a], y[:a])
-        self.val_set = TensorDataset(x[a:b], y[a:b])
-        self.test_set = TensorDataset(x[b:], y[b:])
-
-    def _loader(self, data, shuffle=False):
-        return DataLoader(data, batch_size=self.hparams.batch_size, shuffle=shuffle,
-                          num_workers=self.hparams.num_workers)
-
-    def train_dataloader(self):
-        return self._loader(self.train_set, shuffle=True)
-
-    def val_dataloader(self):
-        return self._loader(self.val_set)
-
-    def test_dataloader(self):
-        return self._loader(self.test_set)
-'''
-
 
 def write_user_project(folder: Path) -> list[str]:
-    """``mytask.py`` and its presets conf/model/mlp.yaml and conf/data/blobs.yaml in ``folder``;
-    returns the train.py arguments that pick them (240 train rows: 15 batches of 16 an epoch)."""
-    (folder / "conf" / "model").mkdir(parents=True, exist_ok=True)
-    (folder / "conf" / "data").mkdir(parents=True, exist_ok=True)
-    (folder / "mytask.py").write_text(textwrap.dedent(USER_MODULE))
-    (folder / "conf" / "model" / "mlp.yaml").write_text("_target_: mytask.MLP\nlr: 0.01\n")
-    (folder / "conf" / "data" / "blobs.yaml").write_text(
-        "_target_: mytask.BlobsDataModule\nrows: 400\nbatch_size: 16\nnum_workers: 0\n"
-    )
+    """tests/user_style.py's project (``mytask.py``, model=mlp, data=blobs) in ``folder``; returns
+    the train.py arguments that pick it, at batch 16 (240 train rows: 15 batches an epoch)."""
+    user_style.write_user_project(folder)
     return [
         "model=mlp",
         "data=blobs",
+        "data.batch_size=16",
         "hardware=cpu",
         "hardware.torch_threads=1",
-        f"hydra.searchpath=[file://{folder / 'conf'}]",
+        *user_style.user_args(folder),
         "logger=none",
     ]
 
@@ -165,7 +93,7 @@ def test_double_ctrl_c_with_workers_and_rerun_ends_equal_to_a_run_never_stopped(
         *write_user_project(tmp_path),
         "trainer.max_epochs=2",
         "test=false",
-        "data.num_workers=2",
+        "+data.num_workers=2",
     ]
     stop_and_rerun(tmp_path, monkeypatch, args, "SIGINT", 130, times=2)
     assert_ends_equal(tmp_path, "straight", "cut")

@@ -31,8 +31,9 @@ class MLPModule(pl.LightningModule):
         x, y = batch
         logits = self(x)
         loss = nn.functional.cross_entropy(logits, y)
-        self.log(f"{stage}/loss", loss)
-        self.log(f"{stage}/acc", (logits.argmax(-1) == y).float().mean())
+        sync = stage != "train"  # validation and test metrics averaged over DDP ranks
+        self.log(f"{stage}/loss", loss, sync_dist=sync)
+        self.log(f"{stage}/acc", (logits.argmax(-1) == y).float().mean(), sync_dist=sync)
         return loss
 
     def training_step(self, batch, batch_idx):
