@@ -39,3 +39,30 @@ def test_epochs_count_from_one_to_max_epochs():
 def test_without_an_epoch_limit_only_the_epoch_shows():
     text = bar_text(max_epochs=-1, max_steps=4)
     assert "Epoch 2 " in text and "Epoch 2/" not in text
+
+
+def test_a_fast_epoch_is_drawn_a_few_times_and_ends_on_its_last_batch(monkeypatch):
+    """Each drawing reads every logged metric (a device sync on MPS and CUDA): at 10 a second, 60
+    sub-millisecond steps are drawn a few times, not 60, and the bar still ends at 60/60."""
+    out = io.StringIO()
+    bar = EpochProgressBar(
+        refresh_rate=10,
+        leave=True,
+        console_kwargs={"file": out, "force_terminal": False, "width": 120},
+    )
+    reads = []
+    real = bar.get_metrics
+    monkeypatch.setattr(bar, "get_metrics", lambda *a: reads.append(1) or real(*a))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=60,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[bar],
+    )
+    trainer.fit(BoringModel())
+    assert len(reads) < 20, len(reads)  # Lightning's bar: one read per batch (60) and more
+    assert "60/60" in out.getvalue()
