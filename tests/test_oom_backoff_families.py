@@ -12,6 +12,7 @@ import torch
 
 from tests.conftest import TINY, TINY_LORA, write_texts
 from tests.in_process import train_here
+from tests.test_scale_out_runs import final_weights
 
 OOM = ["+callbacks.oom._target_=tests.oom_at.OutOfMemoryAbove", "+callbacks.oom.step=2"]
 
@@ -44,11 +45,6 @@ def lora(tmp_path: Path) -> list[str]:
     ]
 
 
-def trainable(tmp_path: Path, run: str) -> dict[str, torch.Tensor]:
-    path = tmp_path / "outputs" / run / "checkpoints" / "last.ckpt"
-    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
-
-
 @pytest.mark.parametrize(("family", "micro"), [(classifier, 16), (lora, 8)])
 def test_an_oom_in_step_2_halves_the_micro_batch_and_changes_nothing_else(tmp_path, family, micro):
     args = family(tmp_path)
@@ -65,7 +61,7 @@ def test_an_oom_in_step_2_halves_the_micro_batch_and_changes_nothing_else(tmp_pa
     assert [(e["step"], e["from"], e["to"]) for e in report["oom"]["events"]] == [
         (2, micro, micro // 2)
     ]
-    a, b = trainable(tmp_path, "whole"), trainable(tmp_path, "hit")
+    a, b = final_weights(tmp_path, "whole"), final_weights(tmp_path, "hit")
     assert a.keys() == b.keys()
     for name in a:  # the same samples, the same effective batch: only summation order differs
         assert torch.allclose(a[name], b[name], rtol=1e-4, atol=1e-6), name
