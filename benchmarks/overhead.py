@@ -1,11 +1,12 @@
 """laptrain's cost over a plain PyTorch loop: the same model, batches, order and optimizer.
 
-Five arms, interleaved (plain, Lightning, laptrain, plain, ...) in one process so that machine
+Six arms, interleaved (plain, Lightning, laptrain, plain, ...) in one process so that machine
 noise hits all alike, each the same ``--steps`` batches of the default job (or the job the
 overrides compose), each with a fresh optimizer and learning-rate schedule:
 
 - plain: ``loss.backward(); optimizer.step(); scheduler.step(); zero_grad()`` in a for loop;
-- lightning: ``Trainer.fit`` with no callbacks and no logger (what Lightning alone costs);
+- lightning: ``Trainer.fit`` with no callbacks and no logger (what Lightning alone costs), and
+  the same with the job's logger (what any Lightning run that writes curves pays);
 - laptrain: ``Trainer.fit`` with the job's full callback set (conf/callbacks/default.yaml) and
   its logger, as ``python train.py`` runs it;
 - laptrain without the progress bar, and without the logger (and the learning-rate monitor,
@@ -21,8 +22,9 @@ laptrain arm.
     python benchmarks/overhead.py [--steps 40] [--repeats 5] [train.py overrides ...]
     laptrain new my_mlp && python benchmarks/overhead.py model=my_mlp data=my_mlp hardware.batch_size=64
 
-The last column is laptrain's own cost per step over bare Lightning (each repeat's difference,
-then the median), the figure a user's own module pays for the default callbacks.
+The last two columns are the cost per step over bare Lightning and over Lightning with the same
+logger (each repeat's difference, then the median): the last one is what a user's own module pays
+for laptrain's default callbacks beyond what writing TensorBoard curves costs in Lightning alone.
 """
 
 from __future__ import annotations
@@ -199,6 +201,9 @@ def main() -> None:
         for _ in range(args.repeats):
             times["plain loop"].append(plain_loop(job.model, batches))
             times["Lightning, no callbacks"].append(fit(job, batches, [], logger=False))
+            times["Lightning, no callbacks, with the logger"].append(
+                fit(job, batches, [], logger=True)
+            )
             callbacks = job_callbacks(job)
             for callback in callbacks:
                 timed_hooks(callback, spent)
@@ -226,12 +231,25 @@ def main() -> None:
         f"job: {' '.join(args.overrides) or 'default'}, batch {job.plan.loader_batch}, "
         f"{args.steps} timed steps x {args.repeats} repeats, interleaved; medians\n"
     )
-    bare = times["Lightning, no callbacks"]
-    print("| arm | ms/step | ratio to plain loop | ms/step above bare Lightning |")
-    print("|---|---|---|---|")
+    bare, logged = (
+        times["Lightning, no callbacks"],
+        times["Lightning, no callbacks, with the logger"],
+    )
+    print(
+        "| arm | ms/step | ratio to plain loop | ms/step above bare Lightning "
+        "| above Lightning with the same logger |"
+    )
+    print("|---|---|---|---|---|")
     for arm, value in step.items():
         above = statistics.median(a - b for a, b in zip(times[arm], bare)) * 1e3
-        print(f"| {arm} | {value * 1e3:.3f} | {ratio[arm]:.3f} | {above:+.3f} |")
+        same = (
+            f"{statistics.median(a - b for a, b in zip(times[arm], logged)) * 1e3:+.3f}"
+            if "without the logger" not in arm
+            and arm != "Lightning, no callbacks"
+            and arm != "plain loop"
+            else ""
+        )
+        print(f"| {arm} | {value * 1e3:.3f} | {ratio[arm]:.3f} | {above:+.3f} | {same} |")
     print("\n| callback | its hooks, ms/step | share of a plain step |")
     print("|---|---|---|")
     for name, total in sorted(spent.items(), key=lambda kv: -kv[1]):
