@@ -137,3 +137,27 @@ def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path):
     assert "oom_backoff: inactive with more than one process" in done.stdout + done.stderr
     _, state, step = final_weights(tmp_path / "outputs" / "lora")
     assert step == 4 and all("lora_" in k for k in state)
+
+
+def test_a_paused_lora_run_resumes_to_the_uninterrupted_adapter_and_optimizer(tmp_path: Path):
+    """The fast twin of the SIGTERM case above (no signal, so in process): a session budget spent
+    at once pauses the run at its first batch boundary (exit 75); the same command then ends with
+    every tensor of the straight run's last.ckpt (adapters, AdamW moments, schedule), dropout
+    on."""
+    straight = train_here([*JOB, "run_name=straight"], tmp_path)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    paused = train_here(
+        [*JOB, "run_name=paused", "callbacks.session_budget.max_minutes=0.00001"], tmp_path
+    )
+    assert paused.returncode == 75, paused.stderr[-3000:]
+    last = tmp_path / "outputs" / "paused" / "checkpoints" / "last.ckpt"
+    assert 0 < torch.load(last, map_location="cpu", weights_only=True)["global_step"] < TOTAL
+    resumed = train_here([*JOB, "run_name=paused"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout
+    want = final_weights(tmp_path / "outputs" / "straight")
+    got = final_weights(tmp_path / "outputs" / "paused")
+    assert want[2] == got[2] == TOTAL
+    for key in ("state_dict", "optimizer_states", "lr_schedulers"):
+        assert_same(want[1][key], got[1][key], key)
+    assert_equal(want[0], got[0], "adapter/adapter_model.safetensors")
