@@ -21,29 +21,27 @@ def test_bad_input_gives_the_same_exit_code_and_line_as_a_process(tmp_path):
     assert here.stderr.strip() == there.stderr.strip() and here.stderr.startswith("error:")
 
 
+def process_state() -> tuple:
+    """What a run inside the test process might leave changed."""
+    return (
+        dict(os.environ),
+        os.getcwd(),
+        torch.get_num_threads(),
+        signal.getsignal(signal.SIGTERM),
+        signal.getsignal(signal.SIGINT),
+    )
+
+
 def test_a_run_leaves_nothing_behind_in_the_test_process(tmp_path):
     import sys
 
     argv, argv_list = list(sys.argv), sys.argv
-    before = (
-        dict(os.environ),
-        os.getcwd(),
-        torch.get_num_threads(),
-        signal.getsignal(signal.SIGTERM),
-        signal.getsignal(signal.SIGINT),
-    )
+    before = process_state()
     args = [*BASE, f"data.files.train={write_texts(tmp_path / 'texts.csv')}", "trainer.max_steps=2"]
     done = train_here([*args, "hardware.torch_threads=1", "test=false"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "done at global step 2" in done.stdout
-    after = (
-        dict(os.environ),
-        os.getcwd(),
-        torch.get_num_threads(),
-        signal.getsignal(signal.SIGTERM),
-        signal.getsignal(signal.SIGINT),
-    )
-    assert after == before
+    assert process_state() == before
     assert sys.argv is argv_list and sys.argv == argv  # train.py rebinds sys.argv
     # the run folder's lock went with the run: the same command runs again (and resumes)
     again = train_here([*args, "trainer.max_steps=3", "test=false"], tmp_path)

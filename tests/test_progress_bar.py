@@ -11,15 +11,15 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from laptrain.callbacks.progress_bar import EpochProgressBar
 
 
-def bar_text(**trainer_args) -> str:
-    out = io.StringIO()
-    bar = EpochProgressBar(
-        leave=True, console_kwargs={"file": out, "force_terminal": False, "width": 120}
-    )
+def console() -> dict:
+    return {"file": io.StringIO(), "force_terminal": False, "width": 120}
+
+
+def fit_with(bar: EpochProgressBar, **trainer_args) -> None:
+    """A fit of a BoringModel (2 training batches, 1 validation batch unless given) under ``bar``."""
+    trainer_args = {"limit_train_batches": 2, "limit_val_batches": 1, **trainer_args}
     trainer = pl.Trainer(
         accelerator="cpu",
-        limit_train_batches=2,
-        limit_val_batches=1,
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
@@ -27,7 +27,12 @@ def bar_text(**trainer_args) -> str:
         **trainer_args,
     )
     trainer.fit(BoringModel())
-    return out.getvalue()
+
+
+def bar_text(**trainer_args) -> str:
+    kwargs = console()
+    fit_with(EpochProgressBar(leave=True, console_kwargs=kwargs), **trainer_args)
+    return kwargs["file"].getvalue()
 
 
 def test_epochs_count_from_one_to_max_epochs():
@@ -44,25 +49,11 @@ def test_without_an_epoch_limit_only_the_epoch_shows():
 def test_a_fast_epoch_is_drawn_a_few_times_and_ends_on_its_last_batch(monkeypatch):
     """Each drawing reads every logged metric (a device sync on MPS and CUDA): at 10 a second, 60
     sub-millisecond steps are drawn a few times, not 60, and the bar still ends at 60/60."""
-    out = io.StringIO()
-    bar = EpochProgressBar(
-        refresh_rate=10,
-        leave=True,
-        console_kwargs={"file": out, "force_terminal": False, "width": 120},
-    )
+    kwargs = console()
+    bar = EpochProgressBar(refresh_rate=10, leave=True, console_kwargs=kwargs)
     reads = []
     real = bar.get_metrics
     monkeypatch.setattr(bar, "get_metrics", lambda *a: reads.append(1) or real(*a))
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        limit_train_batches=60,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        callbacks=[bar],
-    )
-    trainer.fit(BoringModel())
+    fit_with(bar, max_epochs=1, limit_train_batches=60, limit_val_batches=0)
     assert len(reads) < 20, len(reads)  # Lightning's bar: one read per batch (60) and more
-    assert "60/60" in out.getvalue()
+    assert "60/60" in kwargs["file"].getvalue()
