@@ -370,17 +370,21 @@ def _checked_batch(
         from laptrain.preflight.batch import preflight_for_run as preflight
 
     profile = _preflight_profile(cfg, asked, precision)
+    # what both preflights (the estimate and the measured one) are given
+    shared = {
+        "accumulation": asked.accumulation,
+        "effective_batch": options.get("effective_batch_size"),
+        "max_batch": int(options.get("max_batch_size") or 256),
+        "output_dir": output_dir,
+        "cache_dir": cache_dir,
+    }
     run_preflight = partial(
         preflight,
         model,
         datamodule,
         profile,
-        accumulation=asked.accumulation,
-        effective_batch=options.get("effective_batch_size"),
-        max_batch=int(options.get("max_batch_size") or 256),
         verify=bool(options.get("verify", False)),
-        output_dir=output_dir,
-        cache_dir=cache_dir,
+        **shared,
         **({"checkpointing": AUTO} if asked.auto_checkpointing else {}),
     )
     # torchrun / srun ranks start together: rank 0 plans and every rank takes its plan
@@ -393,9 +397,7 @@ def _checked_batch(
             run_preflight, strategy, profile["accelerator"], profile["device_index"]
         )
     if found is None:
-        run_measured = partial(
-            _measured, model, datamodule, asked, profile, options, output_dir, cache_dir
-        )
+        run_measured = partial(_measured, model, datamodule, asked, profile, shared)
         found = _or_not_measured(
             lambda: plan_on_rank_0(
                 run_measured, strategy, profile["accelerator"], profile["device_index"]
@@ -407,29 +409,14 @@ def _checked_batch(
 
 
 def _measured(
-    model: Any,
-    datamodule: Any,
-    asked: _Asked,
-    profile: dict[Any, Any],
-    options: Any,
-    output_dir: Path | None,
-    cache_dir: Path | None,
+    model: Any, datamodule: Any, asked: _Asked, profile: dict[Any, Any], shared: dict[str, Any]
 ) -> Any:
     """The measured preflight's plan (laptrain.preflight.measured): real training steps of a copy
     of the module, where the estimate sizes nothing."""
     from laptrain.preflight.measured import measured_preflight_for_run
 
-    return measured_preflight_for_run(
-        model,
-        datamodule,
-        profile,
-        accumulation=asked.accumulation,
-        effective_batch=options.get("effective_batch_size"),
-        max_batch=int(options.get("max_batch_size") or 256),
-        output_dir=output_dir,
-        cache_dir=cache_dir,
-        option="hardware.batch_size" if asked.follows else "data.batch_size",
-    )
+    option = "hardware.batch_size" if asked.follows else "data.batch_size"
+    return measured_preflight_for_run(model, datamodule, profile, option=option, **shared)
 
 
 def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> Any:
