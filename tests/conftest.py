@@ -51,6 +51,25 @@ TINY = [
 ]
 
 
+# The tiny classifier without dropout: runs that must end equal (1 vs 2 processes, an OOM retry).
+NO_DROPOUT = [
+    "model.backbone.hidden_dropout_prob=0",
+    "model.backbone.attention_probs_dropout_prob=0",
+]
+
+
+def tiny_classifier_job(tmp_path: Path) -> list[str]:
+    """``train.py`` arguments for the tiny classifier on CPU, trained on 240 labelled texts written
+    into ``tmp_path`` (192 train rows: 12 batches of 16 an epoch)."""
+    return [
+        "hardware=cpu",
+        "model=tiny_classifier",
+        "data=text_csv",
+        *TINY,
+        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
+    ]
+
+
 def compose_train(overrides: list[str], tmp_path: Path | None = None) -> DictConfig:
     """Compose conf/train.yaml like `python train.py <overrides>` would, without running it."""
     GlobalHydra.instance().clear()

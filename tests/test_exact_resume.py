@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, run_train, write_texts
+from tests.conftest import run_train, tiny_classifier_job
 from tests.in_process import train_here
 from tests.same_state import assert_same
 
@@ -62,13 +62,8 @@ def untimed(metrics: Path) -> dict:
 
 
 def classifier_args(tmp_path: Path, *extra: str) -> list[str]:
-    data = write_texts(tmp_path / "texts.csv")  # 192 train rows / 16 = 12 batches per epoch
     return [
-        "hardware=cpu",
-        "model=tiny_classifier",
-        "data=text_csv",
-        *TINY,
-        f"data.files.train={data}",
+        *tiny_classifier_job(tmp_path),  # 192 train rows / 16 = 12 batches per epoch
         "trainer.deterministic=true",
         "+trainer.limit_test_batches=2",
         *extra,

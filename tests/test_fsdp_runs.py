@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import TINY, TINY_LORA, run_train, write_texts
+from tests.conftest import NO_DROPOUT, TINY_LORA, run_train, tiny_classifier_job
 from tests.in_process import train_here
 from tests.test_scale_out_runs import (
     LORA_ON_TEN_MODULES,
@@ -55,21 +55,13 @@ def best_weights(tmp_path: Path, run: str) -> dict[str, torch.Tensor]:
 
 
 def classifier_job(tmp_path: Path) -> list[str]:
-    return [
-        "hardware=cpu",
-        "model=tiny_classifier",
-        "data=text_csv",
-        *TINY,
-        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
-        "trainer.max_steps=6",
-    ]
+    return [*tiny_classifier_job(tmp_path), "trainer.max_steps=6"]
 
 
 def test_classifier_under_fsdp_trains_like_one_process_tests_the_best_and_exports_it(tmp_path):
     common = [
         *classifier_job(tmp_path),
-        "model.backbone.hidden_dropout_prob=0",
-        "model.backbone.attention_probs_dropout_prob=0",
+        *NO_DROPOUT,
     ]
     metrics = fit_both(tmp_path, common, ["hardware.batch_size=32"], ["hardware.batch_size=16"])
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
@@ -92,8 +84,7 @@ def test_one_gpu_under_fsdp_trains_like_no_fsdp(tmp_path):
     that wraps the module the step back-propagates the whole batch, as with several processes."""
     common = [
         *classifier_job(tmp_path),
-        "model.backbone.hidden_dropout_prob=0",
-        "model.backbone.attention_probs_dropout_prob=0",
+        *NO_DROPOUT,
         "hardware.batch_size=32",
     ]
     fit_both(tmp_path, common, [], ["trainer.devices=1"])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, TINY_LORA, write_texts
+from tests.conftest import NO_DROPOUT, TINY_LORA, tiny_classifier_job
 from tests.in_process import train_here
 from tests.test_scale_out_runs import final_weights
 
@@ -19,13 +19,8 @@ OOM = ["+callbacks.oom._target_=tests.oom_at.OutOfMemoryAbove", "+callbacks.oom.
 
 def classifier(tmp_path: Path) -> list[str]:
     return [
-        "hardware=cpu",
-        "model=tiny_classifier",
-        "data=text_csv",
-        *TINY,
-        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
-        "model.backbone.hidden_dropout_prob=0",
-        "model.backbone.attention_probs_dropout_prob=0",
+        *tiny_classifier_job(tmp_path),
+        *NO_DROPOUT,
         "hardware.batch_size=16",
         "trainer.max_steps=4",
         "test=false",

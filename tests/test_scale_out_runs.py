@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, TINY_LORA, TRAIN, run_train, write_texts
+from tests.conftest import (
+    NO_DROPOUT,
+    TINY,
+    TINY_LORA,
+    TRAIN,
+    run_train,
+    tiny_classifier_job,
+    write_texts,
+)
 
 DDP = ["trainer=ddp_cpu", "trainer.strategy=ddp"]
 # the tiny LoRA job without dropout on the pairs of ten stdlib modules: 1 and 2 processes compare
@@ -95,13 +103,8 @@ def test_lora_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
 @pytest.mark.slow  # ~30 s
 def test_classifier_on_two_ranks_trains_like_one_rank_with_the_global_batch(tmp_path):
     common = [
-        "hardware=cpu",
-        "model=tiny_classifier",
-        "data=text_csv",
-        *TINY,
-        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
-        "model.backbone.hidden_dropout_prob=0",
-        "model.backbone.attention_probs_dropout_prob=0",
+        *tiny_classifier_job(tmp_path),
+        *NO_DROPOUT,
         "trainer.max_steps=6",
     ]
     metrics = train_both(

@@ -19,7 +19,7 @@ from laptrain.callbacks.graceful_stop import (
     hand_over_to_submitit,
     submitit_preempt_signal,
 )
-from tests.conftest import TINY, quiet_trainer, run_train, write_texts
+from tests.conftest import quiet_trainer, run_train, tiny_classifier_job
 from tests.same_state import assert_same
 from tests.test_graceful_stop import SignalAtStep
 
@@ -120,11 +120,7 @@ def final_state(path: Path) -> dict:
 
 def classifier_args(tmp_path: Path) -> list[str]:
     return [
-        "hardware=cpu",
-        "model=tiny_classifier",
-        "data=text_csv",
-        *TINY,
-        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",  # 12 batches per epoch
+        *tiny_classifier_job(tmp_path),  # 12 batches per epoch
         "trainer.deterministic=true",
         "+trainer.limit_test_batches=2",
         "trainer.max_epochs=2",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY, TRAIN, run_train, write_texts
+from tests.conftest import NO_DROPOUT, TINY, TRAIN, run_train, write_texts
 from tests.in_process import train_here
 from tests.test_hparams import hparams_row
 
@@ -294,11 +294,7 @@ def test_ddp_subprocess_ranks_split_every_batch_then_resume_and_test_without_han
     """`trainer.strategy=ddp`: Lightning re-runs train.py for rank 1, as GPU users get it. Two
     processes at 16 end where one process at 32 ends (the README's "DDP equals one process")."""
     record = tmp_path / "record"
-    no_dropout = [
-        "model.backbone.hidden_dropout_prob=0",
-        "model.backbone.attention_probs_dropout_prob=0",
-    ]
-    job = [*BASE, *data_args(tmp_path), *no_dropout]
+    job = [*BASE, *data_args(tmp_path), *NO_DROPOUT]
     args = [*job, "trainer=ddp_cpu", "trainer.strategy=ddp"]
     recorder = [
         "+callbacks.record._target_=tests.rank_record.RecordExamples",
