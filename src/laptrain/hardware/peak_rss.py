@@ -19,13 +19,18 @@ from pathlib import Path
 STATUS = Path("/proc/self/status")
 
 
+def status_kib(field: str, status: Path = STATUS) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmHWM``, ``VmRSS``); OSError where there is none."""
+    found = re.search(rf"^{field}:\s+(\d+) kB", status.read_text(), re.MULTILINE)
+    if found is None:
+        raise OSError(f"{status} has no {field}")
+    return int(found.group(1))
+
+
 def process_peak_bytes(status: Path = STATUS) -> float:
     """The highest resident set of this process so far, in bytes."""
     try:
-        found = re.search(r"^VmHWM:\s+(\d+) kB", status.read_text(), re.MULTILINE)
+        return float(status_kib("VmHWM", status) * 1024)
     except OSError:
-        found = None
-    if found is not None:
-        return float(int(found.group(1)) * 1024)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return float(peak if sys.platform == "darwin" else peak * 1024)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return float(peak if sys.platform == "darwin" else peak * 1024)

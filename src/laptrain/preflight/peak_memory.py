@@ -22,14 +22,13 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Protocol
 
 from laptrain.hardware.malloc import glibc_version
+from laptrain.hardware.peak_rss import STATUS, status_kib
 
-STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
 SAMPLE_SECONDS = 0.001
 
@@ -53,13 +52,6 @@ class PeakCounter(Protocol):
         """The highest level since :meth:`reset`."""
 
 
-def _status_kib(field: str, status: Path) -> int:
-    found = re.search(rf"^{field}:\s+(\d+) kB", status.read_text(), re.MULTILINE)
-    if found is None:
-        raise OSError(f"{status} has no {field}")
-    return int(found.group(1))
-
-
 class KernelPeakRss:
     """Linux: the resident-set high-water mark the kernel keeps, reset through ``clear_refs``."""
 
@@ -69,7 +61,7 @@ class KernelPeakRss:
         self.status, self.clear_refs = status, clear_refs
 
     def level(self) -> float:
-        return float(_status_kib("VmRSS", self.status) * 1024)
+        return float(status_kib("VmRSS", self.status) * 1024)
 
     def reset(self) -> None:
         self.clear_refs.write_text("5")
@@ -78,7 +70,7 @@ class KernelPeakRss:
         pass
 
     def peak(self) -> float:
-        return float(_status_kib("VmHWM", self.status) * 1024)
+        return float(status_kib("VmHWM", self.status) * 1024)
 
 
 class SampledRss:
