@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 # What makes a folder one laptrain (or transformers / peft) wrote, and so one it may replace whole.
-EXPORT_MARKERS = ("config.json", "adapter_config.json")
+EXPORT_MARKERS = ("config.json", "adapter_config.json", "Modelfile")
 
 
 def file_digest(path: Path) -> str:

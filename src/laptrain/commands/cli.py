@@ -121,7 +121,19 @@ def lora_command(args: argparse.Namespace) -> int:
 
 def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
     where = {"device": args.device, "dtype": args.dtype}
-    if args.command == "export":
+    if args.command == "export" and args.format == "gguf":
+        from laptrain.gguf_export.write import export_gguf
+
+        if args.dtype is not None:
+            raise ValueError(
+                "--dtype is for --format hf: a GGUF is merged in float32, then --quant"
+            )
+        done = export_gguf(args.path, args.out, args.quant or "f16", device=args.device)
+        print(f"GGUF ({done.quant}, {done.bytes / 1024**2:.1f} MiB) written to {done.file}")
+        print(f"Ollama: ollama create NAME -f {done.folder / 'Modelfile'}")
+    elif args.command == "export":
+        if args.quant is not None:
+            raise ValueError("--quant is for --format gguf: add --format gguf, or drop --quant")
         out = lora_tools.export_merged(args.path, args.out, **where)
         print(f"merged model written to {out}")
     elif args.command == "generate":
@@ -173,9 +185,26 @@ def _add_load_options(parser: argparse.ArgumentParser, export: bool = False) -> 
 
 def _add_lora_commands(commands: Any) -> None:
     where = "a LoRA run folder or adapter folder"
-    export = commands.add_parser("export", help="merge a LoRA adapter into its base model")
+    export = commands.add_parser(
+        "export", help="merge a LoRA adapter into its base model (a transformers folder or a GGUF)"
+    )
     export.add_argument("path", help=where)
-    export.add_argument("--out", help="output folder (default <run>/merged or <adapter>-merged)")
+    export.add_argument(
+        "--out",
+        help="output folder (default <run>/merged, or <run>/gguf-<quant> with --format gguf)",
+    )
+    export.add_argument(
+        "--format",
+        choices=("hf", "gguf"),
+        default="hf",
+        help="hf: a transformers folder (default); gguf: model.gguf for llama.cpp, Ollama and LM "
+        "Studio, with an Ollama Modelfile beside it (Llama-family bases)",
+    )
+    export.add_argument(
+        "--quant",
+        default=None,
+        help="with --format gguf: f16 (default), q8_0 or q4_0",
+    )
     _add_load_options(export, export=True)
     gen = commands.add_parser("generate", help="reply to a prompt with a LoRA (or merged) model")
     gen.add_argument("path", help=f"{where}, or a merged model folder")

@@ -676,10 +676,37 @@ def _dequantise_and_save(gguf_path: Path, out: Path) -> tuple[int, str]:
     out.mkdir(parents=True)
     plain.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    _drop_invented_tokens(out, int(config.vocab_size))
     params = sum(p.numel() for p in plain.parameters())
     dtype = str(loaded.dtype).replace("torch.", "")
     del loaded, plain
     return params, dtype
+
+
+def _drop_invented_tokens(out: Path, rows: int) -> None:
+    """Remove the tokens transformers added past the model's ``rows`` embeddings from the saved
+    tokenizer.
+
+    transformers builds a byte-level GGUF's tokenizer as a ``GPT2Tokenizer``, whose default unknown
+    token ``<|endoftext|>`` it adds when the file names none (Llama 3 GGUFs, laptrain's own
+    exports): one token more than the model has rows, which fine-tuning refuses (laptrain never
+    resizes embeddings). A byte-level BPE never emits an unknown token, so it is dropped.
+    """
+    path = out / "tokenizer.json"
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    added = data.get("added_tokens") or []
+    dropped = {t["content"] for t in added if t["id"] >= rows}
+    if not dropped:
+        return
+    data["added_tokens"] = [t for t in added if t["id"] < rows]
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    for key in [k for k, v in config.items() if isinstance(v, str) and v in dropped]:
+        del config[key]
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def _load_failed(name: str, err: BaseException) -> str:

@@ -1,0 +1,126 @@
+"""transformers Llama tensors as GGUF tensors: names, the q/k row order, and each tensor's type.
+
+GGUF names come from the ``gguf`` package's own map (``gguf.get_tensor_name_map``). Two layout
+facts are llama.cpp's, not the package's:
+
+- llama.cpp's rope rotates adjacent pairs of a head's dimensions, transformers' Llama rotates the
+  first half against the second. llama.cpp's converter therefore reorders the rows of
+  ``q_proj``/``k_proj`` per head (:func:`interleave_rope_rows`); transformers' GGUF loader undoes
+  exactly that when it reads a Llama GGUF.
+- 1-D tensors (the RMS norms) stay float32 whatever the file type, and a quantised type applies
+  only to a matrix whose row length is a multiple of the type's block size (32 for q8_0/q4_0);
+  others fall back to float16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+QUANTS = ("f16", "q8_0", "q4_0")  # what ``gguf.quants`` can write; K-quants it only reads
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    name: str
+    data: np.ndarray  # as written: float32/float16, or the quantised blocks as uint8
+    qtype: object  # gguf.GGMLQuantizationType
+
+
+def qtype_of(quant: str) -> object:
+    import gguf
+
+    return {
+        "f16": gguf.GGMLQuantizationType.F16,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+        "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    }[quant]
+
+
+def file_type_of(quant: str) -> int:
+    import gguf
+
+    return {
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    }[quant]
+
+
+def interleave_rope_rows(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Rows of a q/k projection reordered from rotate-half to llama.cpp's adjacent-pair rope:
+    within each head, row ``i`` of the first half and row ``i`` of the second become neighbours."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def tensor_type(name: str, data: np.ndarray, quant: str) -> object:
+    """The GGML type one tensor is written in for file type ``quant``."""
+    import gguf
+
+    if data.ndim <= 1:
+        return gguf.GGMLQuantizationType.F32
+    qtype = qtype_of(quant)
+    block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    if data.shape[-1] % block:
+        return gguf.GGMLQuantizationType.F16
+    return qtype
+
+
+def written_bytes(shape: tuple[int, ...], qtype: object) -> int:
+    """Bytes a tensor of ``shape`` takes in the file as ``qtype`` (before alignment padding)."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    count = int(np.prod(shape))
+    return count // block * size
+
+
+def gguf_name(hf_name: str, n_blocks: int) -> str:
+    """The GGUF name of a transformers Llama tensor (``model.layers.3.mlp.up_proj.weight`` ->
+    ``blk.3.ffn_up.weight``); ValueError for a tensor the map does not know."""
+    import gguf
+
+    mapped = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_blocks).get_name(
+        hf_name, try_suffixes=(".weight", ".bias")
+    )
+    if mapped is None:
+        raise ValueError(f"no GGUF name for tensor {hf_name}: laptrain writes Llama models only")
+    return mapped
+
+
+def llama_tensors(
+    state: Mapping[str, torch.Tensor], config: object, quant: str
+) -> Iterator[tuple[str, np.ndarray, object]]:
+    """``(gguf name, float32 array in GGUF layout, type)`` for each tensor of a merged Llama.
+
+    A tied output head is left out (llama.cpp reads ``token_embd`` for it, as transformers
+    ties it); rotary caches are buffers, not parameters, and are not in ``state``."""
+    n_head = config.num_attention_heads
+    n_kv = config.num_key_value_heads or n_head
+    n_blocks = config.num_hidden_layers
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    for hf_name, tensor in state.items():
+        if tied and hf_name == "lm_head.weight":
+            continue
+        weight = tensor.detach().to("cpu", torch.float32)
+        if hf_name.endswith("self_attn.q_proj.weight"):
+            weight = interleave_rope_rows(weight, n_head)
+        elif hf_name.endswith("self_attn.k_proj.weight"):
+            weight = interleave_rope_rows(weight, n_kv)
+        data = weight.numpy()
+        yield gguf_name(hf_name, n_blocks), data, tensor_type(hf_name, data, quant)
+
+
+def encode(data: np.ndarray, qtype: object) -> np.ndarray:
+    """``data`` (float32) in the bytes of ``qtype``, through ``gguf.quants``."""
+    import gguf
+
+    return gguf.quants.quantize(data, qtype)

@@ -1,0 +1,199 @@
+"""``laptrain export <run> --format gguf [--quant f16|q8_0|q4_0]``: the run's adapter merged into
+its base and written as ``<run>/gguf-<quant>/model.gguf`` with a ``Modelfile`` beside it.
+
+Everything that can refuse does so before a byte is written: a run that is not a LoRA fine-tune,
+a base that is not a Llama, a tokenizer llama.cpp would split differently, a chat template Ollama's
+template language cannot express, a quantisation the ``gguf`` package cannot write, and a disk
+without room for the file (its size is known exactly from the tensor shapes and types). The file
+and the Modelfile are written into a hidden folder beside the target, the file fsynced, and the
+folder renamed into place (:func:`laptrain.files.write_folder_atomic`): a kill mid-write leaves no
+file under the asked-for name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from laptrain.files import write_folder_atomic
+from laptrain.gguf_export import llama_metadata, llama_tensors, modelfile, vocab
+
+GGUF_NAME = "model.gguf"
+MODELFILE = "Modelfile"
+# Beyond the tensors: the header, the vocabulary and merges (~10 MB for a 128k vocabulary), the
+# alignment padding of every tensor, and room for the filesystem not to end up full.
+DISK_HEADROOM = 64 * 1024**2
+
+
+@dataclass(frozen=True)
+class GgufExport:
+    folder: Path
+    file: Path
+    bytes: int
+    quant: str
+
+
+def default_gguf_dir(adapter: Path, quant: str) -> Path:
+    """``<run>/gguf-<quant>`` beside a run's ``adapter/``; else ``<adapter>-gguf-<quant>``."""
+    if adapter.name in ("adapter", "model"):
+        return adapter.parent / f"gguf-{quant}"
+    return adapter.with_name(f"{adapter.name}-gguf-{quant}")
+
+
+def check_quant(quant: str) -> None:
+    if quant not in llama_tensors.QUANTS:
+        raise ValueError(
+            f"--quant {quant}: use one of {', '.join(llama_tensors.QUANTS)} (the types the gguf "
+            "package writes; for K-quants run llama.cpp's llama-quantize on the f16 file)"
+        )
+
+
+def refuse_non_lora(path: Path) -> None:
+    """A run folder of another family: one line saying what its export is."""
+    from laptrain.commands.lora_tools import ADAPTER_CONFIG, _hydra_config, run_folder_of
+
+    if any((p / ADAPTER_CONFIG).is_file() for p in (path, path / "adapter", path / "model")) or any(
+        (path / "adapters").glob("step-*")
+    ):
+        return
+    run = run_folder_of(path)
+    target = ((_hydra_config(run) if run else {}).get("model") or {}).get("_target_")
+    if target and "lora" not in str(target).lower():
+        raise ValueError(
+            f"--format gguf writes a LoRA fine-tune of a language model; {path} trained {target}, "
+            f"which has no GGUF form: its exported model is {run / 'model'}"
+        )
+
+
+def disk_check(folder: Path, need: int) -> None:
+    probe = folder
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need + DISK_HEADROOM:
+        raise ValueError(
+            f"not enough disk for the GGUF: it needs {need / 1024**3:.2f} GiB (+ "
+            f"{DISK_HEADROOM // 1024**2} MiB headroom), {probe} has {free / 1024**3:.2f} GiB "
+            "free: free some space or give --out on another disk"
+        )
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_gguf(
+    model: Any,
+    tokenizer: Any,
+    target: Path,
+    quant: str,
+    name: str,
+    stops: list[str],
+    free_check: Callable[[Path, int], None] = disk_check,
+) -> GgufExport:
+    """Write ``model`` (a merged transformers Llama) and ``tokenizer`` as ``target/model.gguf`` and
+    ``target/Modelfile``; every check runs before anything is written."""
+    import gguf
+
+    check_quant(quant)
+    config = model.config
+    llama_metadata.check_config(config)
+    vocab.check_tokenizer(tokenizer)
+    from laptrain.data.instructions import end_of_turn
+
+    eot = end_of_turn(tokenizer) if tokenizer.chat_template else None
+    text = modelfile.modelfile(GGUF_NAME, tokenizer, stops)  # refuses an inexpressible template
+    state = {k: v for k, v in model.state_dict().items()}
+    planned = [
+        (gguf_name, data.shape, qtype)
+        for gguf_name, data, qtype in llama_tensors.llama_tensors(state, config, quant)
+    ]
+    size = sum(llama_tensors.written_bytes(shape, qtype) for _, shape, qtype in planned)
+    free_check(target.parent, size)
+
+    def write(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        path = folder / GGUF_NAME
+        writer = gguf.GGUFWriter(str(path), "llama")
+        rope_freqs = llama_metadata.add_llama_metadata(
+            writer, config, name, llama_tensors.file_type_of(quant)
+        )
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        vocab.add_tokenizer(writer, tokenizer, int(config.vocab_size), eot)
+        if rope_freqs is not None:
+            writer.add_tensor("rope_freqs.weight", rope_freqs)
+        for gguf_name, data, qtype in llama_tensors.llama_tensors(state, config, quant):
+            writer.add_tensor(gguf_name, llama_tensors.encode(data, qtype), raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        _fsync(path)
+        (folder / MODELFILE).write_text(text)
+
+    folder = write_folder_atomic(target, write)
+    file = folder / GGUF_NAME
+    return GgufExport(folder=folder, file=file, bytes=file.stat().st_size, quant=quant)
+
+
+def export_gguf(
+    path: str | Path,
+    out: str | Path | None = None,
+    quant: str = "f16",
+    device: str | None = None,
+    probe: Any = None,
+    free_check: Callable[[Path, int], None] = disk_check,
+) -> GgufExport:
+    """Merge the run's adapter into its base in float32 and write it as GGUF (see the module)."""
+    from laptrain.commands import lora_tools
+
+    check_quant(quant)
+    path = Path(path)
+    refuse_non_lora(path)
+    adapter = lora_tools.find_adapter(path)
+    base = lora_tools.base_name_of(adapter)
+    _check_base_config(base)
+    target = Path(out) if out else default_gguf_dir(adapter, quant)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{target} is a file: give --out a folder")
+    plan = lora_tools.checked_plan(
+        lora_tools.read_record(adapter), base, device, "float32", probe, quantized=False
+    )
+    tokenizer = lora_tools._load_tokenizer(adapter, base)
+    merged = lora_tools.load_adapter_model(adapter, plan).merge_and_unload()
+    stops = [end for end in (_end_of_turn(tokenizer), tokenizer.eos_token) if end]
+    run = lora_tools.run_folder_of(adapter)
+    name = f"{Path(base).name}-{run.name if run else adapter.name}"
+    with torch.no_grad():
+        return write_gguf(merged, tokenizer, target, quant, name, stops, free_check)
+
+
+def _end_of_turn(tokenizer: Any) -> str | None:
+    if not tokenizer.chat_template:
+        return None
+    from laptrain.data.instructions import end_of_turn
+
+    return end_of_turn(tokenizer)
+
+
+def _check_base_config(base: str) -> None:
+    """The architecture refusal from the base's config alone, before any weight is read."""
+    from laptrain.pretrained.loading import config_from_pretrained
+
+    llama_metadata.check_config(config_from_pretrained(base, lora_fix()))
+
+
+def lora_fix() -> str:
+    from laptrain.commands.lora_tools import BASE_FIX
+
+    return BASE_FIX
