@@ -25,7 +25,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from laptrain.config.batch_request import batch_follows_profile
-from laptrain.config.plugin_extras import MissingExtra, check_plugin_extras
+from laptrain.config.plugin_extras import (
+    MissingExtra,
+    check_config_extras,
+    check_plugin_extras,
+)
 
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 # laptrain's own reserved keys in a model YAML, removed before instantiation (laptrain.config.overrides).
@@ -507,6 +511,10 @@ def compose_argv(argv: Sequence[str], conf_dir: str, config_name: str = "train")
         raise ConfigError(line) from err
     finally:
         GlobalHydra.instance().clear()
+    try:  # an option chosen in a file (a preset, conf/local/) rather than on the command line
+        check_config_extras(cfg)
+    except MissingExtra as err:
+        raise ConfigError(str(err)) from None
     with open_dict(cfg):  # Hydra names the run folder only when it starts the job
         cfg.hydra.runtime.output_dir = "<run folder>"
     HydraConfig().set_config(cfg)
