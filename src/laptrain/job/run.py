@@ -60,6 +60,9 @@ from laptrain.job.plan import (
     rank_device_index,
 )
 from laptrain.launch.device import check_device, without_unsafe_fused
+from laptrain.loggers.tracking import prepared as prepared_loggers
+from laptrain.loggers.tracking import remember as remember_tracking_runs
+from laptrain.loggers.tracking import runs_ended
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
@@ -242,7 +245,8 @@ def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
     output_dir = Path(cfg.paths.output_dir)
     taken = hold_run_folder(output_dir)
     try:
-        return _train(cfg, env, output_dir)
+        with runs_ended():  # a W&B run ends with its job (a sweep's next job starts its own)
+            return _train(cfg, env, output_dir)
     finally:
         if taken:
             release_run_folder(output_dir)
@@ -311,7 +315,9 @@ def _make_trainer(
     """The Trainer of the config with the plan's arguments, its callbacks and its loggers; a
     user's datamodule gets Lightning's distributed sampler and a resumable train loader."""
     callbacks = _instantiate_all(cfg.get("callbacks"))
-    loggers = _instantiate_all(cfg.get("logger"))
+    # MLflow / W&B: the run folder's tracking runs continued, W&B offline without a key
+    section = prepared_loggers(cfg.get("logger"), Path(cfg.paths.output_dir))
+    loggers = _instantiate_all(section)
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     callbacks.append(MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model))
@@ -319,6 +325,8 @@ def _make_trainer(
     trainer = instantiate_trainer(
         cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
     )
+    if trainer.is_global_zero:
+        remember_tracking_runs(section, loggers, Path(cfg.paths.output_dir))
     return trainer, callbacks, loggers
 
 
