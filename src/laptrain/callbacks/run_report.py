@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +28,7 @@ from laptrain.callbacks.report_writer import machine_facts, token_count, write_r
 from laptrain.console import best_checkpoint
 from laptrain.data.collate import batch_length
 from laptrain.hardware.peak_rss import process_peak_bytes
+from laptrain.loggers.tracking import log_text
 from laptrain.run_folder.layout import run_last_checkpoint
 from laptrain.run_folder.listing import resume_command
 from laptrain.versions import package_versions
@@ -45,6 +47,10 @@ class RunReport(VersionedState, Callback):
     at the end of fit, after test, after an exception (Ctrl-C) and at a session-budget stop, and
     prints nothing (the launcher names the run folder once, at the end). Its totals live in the
     checkpoint, so a resumed run's report covers every session.
+
+    The loggers get its figures too (report.json was the only place samples/s was kept): the
+    samples/s of each plot point as ``train/samples_per_s``, and at the end of fit the report's
+    numbers as ``run/<section>/<key>`` and, for MLflow and W&B, the best checkpoint's path.
 
     Args:
         output_dir: run folder; None = ``trainer.default_root_dir``.
@@ -151,6 +157,8 @@ class RunReport(VersionedState, Callback):
             "samples_per_s": samples / max(now - self._point["t"], 1e-9),
         }
         self._point = {"t": now, "samples": self.totals["samples"]}
+        for logger in trainer.loggers:  # the curve, where the trackers can show it too
+            logger.log_metrics({"train/samples_per_s": point["samples_per_s"]}, step=step)
         for cb in trainer.callbacks:
             if isinstance(cb, PlotsPoints):
                 point.update(cb.plot_point())
@@ -184,6 +192,7 @@ class RunReport(VersionedState, Callback):
         else:
             self.status = "finished"
         self.write(trainer)
+        self._send_to_loggers(trainer)
 
     @override
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -213,6 +222,20 @@ class RunReport(VersionedState, Callback):
     @rank_zero_only
     def _write(self, trainer: pl.Trainer, report: dict[str, Any]) -> None:
         self.path = write_report(Path(self.output_dir or trainer.default_root_dir), report)
+
+    @rank_zero_only
+    def _send_to_loggers(self, trainer: pl.Trainer) -> None:
+        """The report's figures for every logger at the fit's last step, as ``run/<section>/<key>``
+        (throughput, time, peak memory, the guards' totals, the best score), and the best
+        checkpoint's path for the trackers that keep text (MLflow's tags, W&B's summary)."""
+        if self._report is None or not trainer.loggers:
+            return
+        metrics = summary_metrics(self._report)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        best = self._report.get("checkpoint", {}).get("best")
+        if best:
+            log_text(trainer.loggers, {"best_checkpoint": str(best)})
 
     def build(self, trainer: pl.Trainer) -> dict[str, Any]:
         self.totals = _settled(self.totals)
@@ -314,6 +337,22 @@ def _checkpoint_section(trainer: pl.Trainer, folder: Path) -> dict[str, Any]:
     if command:
         checkpoint["resume"] = command
     return checkpoint
+
+
+# The report's sections whose numbers go to the loggers at the end of fit.
+SUMMARY_SECTIONS = ("time", "throughput", *GUARD_SECTIONS, "checkpoint")
+
+
+def summary_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    """``run/<section>/<key>``: each finite number at the top of a :data:`SUMMARY_SECTIONS`
+    section."""
+    metrics = {}
+    for section in SUMMARY_SECTIONS:
+        for key, value in (report.get(section) or {}).items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if number and math.isfinite(value):
+                metrics[f"run/{section}/{key}"] = float(value)
+    return metrics
 
 
 def process_memory() -> dict[str, Any]:
