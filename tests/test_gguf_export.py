@@ -363,3 +363,14 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
     with pytest.raises(ValueError, match="pre-tokenizer") as err:
         write_gguf(model, tokenizer, tmp_path / "g", "f16", "t", [], lambda _f, _n: None)
     assert "\n" not in str(err.value) and not (tmp_path / "g").exists()
+
+
+def test_the_llama_cpp_check_without_its_extra_names_the_install(monkeypatch, tmp_path):
+    import sys
+
+    from laptrain.gguf_export.llama_cpp_check import load_llama_cpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as when not installed
+    with pytest.raises(ValueError, match=r"\.\[llamacpp\]") as err:
+        load_llama_cpp(tmp_path / "model.gguf")
+    assert "\n" not in str(err.value)
