@@ -264,3 +264,18 @@ def test_train_py_without_the_mlflow_extra_says_which_extra_in_one_line(tmp_path
         f"error: logger=[tensorboard,mlflow] {MLFLOW_MISSING}"
     ]
     assert not (tmp_path / "outputs").exists()  # refused before anything is written
+
+
+def test_train_py_with_wandb_online_and_no_key_refuses_in_one_line_before_writing(
+    tmp_path, monkeypatch
+):
+    for name in WANDB_VARS:
+        monkeypatch.delenv(name, raising=False)
+    env = {"HOME": str(tmp_path), "WANDB_MODE": "online"}
+    done = train_here([*tiny_classifier_job(tmp_path), "logger=wandb"], tmp_path, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: WANDB_MODE=online asks for W&B online, but no W&B API key was found "
+        "(WANDB_API_KEY, or `wandb login`); set one, or leave the mode unset to log offline"
+    ]
+    assert not (tmp_path / "outputs").exists()

@@ -515,6 +515,9 @@ def compose_argv(argv: Sequence[str], conf_dir: str, config_name: str = "train")
         check_config_extras(cfg)
     except MissingExtra as err:
         raise ConfigError(str(err)) from None
+    from laptrain.loggers.tracking import check_wandb_modes  # imports this module
+
+    check_wandb_modes(cfg.get("logger"))  # W&B online without a key: refused, never a prompt
     with open_dict(cfg):  # Hydra names the run folder only when it starts the job
         cfg.hydra.runtime.output_dir = "<run folder>"
     HydraConfig().set_config(cfg)

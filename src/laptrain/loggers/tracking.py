@@ -87,6 +87,16 @@ def wandb_mode(
     return mode
 
 
+def check_wandb_modes(section: Any, environ: Mapping[str, str] = os.environ) -> None:
+    """:func:`wandb_mode`'s refusal before the run folder is made (laptrain.config.check calls it
+    on the composed config, without importing torch): W&B loggers are known here by their
+    ``_target_``'s class name."""
+    for name, node in resume.entries(section):
+        if str(node.get("_target_")).rsplit(".", 1)[-1] == "WandbLogger":
+            configured = "offline" if node.get("offline") else node.get("mode")
+            wandb_mode(configured, environ, where=f"logger.{name}")
+
+
 def prepared(
     section: Any, folder: Path, environ: dict[str, str] | os._Environ = os.environ
 ) -> DictConfig | None:
