@@ -329,6 +329,8 @@ class InstructionDataModule(TextClassificationDataModule):
         self.truncated: dict[str, int] = {}
         self._items: dict[str, tuple[Any, list[int]]] = {}
 
+    cache_kind = "instructions"  # the cache folder of this kind of rows
+
     # ---- building the cache ------------------------------------------------------------------
 
     def _tokenizer_spec(self) -> Any:
@@ -353,6 +355,16 @@ class InstructionDataModule(TextClassificationDataModule):
         if self.tokenizer_name is None:
             return offline_tokenizer(self.cache_dir, self.vocab_size)
         return prepare_chat_tokenizer(load_tokenizer(self.tokenizer_name))
+
+    def _read(self, files: dict[str, Path] | None) -> dict[str, list[tuple[str, Any, Any]]]:
+        """``split -> [(file:line, row, group)]``; one error naming the bad rows."""
+        return read_instructions(files, self.system_prompt, self.group_column, self.encoding)
+
+    def _bad_rows(self, bad: list[tuple[str, str]], total: int) -> Exception:
+        return bad_rows_error(bad, total)
+
+    def _features(self) -> Any:
+        return _features()
 
     def _split_rows(self, named: dict[str, list[tuple[str, Messages, Any]]]) -> dict[str, list]:
         return split_instruction_rows(named, self.val_fraction, self.test_fraction, self.split_seed)
@@ -386,11 +398,11 @@ class InstructionDataModule(TextClassificationDataModule):
         if self.entry is not None and self._ready == self.entry:
             return
         files = self._resolve_files()
-        entry = self.cache_dir / "instructions" / self._cache_key(files)
+        entry = self.cache_dir / self.cache_kind / self._cache_key(files)
         self.entry = entry
         if self._entry_ready(entry):
             return
-        named = read_instructions(files, self.system_prompt, self.group_column, self.encoding)
+        named = self._read(files)
         bad: list[tuple[str, str]] = []
         total = sum(len(rows) for rows in named.values())
         splits = self._split_rows(named)
@@ -399,7 +411,7 @@ class InstructionDataModule(TextClassificationDataModule):
         for split, rows in splits.items():
             encoded[split], truncated[split] = self._encode(tokenizer, rows, bad)
         if bad:
-            raise bad_rows_error(bad, total)
+            raise self._bad_rows(bad, total)
 
         import datasets
 
@@ -408,7 +420,7 @@ class InstructionDataModule(TextClassificationDataModule):
             tmp.mkdir()
             for split, columns in encoded.items():
                 if columns["length"]:  # datasets cannot load an empty split back; setup makes it
-                    datasets.Dataset.from_dict(columns, features=_features()).save_to_disk(
+                    datasets.Dataset.from_dict(columns, features=self._features()).save_to_disk(
                         str(tmp / split)
                     )
             tokenizer.save_pretrained(str(tmp / "tokenizer"))
@@ -429,7 +441,7 @@ class InstructionDataModule(TextClassificationDataModule):
             s: datasets.load_from_disk(str(self.entry / s))
             if (self.entry / s).is_dir()
             else datasets.Dataset.from_dict(
-                {"input_ids": [], "labels": [], "length": []}, features=_features()
+                {k: [] for k in self._features()}, features=self._features()
             )
             for s in ("train", "val", "test")
         }

@@ -1,5 +1,5 @@
 """The data check the launcher runs on the composed ``data`` config, before the run folder exists:
-the local files of a text-classification or instruction config are read and checked by the rules
+the local files of a text-classification, instruction or preference config are read and checked by the rules
 their datamodule applies (:mod:`laptrain.data.labelled_files`, :mod:`laptrain.data.instruction_rows`),
 so a bad file is refused in about a second, before torch is imported."""
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from laptrain.data.instruction_rows import check_instructions
 from laptrain.data.labelled_files import read_labelled, resolve_files
+from laptrain.data.preference_rows import check_preferences
 from laptrain.files import file_digest
 
 DATA_TARGET = "laptrain.data.text_classification.TextClassificationDataModule"
@@ -34,11 +35,12 @@ _LABELLED_ARGS = {
 }
 _INSTRUCTION_ARGS = {**_SPLIT_ARGS, "group_column": (str, _NONE), "system_prompt": (str, _NONE)}
 INSTRUCTIONS_TARGET = "laptrain.data.instructions.InstructionDataModule"
+PREFERENCES_TARGET = "laptrain.data.preferences.PreferenceDataModule"
 
 
 def check_data_config(data: Any) -> None:
     """``train.py``'s data check on the composed ``data`` config, before the run folder exists:
-    the local files of a text-classification or instruction config are read and checked by the
+    the local files of a text-classification, instruction or preference config are read and checked by the
     rules their datamodule applies; anything else (a hub dataset, a builder, another datamodule) is
     checked when the datamodule reads it. A value of the wrong type is left to the config check,
     which names the argument. Files that passed are stamped under ``<cache_dir>/checked/``."""
@@ -54,6 +56,8 @@ def check_data_config(data: Any) -> None:
         spec, check = _LABELLED_ARGS, read_labelled
     elif plain.get("_target_") == INSTRUCTIONS_TARGET:
         spec, check = _INSTRUCTION_ARGS, check_instructions
+    elif plain.get("_target_") == PREFERENCES_TARGET:
+        spec, check = _INSTRUCTION_ARGS, check_preferences
     else:
         return
     files = plain.get("files")

@@ -43,6 +43,8 @@ class ModelFamily:
             classes (``laptrain/model/fsdp_units.py``; None: the root alone).
         fsdp_refusal: why ``trainer=fsdp`` cannot train the family (one line, naming what to
             use instead), or None.
+        variants: other LightningModules of the family, subclasses of ``module`` trained with
+            another objective on the same model (the LoRA family's DPO), by dotted path.
     """
 
     name: str
@@ -54,6 +56,7 @@ class ModelFamily:
     adapters: bool = False
     fsdp_layers: str | None = None
     fsdp_refusal: str | None = None
+    variants: tuple[str, ...] = ()
 
     def refusal(self, device_kind: str, precision: str) -> str | None:
         """Why this family does not train at ``precision`` on ``device_kind`` (None: it does)."""
@@ -88,6 +91,7 @@ FAMILIES: dict[str, ModelFamily] = {
             sized_from_config=True,
             adapters=True,
             fsdp_layers="laptrain.model.fsdp_units:transformers_layers",
+            variants=("laptrain.model.lora.dpo.DPOLoRAModule",),
         ),
         ModelFamily(
             "trm",
@@ -121,7 +125,7 @@ def family_of_target(target: object) -> ModelFamily | None:
     """The family whose LightningModule is ``target`` (a ``_target_`` string), or None."""
     if not is_laptrain_target(target):
         return None
-    return next((f for f in FAMILIES.values() if f.module == str(target)), None)
+    return next((f for f in FAMILIES.values() if str(target) in (f.module, *f.variants)), None)
 
 
 def family_of_module(module: object) -> ModelFamily | None:
