@@ -65,6 +65,11 @@ GiB = 1024**3
 
 
 def build(name: str):
+    if name == "dpo":  # LoRA r 8 on the llama case's base, trained with the DPO loss
+        from laptrain.model.lora.dpo import DPOLoRAModule
+
+        backbone = {"model_type": "llama", **MODELS["llama"]}
+        return DPOLoRAModule(backbone=backbone, lora={"r": 8})
     from transformers import (
         BertConfig,
         BertForSequenceClassification,
@@ -94,11 +99,13 @@ def run_case(name: str, batch: int, seq_len: int, checkpointing: bool, device: s
         switch_on(model)
     probe = TorchProbe(device)
     rss = probe.memory().rss
-    memory = model_memory(model, seq_len, "32-true")
+    make, loss_fn = hf_batch_maker(model), hf_loss
+    if name == "dpo":  # the module sizes its own step (laptrain.model.contracts.SizesItsStep)
+        make, loss_fn = model.preflight_batch, lambda m, b: m.preflight_loss(b)
+    memory = model_memory(model, seq_len, "32-true", make, loss_fn)
     baseline = rss - memory.materialized_cpu_bytes if device == "cpu" else 0.0
     estimate = memory.estimate(batch, seq_len, device, baseline)
-    make = hf_batch_maker(model)
-    peak = measure_peak(model, batch, seq_len, probe, "32-true", make, hf_loss)
+    peak = measure_peak(model, batch, seq_len, probe, "32-true", make, loss_fn)
     parts = {
         k: getattr(estimate, k)
         for k in ("weights", "grads", "optimizer", "activations", "transient", "overhead")
@@ -131,31 +138,37 @@ WORDS = [
 ]
 
 
-def write_rows(folder: Path, words: int) -> tuple[Path, Path]:
-    """Instruction pairs and labelled texts whose prompts/texts all have ``words`` words, so that
-    every batch is as wide as the widest (the one the preflight sizes by) within the first steps."""
+def write_rows(folder: Path, words: int) -> tuple[Path, Path, Path]:
+    """Instruction pairs, preference pairs and labelled texts whose prompts/texts all have
+    ``words`` words, so that every batch is as wide as the widest (the one the preflight sizes by)
+    within the first steps."""
     import random
 
     rng = random.Random(words)
     pairs, texts = folder / f"pairs_{words}.jsonl", folder / f"texts_{words}.csv"
-    with pairs.open("w") as out:
+    preferences = folder / f"preferences_{words}.jsonl"
+    with pairs.open("w") as out, preferences.open("w") as prefs:
         for _ in range(200):
             prompt = " ".join(rng.choice(WORDS) for _ in range(words))
             response = " ".join(rng.choice(WORDS) for _ in range(12))
+            rejected = " ".join(rng.choice(WORDS) for _ in range(12))
             out.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+            row = {"prompt": prompt, "chosen": response, "rejected": rejected + " no"}
+            prefs.write(json.dumps(row) + "\n")
     with texts.open("w") as out:
         out.write("text,label\n")
         for i in range(400):
             out.write(" ".join(rng.choice(WORDS) for _ in range(words)) + f",{'ab'[i % 2]}\n")
-    return pairs, texts
+    return pairs, preferences, texts
 
 
 def real_cases(folder: Path) -> list[tuple[str, str, list[str]]]:
     """(model, data description, train.py overrides) of every --real case: short examples (40
     words, under data.max_length=256) and examples cut at 256 tokens, every row the same length."""
-    short_pairs, short_texts = write_rows(folder, 40)
-    long_pairs, long_texts = write_rows(folder, 700)
+    short_pairs, short_prefs, short_texts = write_rows(folder, 40)
+    long_pairs, long_prefs, long_texts = write_rows(folder, 700)
     lora = ["experiment=lora_smollm2", "data=instructions", "data.max_length=256"]
+    dpo = ["experiment=dpo_smollm2", "data=preferences", "data.max_length=256"]
     minilm = ["experiment=minilm", "data=text_csv", "data.max_length=256"]
     cases = []
     for ckpt in ("false", "true"):
@@ -163,6 +176,8 @@ def real_cases(folder: Path) -> list[tuple[str, str, list[str]]]:
         cases += [
             ("SmolLM2 LoRA", "40-word prompts", [*lora, f"data.files.train={short_pairs}", on]),
             ("SmolLM2 LoRA", "cut at 256", [*lora, f"data.files.train={long_pairs}", on]),
+            ("SmolLM2 DPO", "40-word prompts", [*dpo, f"data.files.train={short_prefs}", on]),
+            ("SmolLM2 DPO", "cut at 256", [*dpo, f"data.files.train={long_prefs}", on]),
             ("MiniLM", "40-word texts", [*minilm, f"data.files.train={short_texts}", on]),
             ("MiniLM", "cut at 256", [*minilm, f"data.files.train={long_texts}", on]),
         ]

@@ -44,6 +44,11 @@ JOB = [
 ]
 
 
+# The same job trained with the DPO loss on the offline preference pairs (issue 38, item 5).
+DPO_JOB = [a.replace("experiment=lora_offline", "experiment=dpo_offline") for a in JOB]
+JOBS = pytest.mark.parametrize("job", [JOB, DPO_JOB], ids=["lora", "dpo"])
+
+
 class SigtermAt(pl.Callback):
     """Sends this process SIGTERM as the batch that makes ``global_step`` reach ``step`` begins:
     GracefulStop finishes that batch and saves ``last.ckpt`` at exactly ``step``."""
@@ -81,8 +86,9 @@ def assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: s
 
 
 @pytest.mark.slow  # ~37 s; the DDP and classifier resume tests stay in the fast suite
+@JOBS
 def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, job: list[str]
 ) -> None:
     straight_dir, stopped_dir = tmp_path / "straight", tmp_path / "stopped"
     for folder in (straight_dir, stopped_dir):
@@ -91,19 +97,19 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
         (folder / "cache").symlink_to(tmp_path / "cache", target_is_directory=True)
     (tmp_path / "cache").mkdir()
 
-    straight = train_here([*JOB, *RUN], straight_dir)
+    straight = train_here([*job, *RUN], straight_dir)
     assert straight.returncode == 0, straight.stderr[-3000:]
     want_adapter, want_ckpt, step = final_weights(straight_dir / "outputs" / "lora")
     assert step == TOTAL and want_ckpt["state_dict"]
 
-    stopped = train([*JOB, *RUN, *SIGTERM_AT], stopped_dir)  # a process: SIGTERM ends it
+    stopped = train([*job, *RUN, *SIGTERM_AT], stopped_dir)  # a process: SIGTERM ends it
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     run = stopped_dir / "outputs" / "lora"
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == STOP
     assert not (run / "adapter").exists()  # the final adapter is written only when a run ends
 
-    resumed = train_here([*JOB, *RUN], stopped_dir)
+    resumed = train_here([*job, *RUN], stopped_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"global step {STOP}," in resumed.stdout
     got_adapter, got_ckpt, step = final_weights(run)
@@ -117,7 +123,7 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
     )
     assert_equal(want_adapter, step_adapter, f"adapters/step-{TOTAL:06d}")
 
-    other = [a for a in JOB if not a.startswith("model.tiny_base.hidden_size")]
+    other = [a for a in job if not a.startswith("model.tiny_base.hidden_size")]
     refused = train_here(
         [*other, "model.tiny_base.hidden_size=48", *RUN, f"trainer.max_steps={TOTAL + 4}"],
         stopped_dir,
@@ -128,10 +134,11 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_adapter_and_another_base_is_
 
 
 @pytest.mark.slow  # ~27 s; ddp_cpu itself stays in the suite (test_train_e2e)
-def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path):
+@JOBS
+def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path, job):
     """`trainer=ddp_cpu` (Lightning's ddp_spawn, 2 CPU processes): 4 steps, one checkpoint, the
     adapter exported once (rank 0)."""
-    done = train([*JOB, *RUN, "trainer=ddp_cpu", "trainer.max_steps=4"], tmp_path)
+    done = train([*job, *RUN, "trainer=ddp_cpu", "trainer.max_steps=4"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "effective batch size: 8" in done.stdout  # 4 per process x 2 processes
     assert "oom_backoff: inactive with more than one process" in done.stdout + done.stderr
@@ -139,20 +146,23 @@ def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path):
     assert step == 4 and all("lora_" in k for k in state)
 
 
-def test_a_paused_lora_run_resumes_to_the_uninterrupted_adapter_and_optimizer(tmp_path: Path):
+@JOBS
+def test_a_paused_lora_run_resumes_to_the_uninterrupted_adapter_and_optimizer(
+    tmp_path: Path, job: list[str]
+):
     """The fast twin of the SIGTERM case above (no signal, so in process): a session budget spent
     at once pauses the run at its first batch boundary (exit 75); the same command then ends with
     every tensor of the straight run's last.ckpt (adapters, AdamW moments, schedule), dropout
     on."""
-    straight = train_here([*JOB, "run_name=straight"], tmp_path)
+    straight = train_here([*job, "run_name=straight"], tmp_path)
     assert straight.returncode == 0, straight.stderr[-3000:]
     paused = train_here(
-        [*JOB, "run_name=paused", "callbacks.session_budget.max_minutes=0.00001"], tmp_path
+        [*job, "run_name=paused", "callbacks.session_budget.max_minutes=0.00001"], tmp_path
     )
     assert paused.returncode == 75, paused.stderr[-3000:]
     last = tmp_path / "outputs" / "paused" / "checkpoints" / "last.ckpt"
     assert 0 < torch.load(last, map_location="cpu", weights_only=True)["global_step"] < TOTAL
-    resumed = train_here([*JOB, "run_name=paused"], tmp_path)
+    resumed = train_here([*job, "run_name=paused"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout
     want = final_weights(tmp_path / "outputs" / "straight")

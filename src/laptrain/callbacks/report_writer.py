@@ -28,7 +28,7 @@ IGNORE_LABEL = -100
 def token_count(batch: Any) -> int | Tensor | None:
     """Real (non-pad) tokens in a tokenized batch, else ``input_ids`` size, else None.
 
-    A 2D ``attention_mask`` marks them. A packed batch (``data.packing``) holds a 4D additive float
+    A 2D ``attention_mask`` marks them (a preference batch's ``[B, 2, L]`` one too). A packed batch (``data.packing``) holds a 4D additive float
     mask instead, whose sum is -inf, so its rows are read from ``labels`` (``packed_tokens``).
     The count stays a 0-dim tensor on the batch's device: reading it as a number would wait for the
     device to finish every queued kernel, once per step (on MPS or CUDA). The caller adds these up
@@ -36,7 +36,9 @@ def token_count(batch: Any) -> int | Tensor | None:
     if not isinstance(batch, Mapping):
         return None
     mask, labels, ids = (batch.get(k) for k in ("attention_mask", "labels", "input_ids"))
-    if isinstance(mask, Tensor) and mask.dim() == 2:
+    if isinstance(mask, Tensor) and (
+        mask.dim() == 2 or (mask.dim() == 3 and not mask.is_floating_point())
+    ):
         return mask.detach().sum()
     if isinstance(mask, Tensor) and isinstance(labels, Tensor) and labels.dim() == 2:
         return packed_tokens(labels)

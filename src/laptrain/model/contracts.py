@@ -9,6 +9,7 @@ buys one feature, named in its docstring:
 - :class:`ExportsModel`: export of what a user keeps, after the test on the best checkpoint;
 - :class:`KeepsTrainableOnly`: checkpoints and exports of the trainable parameters only;
 - :class:`ChunksBatches`: the plan and the console count the micro batch the step really runs;
+- :class:`SizesItsStep`: the memory preflight measures the step the module really runs;
 - ``ChecksGradientCheckpointing`` (``laptrain/model/checkpointing.py``):
   ``model.gradient_checkpointing=auto``, on only when the memory preflight finds it is needed.
 
@@ -58,3 +59,18 @@ class KeepsTrainableOnly(Protocol):
 
     def trainable_keys(self) -> set[str]:
         """The ``state_dict`` keys of the trainable parameters."""
+
+
+@runtime_checkable
+class SizesItsStep(Protocol):
+    """Makes the sample batches the memory preflight measures, and their loss, as its own
+    ``training_step`` would: a DPO step runs two sequences per example and a reference pass, which
+    the preflight's default (one causal-LM sequence per example, the model's own loss) undercounts.
+
+    Buys: the preflight's estimate (and ``batch_size: auto``) of the step the module runs."""
+
+    def preflight_batch(self, batch_size: int, seq_len: int) -> Any:
+        """A batch of ``batch_size`` examples of ``seq_len`` tokens, on the CPU."""
+
+    def preflight_loss(self, batch: Any) -> Any:
+        """The scalar loss ``training_step`` would back-propagate for ``batch``."""

@@ -615,9 +615,23 @@ def preflight_for_run(
         previous=_previous_batch(record) if auto else None,
         workers=_loader_workers(datamodule, hardware, cache_dir),
         checkpointing=checkpointing,
+        **_own_step(model),
     )
     _record(plan, record, length_note)
     return plan
+
+
+def _own_step(model: nn.Module) -> dict[str, Any]:
+    """``make_batch``/``loss_fn`` from a module that sizes its own step
+    (``laptrain.model.contracts.SizesItsStep``); else none (one sequence per example)."""
+    from laptrain.model.contracts import SizesItsStep
+
+    if not isinstance(model, SizesItsStep):
+        return {}
+    return {
+        "make_batch": model.preflight_batch,
+        "loss_fn": lambda module, batch: module.preflight_loss(batch),
+    }
 
 
 def _measurable(model: nn.Module, seq_len: int | None, auto: bool) -> bool:

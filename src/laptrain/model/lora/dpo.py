@@ -59,7 +59,7 @@ def load_adapters(peft_model: Any, path: str | Path) -> Path:
     """The adapter weights of a LoRA run (or adapter folder) into ``peft_model``; the adapter must
     have the same rank and target modules. One-line ValueError otherwise."""
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    from peft.utils import load_peft_weights
 
     from laptrain.commands.lora_tools import find_adapter
 
@@ -74,9 +74,7 @@ def load_adapters(peft_model: Any, path: str | Path) -> Path:
             "model.lora.r and model.lora.target_modules as that run had them"
         )
     try:
-        result = set_peft_model_state_dict(
-            peft_model, load_file(str(adapter / "adapter_model.safetensors"))
-        )
+        result = set_peft_model_state_dict(peft_model, load_peft_weights(str(adapter), "cpu"))
     except RuntimeError as err:
         raise ValueError(
             f"model.init_adapters={path}: its adapters do not fit this base "
@@ -137,10 +135,28 @@ class DPOLoRAModule(CausalLMLoRAModule):
         flat = [
             batch[k].reshape(pairs * 2, width) for k in ("input_ids", "attention_mask", "labels")
         ]
-        policy = self._sequence_logps(*flat).view(pairs, 2)
+        # The reference first: its logits come and go before the policy's activations are held,
+        # so the step's peak is the policy pass's alone (measured in docs/dpo.md).
         with torch.no_grad(), self.model.disable_adapter():
             reference = self._sequence_logps(*flat).view(pairs, 2)
+        policy = self._sequence_logps(*flat).view(pairs, 2)
         return policy, reference
+
+    def preflight_batch(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+        """Random pairs as the step sees them (``laptrain.model.contracts.SizesItsStep``): two
+        sequences per example, every position after the first labelled."""
+        vocab = int(self.model.get_input_embeddings().weight.shape[0])
+        generator = torch.Generator().manual_seed(batch_size * 100_003 + seq_len)
+        ids = torch.randint(0, vocab, (batch_size, 2, seq_len), generator=generator)
+        labels = ids.clone()
+        labels[..., 0] = IGNORE
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+    def preflight_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The step's loss: both sequences with the adapters, the reference pass without."""
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        losses, _ = dpo_terms(*self.pair_logps(batch), self.beta)
+        return losses.mean()
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         pairs = batch["input_ids"].shape[0]
