@@ -289,6 +289,41 @@ def test_a_plateau_names_the_flat_value_the_evaluations_and_their_steps(tmp_path
     ]
 
 
+def test_a_dpo_run_pushing_both_answers_down_is_named_with_the_fix(tmp_path, capsys):
+    """The known DPO failure: the margin grows while the chosen log-probability falls too."""
+    points = steps(0, 40, 5)
+    chosen = [-60.0 - 2.0 * i for i in range(len(points))]
+    rejected = [-62.0 - 6.0 * i for i in range(len(points))]
+    folder = write_run(
+        tmp_path / "run",
+        {
+            "train/loss": falling(steps(0, 40)),
+            "train/logps_chosen": list(zip(points, chosen)),
+            "train/logps_rejected": list(zip(points, rejected)),
+        },
+        report(step=40, monitor="val/loss"),
+    )
+    lines, finding = explain(folder, capsys)
+    assert finding.kind == "dpo" and finding.step == 40
+    assert lines[0].startswith("DPO: the chosen answers' log-probability fell -60 -> ")
+    assert "model.beta" in lines[0] and "model.init_adapters=<run>" in lines[0]
+
+
+def test_a_dpo_run_whose_chosen_answers_hold_is_not_flagged(tmp_path, capsys):
+    points = steps(0, 40, 5)
+    folder = write_run(
+        tmp_path / "run",
+        {
+            "train/loss": falling(steps(0, 40)),
+            "train/logps_chosen": [(s, -60.0 + 0.5 * i) for i, s in enumerate(points)],
+            "train/logps_rejected": [(s, -62.0 - 6.0 * i) for i, s in enumerate(points)],
+        },
+        report(step=40, monitor="val/loss"),
+    )
+    _, finding = explain(folder, capsys)
+    assert finding.kind != "dpo"
+
+
 def test_a_run_that_logged_to_csv_is_read_from_its_metrics_file(tmp_path, capsys):
     """``logger=csv``: Lightning's CSVLogger writes <run>/csv/metrics.csv, one column a metric."""
     folder = tmp_path / "run"

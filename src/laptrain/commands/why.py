@@ -49,6 +49,10 @@ their thresholds (the constants below):
   ``THROUGHPUT_FALL`` (80 %) of the median of the first half; needs ``THROUGHPUT_POINTS`` (8)
   points; with the thermal state, step-time drift, system memory, swap, memory pressure, cooling
   breaks and OOM backoffs of that stretch, where recorded.
+- DPO likelihood fall (a DPO run: ``train/logps_chosen`` and ``train/logps_rejected`` logged):
+  the chosen answers' log-probability, smoothed by the same EMA, ends ``DPO_FALL`` (10 %) or more
+  below where it started while the rejected ones' fell too: the reward margin grows by pushing
+  both answers down, the failure DPO is known for; needs ``DPO_POINTS`` (4) points.
 
 No rule fires: one line, "nothing unusual found", with the final metrics.
 """
@@ -84,6 +88,8 @@ PLATEAU_EVALS = 4
 PLATEAU_RELATIVE = 0.01
 THROUGHPUT_FALL = 0.80
 THROUGHPUT_POINTS = 8
+DPO_FALL = 0.10
+DPO_POINTS = 4
 MAX_LINES = 8  # the header and up to 7 findings
 
 # RunReport's status after an exception is f"interrupted ({type(exception).__name__})"; the NaN
@@ -116,7 +122,7 @@ class Finding:
     slow stretch for throughput, the micro-batch reached for an OOM backoff, the learning rate for a
     non-finite step the guard recorded)."""
 
-    kind: str  # nonfinite, oom, divergence, overfitting, plateau, throughput, ok
+    kind: str  # nonfinite, oom, divergence, overfitting, plateau, throughput, dpo, ok
     step: int | None
     value: float | None
     text: str
@@ -424,6 +430,27 @@ def plateau(series: Series, monitor: str | None) -> Finding | None:
     )
 
 
+def dpo_likelihood_fall(series: Series) -> Finding | None:
+    """The chosen answers' log-probability falling with the rejected ones' (module doc)."""
+    chosen = _finite(series.get("train/logps_chosen", []))
+    rejected = _finite(series.get("train/logps_rejected", []))
+    if len(chosen) < DPO_POINTS or len(rejected) < DPO_POINTS:
+        return None
+    c, r = _ema([v for _, v in chosen]), _ema([v for _, v in rejected])
+    if c[0] - c[-1] < DPO_FALL * abs(c[0]) or r[-1] >= r[0]:
+        return None
+    return Finding(
+        "dpo",
+        chosen[-1][0],
+        c[-1],
+        f"DPO: the chosen answers' log-probability fell {_num(c[0])} -> {_num(c[-1])} (smoothed, "
+        f"steps {chosen[0][0]}-{chosen[-1][0]}) along with the rejected ones' ({_num(r[0])} -> "
+        f"{_num(r[-1])}): the margin grows by pushing both answers down",
+        "raise model.beta (e.g. 0.1 -> 0.3) to stay nearer the base, lower model.optimizer.lr, "
+        "or start from an instruction-tuned run (model.init_adapters=<run>)",
+    )
+
+
 def _throughput_series(series: Series) -> tuple[str, Points] | None:
     names = [*THROUGHPUT_TAGS]
     names += sorted(t for t in series if t.endswith(("samples_per_s", "tokens_per_s")))
@@ -571,6 +598,7 @@ def diagnose(
         divergence(series, report, clip),
         overfitting(series, checkpoints or {}),
         plateau(series, monitor),
+        dpo_likelihood_fall(series),
         throughput(series, report),
     ]
     findings = [f for f in found if f is not None]
