@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "laptrain"
 # Bottom to top. A module imports only from its own floor or a lower one.
 FLOORS = [
     {""},  # project, console, versions, files: the ground floor, importing no laptrain module
-    {"config"},
+    {"config", "loggers"},
     {"hardware", "run_folder"},
     {"pretrained"},
     {"data"},
@@ -26,7 +26,7 @@ FLOORS = [
     {"devices"},
     {"launch"},
     {"job"},
-    {"commands"},
+    {"commands", "gguf_export"},
 ]
 TOP_MODULES_MAX = 5
 

@@ -213,7 +213,10 @@ def _add_lora_commands(commands: Any) -> None:
     gen.add_argument("--max-new-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     _add_load_options(gen)
-    ev = commands.add_parser("eval", help="masked loss/perplexity of base vs adapter on a file")
+    ev = commands.add_parser(
+        "eval",
+        help="masked loss/perplexity of base vs adapter on a file; DPO metrics on preference pairs",
+    )
     ev.add_argument("path", help=where)
     ev.add_argument("--data", required=True, help="JSONL/CSV/Parquet rows as in training")
     ev.add_argument("--max-length", type=int, default=None)

@@ -28,10 +28,10 @@ import torch
 
 from laptrain.files import write_folder_atomic
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
+from laptrain.model.lora.adapter_folders import ADAPTER_CONFIG, find_adapter
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK
 from laptrain.pretrained.loading import from_pretrained
 
-ADAPTER_CONFIG = "adapter_config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 GiB = 1024**3
 # What loading adds to the weights: the allocator's slack (the training preflight's) and a fixed
@@ -50,22 +50,6 @@ class BaseTooLarge(ValueError):
 def _note(line: str) -> None:
     """One line on stderr (stdout carries the reply, the table, the folder written)."""
     print(line, file=sys.stderr)
-
-
-def find_adapter(path: str | Path) -> Path:
-    """The adapter folder for ``path``: itself, its ``adapter/`` or ``model/``, or the newest
-    ``adapters/step-*``. Raises a one-line ValueError when there is none."""
-    path = Path(path)
-    for candidate in (path, path / "adapter", path / "model"):
-        if (candidate / ADAPTER_CONFIG).is_file():
-            return candidate
-    steps = sorted(p for p in (path / "adapters").glob("step-*") if (p / ADAPTER_CONFIG).is_file())
-    if steps:
-        return steps[-1]
-    raise ValueError(
-        f"no {ADAPTER_CONFIG} in {path} (nor in its adapter/ or adapters/step-*/): point at a LoRA "
-        "run folder or an adapter folder written by training"
-    )
 
 
 def _load_tokenizer(folder: Path, fallback: str | None = None) -> Any:
@@ -626,12 +610,22 @@ def evaluate(
     device: str | None = None,
     dtype: str | None = None,
     probe: ProbeFactory | None = None,
-) -> EvalResult:
+) -> Any:
     """Masked loss of the base (adapter disabled) and of base + adapter on ``data``; the data is
-    read first, so the memory check counts the logits of its longest batch."""
+    read first, so the memory check counts the logits of its longest batch. A file of preference
+    pairs gets the DPO metrics instead (``laptrain.commands.preference_eval``)."""
+    from laptrain.commands import preference_eval
+
     adapter = find_adapter(path)
     name = base_name_of(adapter)
     tokenizer = _load_tokenizer(adapter, name)
+    if preference_eval.is_preference_file(data):  # a DPO run's metrics on the pairs
+        pairs = preference_eval.read_pairs(tokenizer, data, max_length)
+        width = max((len(ids) for pair in pairs for ids, _ in pair), default=0)
+        extra = logits_extra(2 * min(batch_size, max(1, len(pairs))), width)
+        plan = checked_plan(read_record(adapter), name, device, dtype, probe, extra=extra)
+        model = load_adapter_model(adapter, plan)
+        return preference_eval.evaluate_preferences(model, adapter, pairs, batch_size)
     examples = read_examples(tokenizer, data, max_length)
     width = max((len(ids) for ids, _ in examples), default=0)
     extra = logits_extra(min(batch_size, max(1, len(examples))), width)

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from laptrain.config.batch_request import batch_follows_profile
+from laptrain.config.errors import ConfigError
 from laptrain.config.plugin_extras import (
     MissingExtra,
     check_config_extras,
@@ -34,10 +35,6 @@ from laptrain.config.plugin_extras import (
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 # laptrain's own reserved keys in a model YAML, removed before instantiation (laptrain.config.overrides).
 LAPTRAIN_KEYS = {"_argv_hook_", "_metric_"}
-
-
-class ConfigError(ValueError):
-    """The config cannot run; the message is one line naming each key and its fix."""
 
 
 # Where a user's own code goes: a package at the clone's root, beside train.py, which Python puts
@@ -515,7 +512,7 @@ def compose_argv(argv: Sequence[str], conf_dir: str, config_name: str = "train")
         check_config_extras(cfg)
     except MissingExtra as err:
         raise ConfigError(str(err)) from None
-    from laptrain.loggers.tracking import check_wandb_modes  # imports this module
+    from laptrain.loggers.tracking import check_wandb_modes
 
     check_wandb_modes(cfg.get("logger"))  # W&B online without a key: refused, never a prompt
     with open_dict(cfg):  # Hydra names the run folder only when it starts the job

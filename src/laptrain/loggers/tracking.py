@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.config.check import ConfigError
+from laptrain.config.errors import ConfigError
 from laptrain.loggers import resume
 
 # Set unless the user set them: nothing leaves the machine that the user did not ask to send.

@@ -61,7 +61,7 @@ def load_adapters(peft_model: Any, path: str | Path) -> Path:
     from peft import set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
-    from laptrain.commands.lora_tools import find_adapter
+    from laptrain.model.lora.adapter_folders import find_adapter
 
     adapter = find_adapter(path)
     saved = json.loads((adapter / "adapter_config.json").read_text())
