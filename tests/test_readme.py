@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 from laptrain.config.check import check_composed, compose_argv
-from laptrain.data.precheck import DATA_TARGET, INSTRUCTIONS_TARGET, check_data_config
+from laptrain.data.precheck import (
+    DATA_TARGET,
+    INSTRUCTIONS_TARGET,
+    PREFERENCES_TARGET,
+    check_data_config,
+)
 from laptrain.launch.prepare import resolve_argv
 from tests.conftest import CONF, ROOT, write_texts
 
@@ -76,6 +81,13 @@ STAND_INS = {"reviews.csv": ("review", "stars"), "papers.jsonl": ("text", "label
 
 
 def write_stand_in(path: Path, target: str) -> None:
+    if target == PREFERENCES_TARGET:
+        rows = [
+            {"prompt": f"What is {i} + 1?", "chosen": f"{i + 1}.", "rejected": f"{i + 2}."}
+            for i in range(30)
+        ]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return
     if target == INSTRUCTIONS_TARGET:
         rows = [{"prompt": f"What is {i} + 1?", "response": f"{i + 1}."} for i in range(30)]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -102,7 +114,8 @@ def test_every_readme_recipe_composes_as_written(line, tmp_path, monkeypatch, ca
         check_composed(cfg)
         files = cfg.data.get("files") or {}
         target = cfg.data.get("_target_")
-        checked = target in (DATA_TARGET, INSTRUCTIONS_TARGET) and any(files.values())
+        readers = (DATA_TARGET, INSTRUCTIONS_TARGET, PREFERENCES_TARGET)
+        checked = target in readers and any(files.values())
         for name in [f for f in files.values() if f] if checked else []:
             write_stand_in(tmp_path / name, target)
         check_data_config(cfg.data)

@@ -43,6 +43,15 @@ def fsync_dir(folder: str | Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str | Path) -> None:
+    """Flush ``path``'s written bytes to the disk before it is renamed into place."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this host (one owned by another user counts)."""
     try:

@@ -510,21 +510,13 @@ def masked_loss(
     model: Any, examples: list[tuple[list[int], list[int]]], batch_size: int = 8
 ) -> tuple[float, int]:
     """Mean cross-entropy over the response tokens of ``(input_ids, labels)`` examples."""
-    from laptrain.data.instructions import IGNORE
+    from laptrain.data.instructions import IGNORE, padded_examples
 
     total, count = 0.0, 0
     device = model.device
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
-            chunk = examples[start : start + batch_size]
-            width = max(len(ids) for ids, _ in chunk)
-            ids = torch.zeros((len(chunk), width), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            labels = torch.full_like(ids, IGNORE)
-            for i, (row_ids, row_labels) in enumerate(chunk):
-                ids[i, : len(row_ids)] = torch.tensor(row_ids)
-                mask[i, : len(row_ids)] = 1
-                labels[i, : len(row_labels)] = torch.tensor(row_labels)
+            ids, mask, labels = padded_examples(examples[start : start + batch_size])
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
             shifted = labels[:, 1:].to(device)
             keep = shifted != IGNORE

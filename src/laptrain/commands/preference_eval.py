@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from laptrain.data.instructions import IGNORE, encode_chat
+from laptrain.data.instructions import IGNORE, encode_chat, padded_examples
 from laptrain.model.lora.dpo import dpo_terms
 
 DEFAULT_BETA = 0.1
@@ -53,14 +53,7 @@ def read_pairs(
 
 def sequence_logps(model: Any, sequences: list[tuple[list[int], list[int]]]) -> torch.Tensor:
     """Summed log-probability of each sequence's labelled tokens, float32 ``[N]``."""
-    width = max(len(ids) for ids, _ in sequences)
-    ids = torch.zeros((len(sequences), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    labels = torch.full_like(ids, IGNORE)
-    for i, (row_ids, row_labels) in enumerate(sequences):
-        ids[i, : len(row_ids)] = torch.tensor(row_ids)
-        mask[i, : len(row_ids)] = 1
-        labels[i, : len(row_labels)] = torch.tensor(row_labels)
+    ids, mask, labels = padded_examples(sequences)
     device = model.device
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, :-1]
     targets = labels[:, 1:].to(device)

@@ -9,7 +9,7 @@ that does not fit ``data.max_length``) stay in the datamodule.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,34 @@ def bad_rows_error(bad: list[tuple[str, str]], total: int) -> DataError:
     )
 
 
+def read_named_rows(
+    files: Mapping[str, Any] | None,
+    parse: Callable[[Any], Any],
+    refuse: Callable[[list[tuple[str, str]], int], Exception],
+    group_column: str | None = None,
+    encoding: str = "utf-8",
+) -> dict[str, list[tuple[str, Any, Any]]]:
+    """``split -> [(file:line, parse(row), group)]`` for every file; ``parse`` returns a string
+    (why) for a bad row, and all bad rows are refused at once: ``refuse(bad, total)``."""
+    bad: list[tuple[str, str]] = []
+    total = 0
+    named: dict[str, list[tuple[str, Any, Any]]] = {}
+    for split, path in resolve_files(files).items():
+        rows = []
+        for where, raw in read_rows(path, encoding):
+            total += 1
+            found = parse(raw)
+            if isinstance(found, str):
+                bad.append((where, found))
+                continue
+            group = raw.get(group_column) if group_column else None
+            rows.append((where, found, group))
+        named[SPLIT_ALIASES.get(split, split)] = rows
+    if bad:
+        raise refuse(bad, total)
+    return named
+
+
 def read_instructions(
     files: Mapping[str, Any] | None,
     system_prompt: str | None = None,
@@ -168,23 +196,9 @@ def read_instructions(
     encoding: str = "utf-8",
 ) -> Rows:
     """Every file's rows as messages, or one error naming the bad rows (``file:line (why)``)."""
-    bad: list[tuple[str, str]] = []
-    total = 0
-    named: Rows = {}
-    for split, path in resolve_files(files).items():
-        rows = []
-        for where, raw in read_rows(path, encoding):
-            total += 1
-            messages = row_messages(raw, system_prompt)
-            if isinstance(messages, str):
-                bad.append((where, messages))
-                continue
-            group = raw.get(group_column) if group_column else None
-            rows.append((where, messages, group))
-        named[SPLIT_ALIASES.get(split, split)] = rows
-    if bad:
-        raise bad_rows_error(bad, total)
-    return named
+    return read_named_rows(
+        files, lambda raw: row_messages(raw, system_prompt), bad_rows_error, group_column, encoding
+    )
 
 
 def split_instruction_rows(

@@ -169,6 +169,23 @@ def _join(
 # ---- batches -----------------------------------------------------------------------------------
 
 
+def padded_examples(
+    examples: Sequence[tuple[list[int], list[int]]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask, labels)`` of ``(ids, labels)`` examples, right-padded with 0
+    and -100 to the longest: the evaluation tools' batches (training batches come from the
+    collators below)."""
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.zeros((len(examples), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, IGNORE)
+    for i, (row_ids, row_labels) in enumerate(examples):
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        mask[i, : len(row_ids)] = 1
+        labels[i, : len(row_labels)] = torch.tensor(row_labels)
+    return ids, mask, labels
+
+
 def block_causal_mask(
     lengths: Sequence[Sequence[int]], width: int, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,11 +22,11 @@ from laptrain.data.instruction_rows import (
     ROLES,
     _too_long,
     parse_json,
-    read_rows,
+    read_named_rows,
     split_instruction_rows,
     to_messages,
 )
-from laptrain.data.labelled_files import SPLIT_ALIASES, DataError, resolve_files
+from laptrain.data.labelled_files import DataError
 
 Messages = list[dict[str, str]]
 Preference = tuple[Messages, str, str]  # prompt messages, chosen answer, rejected answer
@@ -121,23 +121,13 @@ def read_preferences(
     encoding: str = "utf-8",
 ) -> dict[str, list[tuple[str, Preference, Any]]]:
     """Every file's rows as preferences, or one error naming the bad rows."""
-    bad: list[tuple[str, str]] = []
-    total = 0
-    named: dict[str, list[tuple[str, Preference, Any]]] = {}
-    for split, path in resolve_files(files).items():
-        rows = []
-        for where, raw in read_rows(path, encoding):
-            total += 1
-            found = row_preference(raw, system_prompt)
-            if isinstance(found, str):
-                bad.append((where, found))
-                continue
-            group = raw.get(group_column) if group_column else None
-            rows.append((where, found, group))
-        named[SPLIT_ALIASES.get(split, split)] = rows
-    if bad:
-        raise bad_preference_rows(bad, total)
-    return named
+    return read_named_rows(
+        files,
+        lambda raw: row_preference(raw, system_prompt),
+        bad_preference_rows,
+        group_column,
+        encoding,
+    )
 
 
 def check_preferences(

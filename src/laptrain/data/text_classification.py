@@ -39,7 +39,7 @@ from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader
 from laptrain.data.splits import check_train_fraction, train_subset
 from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_wordpiece
 from laptrain.data.workers import WorkerInit, worker_context
-from laptrain.files import file_digest, fsync_dir, pid_alive
+from laptrain.files import file_digest, fsync_dir, fsync_file, pid_alive
 
 CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.data.labelled_files
 
@@ -82,14 +82,6 @@ def remove_stale_tmp(parent: Path) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _seal(tmp: Path, meta: Mapping[str, Any]) -> None:
     """Write ``meta.json`` into the finished ``tmp`` with every file's size and sha256, after
     making each file and folder durable (fsync), so a crash never leaves a renamed entry whose
@@ -99,7 +91,7 @@ def _seal(tmp: Path, meta: Mapping[str, Any]) -> None:
         if path.is_dir():
             fsync_dir(path)
         elif path.is_file() and path != tmp / META:
-            _fsync_file(path)
+            fsync_file(path)
             files[path.relative_to(tmp).as_posix()] = [path.stat().st_size, file_digest(path)]
     with (tmp / META).open("w", encoding="utf-8") as f:
         f.write(json.dumps({**meta, "files": files}, indent=1))

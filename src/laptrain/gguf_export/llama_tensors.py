@@ -30,24 +30,21 @@ class GgufTensor:
     qtype: object  # gguf.GGMLQuantizationType
 
 
+# --quant -> (the GGML type of its matrices, the file type it declares), by gguf's enum names
+QUANT_TYPES = {"f16": ("F16", "MOSTLY_F16"), "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+               "q4_0": ("Q4_0", "MOSTLY_Q4_0")}  # fmt: skip
+
+
 def qtype_of(quant: str) -> object:
     import gguf
 
-    return {
-        "f16": gguf.GGMLQuantizationType.F16,
-        "q8_0": gguf.GGMLQuantizationType.Q8_0,
-        "q4_0": gguf.GGMLQuantizationType.Q4_0,
-    }[quant]
+    return gguf.GGMLQuantizationType[QUANT_TYPES[quant][0]]
 
 
 def file_type_of(quant: str) -> int:
     import gguf
 
-    return {
-        "f16": gguf.LlamaFileType.MOSTLY_F16,
-        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-        "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
-    }[quant]
+    return gguf.LlamaFileType[QUANT_TYPES[quant][1]]
 
 
 def interleave_rope_rows(weight: torch.Tensor, n_head: int) -> torch.Tensor:

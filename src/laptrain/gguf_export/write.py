@@ -12,7 +12,6 @@ file under the asked-for name.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 import torch
 
-from laptrain.files import write_folder_atomic
+from laptrain.files import fsync_file, write_folder_atomic
 from laptrain.gguf_export import llama_metadata, llama_tensors, modelfile, vocab
 
 GGUF_NAME = "model.gguf"
@@ -84,14 +83,6 @@ def disk_check(folder: Path, need: int) -> None:
         )
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_gguf(
     model: Any,
     tokenizer: Any,
@@ -138,7 +129,7 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        _fsync(path)
+        fsync_file(path)
         (folder / MODELFILE).write_text(text)
 
     folder = write_folder_atomic(target, write)
