@@ -190,7 +190,7 @@ def test_bad_rows_are_named_by_line_in_one_error(tmp_path):
 
 
 # ----- end to end through train.py ----------------------------------------------------------
-def test_train_py_dpo_offline_reports_the_dpo_metrics_and_exports(tmp_path, capsys):
+def test_train_py_dpo_offline_reports_the_dpo_metrics_exports_and_evals(tmp_path, capsys):
     done = train_here([*DPO_JOB, "run_name=d"], tmp_path, env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "outputs" / "d"
@@ -202,6 +202,18 @@ def test_train_py_dpo_offline_reports_the_dpo_metrics_and_exports(tmp_path, caps
     assert (run / "adapter" / "adapter_config.json").is_file()
     assert main(["export", str(run), "--out", str(tmp_path / "merged")]) == 0
     assert (tmp_path / "merged" / "config.json").is_file()
+    # `laptrain eval <run> --data pairs.jsonl`: the metrics a DPO run logs, on that file
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [
+        {"prompt": "What does `json.dumps` do?", "chosen": "Serialize obj.", "rejected": "No."},
+        {"prompt": "What does `csv.reader` do?", "chosen": "Read rows.", "rejected": "Write."},
+    ]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data", str(pairs)]) == 0
+    out = capsys.readouterr().out
+    assert "| DPO loss (beta 0.1) |" in out and "| reward accuracy |" in out
+    assert "2 pairs; the base alone prefers the chosen answer in" in out
 
 
 def _bad_file(tmp_path):
@@ -234,22 +246,3 @@ def test_train_py_refuses_a_bad_preference_file_in_one_line(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert f"{path}:1 (chosen equals rejected)" in last
     assert not (tmp_path / "outputs" / "bad").exists()
-
-
-def test_laptrain_eval_reports_the_dpo_metrics_on_a_preference_file(tmp_path, capsys):
-    """`laptrain eval <dpo run> --data pairs.jsonl`: the metrics a DPO run logs, on that file."""
-    done = train_here(
-        [*DPO_JOB, "run_name=e", "test=false"], tmp_path, env={"OMP_NUM_THREADS": "1"}
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    pairs = tmp_path / "pairs.jsonl"
-    rows = [
-        {"prompt": "What does `json.dumps` do?", "chosen": "Serialize obj.", "rejected": "No."},
-        {"prompt": "What does `csv.reader` do?", "chosen": "Read rows.", "rejected": "Write."},
-    ]
-    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    capsys.readouterr()
-    assert main(["eval", str(tmp_path / "outputs" / "e"), "--data", str(pairs)]) == 0
-    out = capsys.readouterr().out
-    assert "| DPO loss (beta 0.1) |" in out and "| reward accuracy |" in out
-    assert "2 pairs; the base alone prefers the chosen answer in" in out

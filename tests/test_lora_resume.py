@@ -146,7 +146,11 @@ def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path, job):
     assert step == 4 and state["state_dict"] and all("lora_" in k for k in state["state_dict"])
 
 
-@JOBS
+@pytest.mark.parametrize(
+    "job",
+    [JOB, pytest.param(DPO_JOB, marks=pytest.mark.slow)],  # DPO's SIGTERM twin is slow too
+    ids=["lora", "dpo"],
+)
 def test_a_paused_lora_run_resumes_to_the_uninterrupted_adapter_and_optimizer(
     tmp_path: Path, job: list[str]
 ):
