@@ -246,3 +246,42 @@ def test_train_py_refuses_a_bad_preference_file_in_one_line(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert f"{path}:1 (chosen equals rejected)" in last
     assert not (tmp_path / "outputs" / "bad").exists()
+
+
+def test_conversations_need_the_bases_own_chat_template(tmp_path):
+    from laptrain.data.chat_tokenizer import build_offline_tokenizer
+    from laptrain.data.preferences import PreferenceDataModule
+
+    plain = build_offline_tokenizer([p for p, _ in PAIRS] * 20, vocab_size=300)
+    plain.chat_template = None
+    plain.save_pretrained(str(tmp_path / "plain"))
+    talk = [
+        {"role": "user", "content": "What does `json.dumps` do?"},
+        {"role": "assistant", "content": "It serializes."},
+        {"role": "user", "content": "And json.loads?"},
+    ]
+    rows = tmp_path / "pairs.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps({"messages": talk, "chosen": f"It parses {i}.", "rejected": "No."}) + "\n"
+            for i in range(20)
+        )
+    )
+
+    def module(path):
+        return PreferenceDataModule(
+            files={"train": str(path)}, tokenizer=str(tmp_path / "plain"), batch_size=2,
+            cache_dir=str(tmp_path / "cache"), max_length=64,
+        )  # fmt: skip
+
+    with pytest.raises(DataError, match="no chat template of its own") as err:
+        module(rows).prepare_data()
+    assert f"{rows}:" in str(err.value) and "\n" not in str(err.value)
+    one_turn = tmp_path / "one_turn.jsonl"
+    one_turn.write_text(
+        "".join(
+            json.dumps({"prompt": f"q{i}?", "chosen": f"a{i}.", "rejected": "No."}) + "\n"
+            for i in range(20)
+        )
+    )
+    module(one_turn).prepare_data()  # a one-turn prompt reads the same under either template

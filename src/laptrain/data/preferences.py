@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from laptrain.data.chat_tokenizer import prepare_chat_tokenizer
 from laptrain.data.collate import padded_length
 from laptrain.data.instructions import (
     IGNORE,
@@ -35,9 +36,11 @@ from laptrain.data.instructions import (
     end_of_turn,
     segment_texts,
 )
+from laptrain.data.labelled_files import DataError
 from laptrain.data.preference_rows import bad_preference_rows, read_preferences
 from laptrain.data.stdlib_docstrings import write_jsonl
 from laptrain.data.stdlib_instructions import collect_pairs
+from laptrain.data.tokenizer import load_tokenizer
 
 PAIR_CACHE_VERSION = 1
 
@@ -151,9 +154,34 @@ class PreferenceDataModule(InstructionDataModule):
     def _features(self) -> Any:
         return _pair_features()
 
+    def _load_tokenizer(self) -> Any:
+        """The tokenizer, remembering whether it came with a chat template of its own (before
+        ``prepare_chat_tokenizer`` gives it the default Llama-3 one)."""
+        if self.tokenizer_name is None:
+            self._own_template = True  # the offline tokenizer is built with its template
+            return super()._load_tokenizer()
+        raw = load_tokenizer(self.tokenizer_name)
+        self._own_template = bool(raw.chat_template)
+        return prepare_chat_tokenizer(raw)
+
+    def _check_template(self, rows: list[tuple[str, Any, Any]]) -> None:
+        """Conversations need the base's own chat template: the default one is a guess at how a
+        base formats earlier turns. A one-turn prompt is formatted the same way by either."""
+        if getattr(self, "_own_template", True):
+            return
+        for where, (prompt, _, _), _ in rows:
+            turns = [m for m in prompt if m["role"] != "system"]
+            if len(turns) > 1:
+                raise DataError(
+                    f"{where}: the rows give conversations, but {self.tokenizer_name}'s tokenizer "
+                    "has no chat template of its own: use a base that has one (an instruct "
+                    "model), or give one-turn rows {prompt, chosen, rejected}"
+                )
+
     def _encode(
         self, tokenizer: Any, rows: list[tuple[str, Any, Any]], bad: list[tuple[str, str]]
     ) -> tuple[dict[str, list], int]:
+        self._check_template(rows)
         eot = end_of_turn(tokenizer)
         out: dict[str, list] = {k: [] for k in _pair_features()}
         truncated = 0
