@@ -13,7 +13,11 @@ from tests.conftest import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Imports whose distribution is only installed on some machines (not findable in this environment).
-NOT_INSTALLED_HERE = {"Foundation": "pyobjc-framework-Cocoa", "bitsandbytes": "bitsandbytes"}
+NOT_INSTALLED_HERE = {
+    "Foundation": "pyobjc-framework-Cocoa",
+    "bitsandbytes": "bitsandbytes",
+    "llama_cpp": "llama-cpp-python",  # the llamacpp extra: built from source, not in .[dev]
+}
 
 
 def _name(spec: str) -> str:
