@@ -232,7 +232,9 @@ def check_instructions(
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
     split_seed: int = 42,
+    read: Callable[..., Rows] = read_instructions,
 ) -> Rows:
-    """The rows read and split as ``InstructionDataModule`` will (``train.py``'s data check)."""
-    named = read_instructions(files, system_prompt, group_column, encoding)
+    """The rows read (``read``: instructions, or another kind of row) and split as the datamodule
+    will (``train.py``'s data check)."""
+    named = read(files, system_prompt, group_column, encoding)
     return split_instruction_rows(named, val_fraction, test_fraction, split_seed)

@@ -21,9 +21,9 @@ from typing import Any
 from laptrain.data.instruction_rows import (
     ROLES,
     _too_long,
+    check_instructions,
     parse_json,
     read_named_rows,
-    split_instruction_rows,
     to_messages,
 )
 from laptrain.data.labelled_files import DataError
@@ -130,15 +130,6 @@ def read_preferences(
     )
 
 
-def check_preferences(
-    files: Mapping[str, Any] | None,
-    system_prompt: str | None = None,
-    group_column: str | None = None,
-    encoding: str = "utf-8",
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.1,
-    split_seed: int = 42,
-) -> dict[str, list[tuple[str, Preference, Any]]]:
+def check_preferences(files: Mapping[str, Any] | None, **options: Any) -> Any:
     """The rows read and split as ``PreferenceDataModule`` will (``train.py``'s data check)."""
-    named = read_preferences(files, system_prompt, group_column, encoding)
-    return split_instruction_rows(named, val_fraction, test_fraction, split_seed)
+    return check_instructions(files, **options, read=read_preferences)
