@@ -62,6 +62,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arms import arms_option, yes
+
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 ARMS = ("laptrain", "trl", "trl_grouped")
@@ -461,10 +463,6 @@ def laptrain_accuracy(args: argparse.Namespace) -> dict[str, Any]:
 # ---- the parent: arms, tables ----------------------------------------------------------------
 
 
-def yes(met: bool) -> str:
-    return "yes" if met else "NO"
-
-
 def throughput_table(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
     arms = list(results)
 
@@ -603,14 +601,6 @@ def benchmark(args: argparse.Namespace) -> None:
         accuracy_table(args, *accuracy)
 
 
-def arms_list(text: str) -> list[str]:
-    """``--arms``: a comma-separated subset of the arms, laptrain's always among them."""
-    arms = [a.strip() for a in text.split(",") if a.strip()]
-    if "laptrain" not in arms or not set(arms) <= set(ARMS):
-        raise argparse.ArgumentTypeError(f"--arms takes laptrain and any of {', '.join(ARMS)}")
-    return [a for a in ARMS if a in arms]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
@@ -624,7 +614,7 @@ def main() -> None:
     )
     parser.add_argument("--smoke", action="store_true", help="a tiny offline Llama, few steps")
     parser.add_argument(
-        "--arms", type=arms_list, default=list(ARMS), help="comma-separated, laptrain first"
+        "--arms", type=arms_option(ARMS), default=list(ARMS), help="comma-separated, laptrain first"
     )
     parser.add_argument(
         "--set",

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from arms import arms_option, yes
 from lora_throughput import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -467,10 +468,6 @@ def matmul_peak(n: int = 2048, tries: int = 8) -> float:
     return 2 * n**3 / best
 
 
-def yes(met: bool) -> str:
-    return "yes" if met else "NO"
-
-
 def throughput(args: argparse.Namespace) -> None:
     n = 512 if args.smoke else 2048
     peaks = [matmul_peak(n)]
@@ -580,14 +577,6 @@ def throughput(args: argparse.Namespace) -> None:
         print(profiles[arm])
 
 
-def arms_list(text: str) -> list[str]:
-    """``--arms``: a comma-separated subset of the arms, laptrain's always among them."""
-    arms = [a.strip() for a in text.split(",") if a.strip()]
-    if "laptrain" not in arms or not set(arms) <= set(ARMS):
-        raise argparse.ArgumentTypeError(f"--arms takes laptrain and any of {', '.join(ARMS)}")
-    return [a for a in ARMS if a in arms]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
@@ -608,7 +597,7 @@ def main() -> None:
         help="laptrain's hardware.malloc_keep_freed: the profile's (default), or forced",
     )
     parser.add_argument(
-        "--arms", type=arms_list, default=list(ARMS), help="comma-separated, laptrain first"
+        "--arms", type=arms_option(ARMS), default=list(ARMS), help="comma-separated, laptrain first"
     )
     parser.add_argument(
         "--set",
