@@ -361,7 +361,7 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
                     num_attention_heads=2, num_key_value_heads=2)
     )  # fmt: skip
     with pytest.raises(ValueError, match="pre-tokenizer") as err:
-        write_gguf(model, tokenizer, tmp_path / "g", "f16", "t", [], lambda _f, _n: None)
+        write_gguf(model, tokenizer, tmp_path / "g", "f16", "t", lambda _f, _n: None)
     assert "\n" not in str(err.value) and not (tmp_path / "g").exists()
 
 

@@ -15,19 +15,11 @@ facts are llama.cpp's, not the package's:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 QUANTS = ("f16", "q8_0", "q4_0")  # what ``gguf.quants`` can write; K-quants it only reads
-
-
-@dataclass(frozen=True)
-class GgufTensor:
-    name: str
-    data: np.ndarray  # as written: float32/float16, or the quantised blocks as uint8
-    qtype: object  # gguf.GGMLQuantizationType
 
 
 # --quant -> (the GGML type of its matrices, the file type it declares), by gguf's enum names

@@ -55,12 +55,14 @@ def check_quant(quant: str) -> None:
 
 def refuse_non_lora(path: Path) -> None:
     """A run folder of another family: one line saying what its export is."""
-    from laptrain.commands.lora_tools import ADAPTER_CONFIG, _hydra_config, run_folder_of
+    from laptrain.commands.lora_tools import _hydra_config, run_folder_of
+    from laptrain.model.lora.adapter_folders import find_adapter
 
-    if any((p / ADAPTER_CONFIG).is_file() for p in (path, path / "adapter", path / "model")) or any(
-        (path / "adapters").glob("step-*")
-    ):
+    try:
+        find_adapter(path)
         return
+    except ValueError:
+        pass
     run = run_folder_of(path)
     target = ((_hydra_config(run) if run else {}).get("model") or {}).get("_target_")
     if target and "lora" not in str(target).lower():
@@ -89,27 +91,25 @@ def write_gguf(
     target: Path,
     quant: str,
     name: str,
-    stops: list[str],
     free_check: Callable[[Path, int], None] = disk_check,
 ) -> GgufExport:
     """Write ``model`` (a merged transformers Llama) and ``tokenizer`` as ``target/model.gguf`` and
-    ``target/Modelfile``; every check runs before anything is written."""
+    ``target/Modelfile`` (its stops: the chat template's end-of-turn token and EOS); every check
+    runs before anything is written."""
     import gguf
+
+    from laptrain.data.instructions import end_of_turn
 
     check_quant(quant)
     config = model.config
     llama_metadata.check_config(config)
     vocab.check_tokenizer(tokenizer)
-    from laptrain.data.instructions import end_of_turn
-
     eot = end_of_turn(tokenizer) if tokenizer.chat_template else None
+    stops = [end for end in (eot, tokenizer.eos_token) if end]
     text = modelfile.modelfile(GGUF_NAME, tokenizer, stops)  # refuses an inexpressible template
-    state = {k: v for k, v in model.state_dict().items()}
-    planned = [
-        (gguf_name, data.shape, qtype)
-        for gguf_name, data, qtype in llama_tensors.llama_tensors(state, config, quant)
-    ]
-    size = sum(llama_tensors.written_bytes(shape, qtype) for _, shape, qtype in planned)
+    # float32 views of the weights (copies only for the reordered q/k rows): sized, then written
+    tensors = list(llama_tensors.llama_tensors(model.state_dict(), config, quant))
+    size = sum(llama_tensors.written_bytes(data.shape, qtype) for _, data, qtype in tensors)
     free_check(target.parent, size)
 
     def write(folder: Path) -> None:
@@ -123,7 +123,7 @@ def write_gguf(
         vocab.add_tokenizer(writer, tokenizer, int(config.vocab_size), eot)
         if rope_freqs is not None:
             writer.add_tensor("rope_freqs.weight", rope_freqs)
-        for gguf_name, data, qtype in llama_tensors.llama_tensors(state, config, quant):
+        for gguf_name, data, qtype in tensors:
             writer.add_tensor(gguf_name, llama_tensors.encode(data, qtype), raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -162,29 +162,15 @@ def export_gguf(
     )
     tokenizer = lora_tools._load_tokenizer(adapter, base)
     merged = lora_tools.load_adapter_model(adapter, plan).merge_and_unload()
-    stops = [end for end in (_end_of_turn(tokenizer), tokenizer.eos_token) if end]
     run = lora_tools.run_folder_of(adapter)
     name = f"{Path(base).name}-{run.name if run else adapter.name}"
     with torch.no_grad():
-        return write_gguf(merged, tokenizer, target, quant, name, stops, free_check)
-
-
-def _end_of_turn(tokenizer: Any) -> str | None:
-    if not tokenizer.chat_template:
-        return None
-    from laptrain.data.instructions import end_of_turn
-
-    return end_of_turn(tokenizer)
+        return write_gguf(merged, tokenizer, target, quant, name, free_check)
 
 
 def _check_base_config(base: str) -> None:
     """The architecture refusal from the base's config alone, before any weight is read."""
+    from laptrain.commands.lora_tools import BASE_FIX
     from laptrain.pretrained.loading import config_from_pretrained
 
-    llama_metadata.check_config(config_from_pretrained(base, lora_fix()))
-
-
-def lora_fix() -> str:
-    from laptrain.commands.lora_tools import BASE_FIX
-
-    return BASE_FIX
+    llama_metadata.check_config(config_from_pretrained(base, BASE_FIX))
