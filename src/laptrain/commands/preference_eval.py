@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from laptrain.data.instructions import IGNORE, encode_chat, padded_examples
-from laptrain.model.lora.dpo import dpo_terms
+from laptrain.model.lora.dpo import dpo_terms, summed_logps
 
 DEFAULT_BETA = 0.1
 
@@ -58,9 +58,7 @@ def sequence_logps(model: Any, sequences: list[tuple[list[int], list[int]]]) -> 
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, :-1]
     targets = labels[:, 1:].to(device)
     keep = targets != IGNORE
-    token = torch.log_softmax(logits[keep].float(), -1).gather(-1, targets[keep][:, None])
-    rows = keep.nonzero()[:, 0]
-    return torch.zeros(len(sequences), device=device).index_add(0, rows, token.squeeze(-1)).cpu()
+    return summed_logps(logits[keep], targets, keep).cpu()
 
 
 @dataclass

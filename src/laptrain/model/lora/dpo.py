@@ -55,6 +55,14 @@ def dpo_terms(
     return losses, stats
 
 
+def summed_logps(picked: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Per row of ``keep`` (``[N, L]``), the summed log-probability of its kept ``targets`` under
+    ``picked``, the logits at the kept positions in row-major order; float32 ``[N]``."""
+    token = torch.log_softmax(picked.float(), dim=-1).gather(-1, targets[keep][:, None])
+    rows = keep.nonzero()[:, 0]
+    return torch.zeros(keep.shape[0], device=picked.device).index_add(0, rows, token.squeeze(-1))
+
+
 def load_adapters(peft_model: Any, path: str | Path) -> Path:
     """The adapter weights of a LoRA run (or adapter folder) into ``peft_model``; the adapter must
     have the same rank and target modules. One-line ValueError otherwise."""
@@ -125,9 +133,7 @@ class DPOLoRAModule(CausalLMLoRAModule):
             decoder, head = parts
             hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
             picked = head(hidden[:, :-1][keep]).float()
-        token = torch.log_softmax(picked, dim=-1).gather(-1, targets[keep][:, None]).squeeze(-1)
-        rows = keep.nonzero()[:, 0]
-        return torch.zeros(ids.shape[0], device=ids.device).index_add(0, rows, token)
+        return summed_logps(picked, targets, keep)
 
     def pair_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """``[B, 2]`` log-probabilities under the model and under the reference (no adapters)."""
