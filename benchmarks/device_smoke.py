@@ -7,7 +7,7 @@ Each cell builds the family's preset at tiny size (its optimizer, dropout, dtype
 packing: laptrain/model/<family>/smoke.py), fits it with the guards that call the device during a
 fit, saves a checkpoint, resumes it in a fresh Trainer, and predicts one batch, checking on the way
 that every tensor the module and its callbacks keep follows the parameters to the device
-(laptrain/devices/placement.py). Lines under the table say what the cells ran. Cells read
+(laptrain/device_smoke/placement.py). Lines under the table say what the cells ran. Cells read
 ``ok (seconds)``, ``refused: <reason>`` (the profile's precision rules, or the family's) or
 ``failed: <error>`` (tracebacks follow the table). Exit status 1 when a cell failed.
 Paste the whole output into a bug report.
@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from laptrain.devices.families import FAMILIES
-from laptrain.devices.smoke import (
+from laptrain.device_smoke.builds import SMOKE_BUILDS
+from laptrain.device_smoke.smoke import (
     detect_device,
     header_lines,
     legend_lines,
@@ -39,7 +39,7 @@ def _progress(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--families", type=_csv, help=f"comma list; default all: {','.join(FAMILIES)}"
+        "--families", type=_csv, help=f"comma list; default all: {','.join(SMOKE_BUILDS)}"
     )
     parser.add_argument("--precisions", type=_csv, help="comma list; default: those of this device")
     parser.add_argument("--steps", type=int, default=2, help="steps before the save (and after)")

@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from laptrain.callbacks.ema import EMA
-from laptrain.devices.families import FAMILIES
-from laptrain.devices.placement import PlacementCheck, placement_errors
-from laptrain.devices.smoke import smoke_fit
+from laptrain.device_smoke.builds import SMOKE_BUILDS
+from laptrain.device_smoke.placement import PlacementCheck, placement_errors
+from laptrain.device_smoke.smoke import smoke_fit
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", sorted(SMOKE_BUILDS))
 def test_kept_tensors_follow_a_conversion_after_setup(name: str, tmp_path: Path) -> None:
-    result = smoke_fit(FAMILIES[name], "64-true", "cpu", steps=2, workdir=tmp_path)
+    result = smoke_fit(SMOKE_BUILDS[name], "64-true", "cpu", steps=2, workdir=tmp_path)
     # start, 2 batches, end; for the first fit and the resumed one
     assert result["placement_checks"] == 8
     assert result["predictions"] > 0

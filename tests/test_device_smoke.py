@@ -15,9 +15,9 @@ from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.thermal_guard import ThermalGuard
-from laptrain.devices import families
-from laptrain.devices.families import FAMILIES, Family
-from laptrain.devices.smoke import PRECISIONS_BY_DEVICE, run_cell, smoke_fit
+from laptrain.device_smoke import builds
+from laptrain.device_smoke.builds import SMOKE_BUILDS, SmokeBuild
+from laptrain.device_smoke.smoke import PRECISIONS_BY_DEVICE, run_cell, smoke_fit
 from laptrain.hardware.probe import TorchProbe
 from laptrain.launch.device import without_unsafe_fused
 from laptrain.model import smoke_data
@@ -68,8 +68,10 @@ def test_one_failing_cell_does_not_stop_the_table(
     def build(seed: int, steps: int):
         raise RuntimeError("boom on this device\nsecond line")
 
-    monkeypatch.setitem(FAMILIES, "broken", Family("broken", build, FAMILIES["trm"].predict))
-    assert families.FAMILIES["broken"].name == "broken"
+    monkeypatch.setitem(
+        SMOKE_BUILDS, "broken", SmokeBuild("broken", build, SMOKE_BUILDS["trm"].predict)
+    )
+    assert builds.SMOKE_BUILDS["broken"].name == "broken"
     code = smoke_main(["--families", "broken,trm", "--precisions", "32-true", "--steps", "1"])
     out = capsys.readouterr().out
     assert code == 1
@@ -95,7 +97,7 @@ def checkpointing_on(model: torch.nn.Module) -> bool:
 
 
 def test_the_classifier_cell_is_the_preset_with_fused_adamw_dropout_and_checkpointing() -> None:
-    module, _ = FAMILIES["classifier"].make(0, 1, "cpu", "32-true")
+    module, _ = SMOKE_BUILDS["classifier"].make(0, 1, "cpu", "32-true")
     optimizer = module.optimizer_factory([torch.nn.Parameter(torch.zeros(2))])
     want = preset("tiny_classifier")
     assert isinstance(optimizer, torch.optim.AdamW)
@@ -112,20 +114,20 @@ def test_the_classifier_cell_is_the_preset_with_fused_adamw_dropout_and_checkpoi
 @pytest.mark.parametrize("kind", ["cpu", "cuda", "mps"])
 def test_fused_adamw_follows_the_launch_rule(kind: str) -> None:
     """The smoke's rule is the launch's (laptrain.launch.device.without_unsafe_fused, which the
-    devices floor cannot import): fused on, except 16-mixed on MPS."""
+    device_smoke floor cannot import): fused on, except 16-mixed on MPS."""
     model_cfg = smoke_data.preset_config("tiny_classifier")
     assert set(smoke_data.FUSED_DEVICES) <= set(_get_fused_kernels_supported_devices())
     for precision in (*PRECISIONS_BY_DEVICE[kind], "bf16-true", "64-true"):
         ours = smoke_data.smoke_fused(model_cfg, kind, precision)["optimizer"]["fused"]
         launch = without_unsafe_fused(model_cfg, kind, precision, say=lambda _: None)
         assert ours == launch["optimizer"]["fused"], (kind, precision)
-    module, _ = FAMILIES["classifier"].make(0, 1, kind, "16-mixed")
+    module, _ = SMOKE_BUILDS["classifier"].make(0, 1, kind, "16-mixed")
     optimizer = module.optimizer_factory([torch.nn.Parameter(torch.zeros(2))])
     assert optimizer.defaults["fused"] is (kind != "mps")
 
 
 def test_the_lora_cell_has_a_bf16_base_lora_dropout_checkpointing_and_packed_batches() -> None:
-    module, data = FAMILIES["lora"].make(0, 1, "cpu", "32-true")
+    module, data = SMOKE_BUILDS["lora"].make(0, 1, "cpu", "32-true")
     assert TorchProbe("cpu").bf16_supported()
     frozen = [p for p in module.parameters() if not p.requires_grad]
     adapters = [p for p in module.parameters() if p.requires_grad]
@@ -153,9 +155,9 @@ def test_the_lora_base_stays_float32_where_the_device_has_no_bf16(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(TorchProbe, "bf16_supported", lambda self: False)
-    module, _ = FAMILIES["lora"].make(0, 1, "cpu", "32-true")
+    module, _ = SMOKE_BUILDS["lora"].make(0, 1, "cpu", "32-true")
     assert {p.dtype for p in module.parameters()} == {torch.float32}
-    assert "base float32" in FAMILIES["lora"].note("cpu")
+    assert "base float32" in SMOKE_BUILDS["lora"].note("cpu")
 
 
 def test_the_trm_cell_follows_its_preset_file(
@@ -169,7 +171,7 @@ def test_the_trm_cell_follows_its_preset_file(
     assert changed != text
     (tmp_path / "model" / "trm_sudoku.yaml").write_text(changed)
     monkeypatch.setattr(smoke_data, "conf_dir", lambda: tmp_path)
-    module, _ = FAMILIES["trm"].make(0, 1, "cpu", "32-true")
+    module, _ = SMOKE_BUILDS["trm"].make(0, 1, "cpu", "32-true")
     assert module.hparams.exploration_prob == 0.3 and module.hparams.loss == "softmax"
     assert module.hparams.sizes["tiny"]["hidden_size"] == 32  # smoke size
     assert module.hparams.sizes["tiny"]["ema_decay"] == preset("trm_sudoku").sizes.tiny.ema_decay
@@ -187,7 +189,7 @@ class Seen(pl.Callback):
 
 def test_the_guards_read_the_device_in_every_fit(tmp_path: Path) -> None:
     seen = Seen()
-    family = dataclasses.replace(FAMILIES["classifier"], callbacks=lambda: [seen])
+    family = dataclasses.replace(SMOKE_BUILDS["classifier"], callbacks=lambda: [seen])
     smoke_fit(family, "32-true", "cpu", steps=1, workdir=tmp_path)
     assert len(seen.fits) == 2  # the first fit and the resumed one
     for fit in seen.fits:
@@ -207,6 +209,6 @@ def test_a_device_whose_guard_calls_break_fails_its_cell(
         raise RuntimeError(f"{call} broke on this device")
 
     monkeypatch.setattr(TorchProbe, call, broken)
-    cell = run_cell(FAMILIES["classifier"], "32-true", "cpu", 1, tmp_path)
+    cell = run_cell(SMOKE_BUILDS["classifier"], "32-true", "cpu", 1, tmp_path)
     assert cell.status == "failed", cell
     assert cell.detail == f"RuntimeError: {call} broke on this device"

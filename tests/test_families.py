@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 from omegaconf import OmegaConf
 
-from laptrain.devices.families import FAMILIES as SMOKE_BUILDS
+from laptrain.device_smoke.builds import SMOKE_BUILDS
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
 from laptrain.launch.device import check_device

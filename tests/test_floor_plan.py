@@ -23,7 +23,7 @@ FLOORS = [
     {"callbacks"},
     {"model"},
     {"preflight"},
-    {"devices"},
+    {"device_smoke"},
     {"launch"},
     {"job"},
     {"commands", "gguf_export"},

@@ -1,9 +1,11 @@
-"""Each model family at smoke-test size, for the device smoke test and the device harness.
+"""Each model family's smoke build: the registry's entries (:mod:`laptrain.model.families`, the one
+registry of families) at smoke-test size, for the device smoke test and the device harness.
 
-An entry is how to build a fresh module and datamodule and how to predict one batch, taken from
-the family's own ``smoke`` module that the family registry names (:mod:`laptrain.model.families`);
-which precisions the family refuses comes from the same registry, the rule the launch applies. A
-new family is picked up by ``benchmarks/device_smoke.py`` from its registry entry alone.
+This is no second registry: :data:`SMOKE_BUILDS` is derived from the family registry, one
+:class:`SmokeBuild` per entry, keyed by the family's name. A build is how to make a fresh module and
+datamodule and how to predict one batch, taken from the ``smoke`` module the entry names; which
+precisions the family refuses is asked of the same entry, the rule the launch applies. A new family
+is picked up by ``benchmarks/device_smoke.py`` from its registry entry alone.
 
 A smoke build may take the device and precision of the cell (``build(seed, steps, kind=...,
 precision=...)``: the registry's builds read their preset and decide from them whether AdamW is
@@ -22,16 +24,15 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from laptrain.model.families import FAMILIES as MODEL_FAMILIES
-from laptrain.model.families import ModelFamily
+from laptrain.model.families import FAMILIES, ModelFamily
 
 Build = Callable[..., tuple[pl.LightningModule, pl.LightningDataModule]]
 Predict = Callable[[pl.LightningModule, Any], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class Family:
-    """One model family at smoke-test size.
+class SmokeBuild:
+    """One model family at smoke-test size (its registry entry's ``smoke`` module).
 
     Attributes:
         name: the row label in the table.
@@ -72,18 +73,15 @@ class Family:
         registry does not know has no rule of its own unless ``refuse`` gives one)."""
         if self.refuse is not None:
             return self.refuse(kind, precision)
-        family = MODEL_FAMILIES.get(self.name)
+        family = FAMILIES.get(self.name)
         return family.refusal(kind, precision) if family else None
 
 
-def _from_registry(family: ModelFamily) -> Family:
+def _from_registry(family: ModelFamily) -> SmokeBuild:
     smoke = importlib.import_module(family.smoke)
-    return Family(family.name, smoke.build, smoke.predict, note=getattr(smoke, "note", None))
+    return SmokeBuild(family.name, smoke.build, smoke.predict, note=getattr(smoke, "note", None))
 
 
-FAMILIES: dict[str, Family] = {name: _from_registry(f) for name, f in MODEL_FAMILIES.items()}
-
-
-def register(family: Family) -> None:
-    """Add (or replace) a smoke build, e.g. for a module of the user's own outside the registry."""
-    FAMILIES[family.name] = family
+# One build per registry entry, by family name (what ``--families`` names); a test may add a
+# build of its own to this table for one run.
+SMOKE_BUILDS: dict[str, SmokeBuild] = {name: _from_registry(f) for name, f in FAMILIES.items()}

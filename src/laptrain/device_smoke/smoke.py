@@ -1,7 +1,7 @@
 """A few steps of each model family at each precision this device allows: fit, save, resume, predict.
 
 Every fit runs with laptrain's callbacks that keep tensors (EMA, RNG state) and a
-:class:`~laptrain.devices.placement.PlacementCheck`, so a tensor left on the CPU, or in the old
+:class:`~laptrain.device_smoke.placement.PlacementCheck`, so a tensor left on the CPU, or in the old
 dtype, after Lightning moved the module fails the cell with its name. It also runs the default
 callbacks that call the device during a fit (:data:`GUARDS`: the memory monitor's memory reads and
 cache release, the thermal guard's synchronise and source reads, the non-finite guard's gradient
@@ -33,8 +33,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from laptrain.callbacks.ema import EMA
 from laptrain.callbacks.rng_state import RNGState
-from laptrain.devices.families import FAMILIES, Family
-from laptrain.devices.placement import PlacementCheck
+from laptrain.device_smoke.builds import SMOKE_BUILDS, SmokeBuild
+from laptrain.device_smoke.placement import PlacementCheck
 from laptrain.hardware.probe import TorchProbe
 from laptrain.hardware.profile import ProfileError, validate_precision
 from laptrain.project import conf_dir
@@ -169,7 +169,7 @@ def _trainer(accelerator: str, precision: str, max_steps: int, root: Path, **kw:
 class _Predictor(pl.LightningModule):
     """Wraps a family's module so ``trainer.predict`` moves, converts and runs it like a fit."""
 
-    def __init__(self, module: pl.LightningModule, family: Family) -> None:
+    def __init__(self, module: pl.LightningModule, family: SmokeBuild) -> None:
         super().__init__()
         self.inner = module
         self._family = family
@@ -179,11 +179,11 @@ class _Predictor(pl.LightningModule):
 
 
 def smoke_fit(
-    family: Family, precision: str, accelerator: str, steps: int, workdir: Path
+    family: SmokeBuild, precision: str, accelerator: str, steps: int, workdir: Path
 ) -> dict[str, Any]:
     """Fit ``steps`` steps, save, resume in a fresh Trainer for ``steps`` more, predict one batch.
 
-    Raises whatever fails, e.g. :class:`~laptrain.devices.placement.PlacementError` when a kept
+    Raises whatever fails, e.g. :class:`~laptrain.device_smoke.placement.PlacementError` when a kept
     tensor did not follow the parameters. Returns the number of placement checks and predictions.
     """
     with _old_objects_frozen():
@@ -191,7 +191,7 @@ def smoke_fit(
 
 
 def _fit_save_resume_predict(
-    family: Family, precision: str, accelerator: str, steps: int, workdir: Path
+    family: SmokeBuild, precision: str, accelerator: str, steps: int, workdir: Path
 ) -> dict[str, Any]:
     def callbacks(ckpt_dir: Path) -> list[pl.Callback]:
         save = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=1)
@@ -244,7 +244,7 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {line}".rstrip(": ")
 
 
-def run_cell(family: Family, precision: str, kind: str, steps: int, workdir: Path) -> Cell:
+def run_cell(family: SmokeBuild, precision: str, kind: str, steps: int, workdir: Path) -> Cell:
     """Refuse, run or fail one cell; never raises (except KeyboardInterrupt)."""
     try:
         text = validate_precision(precision, kind, TorchProbe(kind).bf16_supported())
@@ -279,10 +279,10 @@ def run_smoke(
     """Every family x precision cell on ``kind`` (default: this machine's device); ``progress``
     gets one line before each cell."""
     kind = kind or detect_device()
-    names = list(families or FAMILIES)
-    unknown = [n for n in names if n not in FAMILIES]
+    names = list(families or SMOKE_BUILDS)
+    unknown = [n for n in names if n not in SMOKE_BUILDS]
     if unknown:
-        raise ValueError(f"unknown families {unknown}: choose from {sorted(FAMILIES)}")
+        raise ValueError(f"unknown families {unknown}: choose from {sorted(SMOKE_BUILDS)}")
     cells = []
     with tempfile.TemporaryDirectory(prefix="laptrain-smoke-") as tmp:
         for name in names:
@@ -290,7 +290,7 @@ def run_smoke(
                 if progress is not None:
                     progress(f"{name} / {precision} ...")
                 workdir = Path(tmp) / f"{name}-{precision}"
-                cells.append(run_cell(FAMILIES[name], precision, kind, steps, workdir))
+                cells.append(run_cell(SMOKE_BUILDS[name], precision, kind, steps, workdir))
     return cells
 
 
@@ -321,7 +321,7 @@ def legend_lines(families: Iterable[str], kind: str, steps: int) -> list[str]:
         "reads, synchronize, cache release) and the placement check",
     ]
     for name in families:
-        family = FAMILIES[name]
+        family = SMOKE_BUILDS[name]
         if family.note is not None:
             lines.append(f"{name}: {family.note(kind)}")
     return lines
