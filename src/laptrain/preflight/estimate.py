@@ -47,14 +47,14 @@ class Calibration:
 
 
 # (device kind, gradient checkpointing) -> calibration. The CPU rows are least-squares fits of
-# benchmarks/preflight.py (BERT and Llama, 3 batches x 2 lengths, torch 2.13 CPU, glibc; README);
+# benchmarks/preflight.py (BERT and Llama, 3 batches x 2 lengths, torch 2.13 CPU, glibc; docs/benchmarks.md);
 # unseen batch/length pairs (e.g. BERT 12 x 192, Llama 6 x 384 with checkpointing) land within 4 %.
 # The checkpointing row was refitted with SmolLM2-135M (30 blocks) at 16 x 83 and 16 x 256 added to
 # that grid (relative least squares; all 14 cases within 0.89-1.09): with 4 blocks the allocator's
 # retention hid inside per_activation, with 30 it is most of the peak. Once the baseline stopped
 # taking not-yet-read mapped weights off the reading (preflight/resident.py: ~0.4 GB for SmolLM2),
 # per_activation came down by 0.07 in both rows (0.47 -> 0.40, 0.54 -> 0.47), set by hand on the
-# real presets (README "The real presets": SmolLM2 LoRA at dropout 0 within 0.87-0.95, MiniLM
+# real presets (docs/benchmarks.md, "Memory preflight": SmolLM2 LoRA at dropout 0 within 0.87-0.95, MiniLM
 # 1.02-1.18) with the grid re-run (0.91-1.05).
 # The device rows are NOT measured (no GPU or Mac was available): the caching allocators of CUDA and
 # MPS reuse freed blocks, so they assume only backward's gradient buffers; preflight.verify=true

@@ -8,7 +8,7 @@ place), and a mapped page enters the resident set only when first read. Measured
 SmolLM2-135M folder: ``from_pretrained`` raised RSS by 0.11 GiB for 0.50 GiB of parameters, and
 reading every parameter once by another 0.49 GiB. Taking all 0.50 GiB off a reading that held
 0.11 GiB of them undercounted the baseline by ~0.4 GB (the estimate read 0.78-0.90 of the
-measured peak, README "The real presets").
+measured peak, docs/benchmarks.md, "Memory preflight").
 
 On Linux ``/proc/self/smaps`` lists each mapping with its resident size (proc(5): "Rss"): a
 parameter inside a mapping of a file counts with that mapping's resident bytes, every other
