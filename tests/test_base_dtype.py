@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from laptrain.config.scale_out import started_together
 from laptrain.model.lora.base_dtype import (
     DECIDED_ENV,
     GiB,
@@ -17,6 +16,7 @@ from laptrain.model.lora.base_dtype import (
 )
 from laptrain.preflight.budget import capacity_budget
 from laptrain.preflight.from_config import LLAMA32_3B
+from laptrain.ranks.environment import started_together
 
 LLAMA_AUTO = {"base_dtype": "auto", "backbone": {"model_type": "llama", **LLAMA32_3B}}
 

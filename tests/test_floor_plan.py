@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "laptrain"
 FLOORS = [
     {""},  # project, console, versions, files: the ground floor, importing no laptrain module
     {"config", "loggers"},
-    {"hardware", "run_folder"},
+    {"hardware", "run_folder", "ranks"},
     {"pretrained"},
     {"data"},
     {"checkpoints"},

@@ -416,7 +416,7 @@ def test_a_step_under_any_wrapping_strategy_back_propagates_the_whole_batch():
     tests/test_fsdp_runs.py train one FSDP rank like no FSDP)."""
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
-    from laptrain.config.scale_out import wraps_the_module
+    from laptrain.ranks.processes import wraps_the_module
 
     assert wraps_the_module(FSDPStrategy()) and wraps_the_module(DDPStrategy())
     assert not wraps_the_module(SingleDeviceStrategy(device=torch.device("cpu")))

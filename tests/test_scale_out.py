@@ -1,4 +1,4 @@
-"""laptrain.config.scale_out and the scale-out presets: trainer=ddp / fsdp, launcher=slurm (composed and
+"""laptrain.ranks.processes and the scale-out presets: trainer=ddp / fsdp, launcher=slurm (composed and
 instantiated here; no cluster, no GPU), and -m refused where each rank would re-run the sweep."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hydra.utils import instantiate
 
 from laptrain.config.check import ConfigError, check_config, compose_argv
-from laptrain.config.scale_out import asks_multirun, check_scale_out, reruns_command
+from laptrain.ranks.processes import asks_multirun, check_scale_out, reruns_command
 from tests.conftest import CONF, TINY
 from tests.in_process import train_here
 

@@ -14,8 +14,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import BackPropagatesInChunks, VersionedState
-from laptrain.config.scale_out import wraps_the_module
 from laptrain.hardware.probe import DeviceProbe, probe_for
+from laptrain.ranks.processes import wraps_the_module
 
 # What each device really raises (docs/hardware.md §7): CUDA torch.OutOfMemoryError; MPS a plain
 # RuntimeError "MPS backend out of memory (...)" or "Invalid buffer size: ..."; CPU

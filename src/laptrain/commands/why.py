@@ -71,9 +71,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laptrain.config.scale_out import shards_model_state
 from laptrain.hardware.power import PRESSURE_WARNING, pressure_name
 from laptrain.hardware.thermal import LEVEL_NAMES
+from laptrain.ranks.processes import shards_model_state
 
 Points = list[tuple[int, float]]
 Series = dict[str, Points]

@@ -26,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.batch_request import AUTO, batch_follows_profile, is_auto
 from laptrain.config.check import ConfigError
-from laptrain.config.scale_out import asked_devices, rank_cuda_index, shards_model_state
 from laptrain.data.contracts import EvaluatesInOtherBatches, Loader, loader_settings
 from laptrain.job.datamodule_settings import (
     BATCH,
@@ -38,6 +37,7 @@ from laptrain.job.datamodule_settings import (
 )
 from laptrain.launch.device import device_count, device_kind, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
+from laptrain.ranks.processes import asked_devices, rank_cuda_index, shards_model_state
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def plan_device(cfg: DictConfig) -> str:
 
 def rank_device_index(cfg: DictConfig, kind: str | None = None) -> int | None:
     """The CUDA GPU this rank trains on, ``trainer.devices[local rank]`` in whichever form
-    trainer.devices is written (laptrain.config.scale_out.rank_cuda_index); None off CUDA.
+    trainer.devices is written (laptrain.ranks.processes.rank_cuda_index); None off CUDA.
     ``kind``: the device kind when the caller has it (else :func:`plan_device`)."""
     if (kind or plan_device(cfg)) != "cuda":
         return None

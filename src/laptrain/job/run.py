@@ -35,7 +35,6 @@ from laptrain.checkpoints.files import (
 )
 from laptrain.config.batch_request import batch_follows_profile
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
-from laptrain.config.scale_out import shards_model_state
 from laptrain.config.tree import print_config
 from laptrain.console import (
     best_checkpoint,
@@ -68,6 +67,7 @@ from laptrain.model.contracts import ExportsModel
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
 from laptrain.preflight.budget import capacity_budget, device_budget
+from laptrain.ranks.processes import shards_model_state
 from laptrain.run_folder.listing import resume_command
 from laptrain.run_folder.lock import hold_run_folder, made_here, release_run_folder
 from laptrain.versions import package_versions

@@ -15,7 +15,6 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig
 
 from laptrain.config.check import ConfigError
-from laptrain.config.scale_out import asked_devices, requested_devices
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import (
     ProfileError,
@@ -24,6 +23,7 @@ from laptrain.hardware.profile import (
     validate_precision,
 )
 from laptrain.model.families import family_of
+from laptrain.ranks.processes import asked_devices, requested_devices
 
 UNFUSED_ON_MPS_FP16 = (
     "model.optimizer.fused=false with 16-mixed on MPS: torch's fused Adam/AdamW on MPS ignored the "

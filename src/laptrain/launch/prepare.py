@@ -11,11 +11,11 @@ from omegaconf import DictConfig
 
 from laptrain.config.check import check_composed, compose_argv
 from laptrain.config.overrides import run_argv_hook
-from laptrain.config.scale_out import asks_multirun, check_scale_out
 from laptrain.data.precheck import check_data_config
 from laptrain.hardware.auto import resolve_hardware_argv
 from laptrain.hardware.env import EnvReport, apply_env
 from laptrain.hardware.malloc import keep_freed
+from laptrain.ranks.processes import asks_multirun, check_scale_out
 from laptrain.run_folder.lock import hold_run_folder
 
 # Flags that only print Hydra's help or completion: nothing to check or apply.

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from laptrain.config.scale_out import wraps_the_module
 from laptrain.data.collate import batch_length
+from laptrain.ranks.processes import wraps_the_module
 
 
 def slice_batch(batch: Any, start: int, stop: int, length: int | None = None) -> Any:

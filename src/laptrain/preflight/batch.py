@@ -30,7 +30,6 @@ import torch
 from torch import nn
 
 from laptrain.config.batch_request import is_auto
-from laptrain.config.scale_out import extra_rank
 from laptrain.data.contracts import KnowsLengths, loader_settings
 from laptrain.files import write_text_atomic
 from laptrain.hardware.peak_rss import process_peak_bytes
@@ -40,6 +39,7 @@ from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB, ModelMemory, model_memory
 from laptrain.preflight.worker_memory import WorkerCost, worker_cost
+from laptrain.ranks.environment import extra_rank
 
 
 class PreflightError(ValueError):

@@ -166,7 +166,7 @@ def rank_device_map() -> dict[str, int]:
     """``device_map`` for a base that loads straight onto a GPU (bitsandbytes 4-bit): all of it on
     this rank's GPU, ``trainer.devices[local rank]``, which laptrain.job.run makes the current
     CUDA device before it builds the model (``pin_rank_gpu``, from
-    laptrain.config.scale_out.rank_cuda_index: GPU 3 for local rank 1 of
+    laptrain.ranks.processes.rank_cuda_index: GPU 3 for local rank 1 of
     ``trainer.devices=[2,3]``, not GPU 1). Named here rather than left to transformers' default
     (also the current device, transformers/quantizers/quantizer_bnb_4bit.py:94-111) so that the
     whole base lands on that one GPU whatever that default becomes."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from laptrain.config.scale_out import extra_rank
+from laptrain.ranks.environment import extra_rank
 
 LOCK_NAME = ".laptrain.lock"
 _held: dict[str, FileLock] = {}

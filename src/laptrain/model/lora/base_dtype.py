@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
-from laptrain.config.scale_out import extra_rank, started_together
+from laptrain.ranks.environment import extra_rank, started_together
 
 FP32_SHARE = 0.5
 GiB = 1024**3

@@ -1,6 +1,8 @@
-"""Checks for runs on several processes, made before Hydra starts any job.
+"""How many processes a run's config starts, and who starts them: ``trainer.devices`` in every form
+Lightning takes, what a strategy implies (re-running the command, sharding, wrapping the module),
+each rank's GPU, and the checks for runs on several processes, made before Hydra starts any job.
 
-Gap it fills: Lightning starts the ranks of ``ddp``, ``fsdp``, ``deepspeed`` and
+Gap the checks fill: Lightning starts the ranks of ``ddp``, ``fsdp``, ``deepspeed`` and
 ``ModelParallelStrategy`` with its subprocess launcher, which re-runs this command line for ranks
 1..N-1 with rank 0's ``hydra.run.dir`` (lightning/fabric/strategies/launchers/subprocess_script.py).
 For one run that is right; under ``-m`` each of those ranks re-runs the whole sweep (hydra#2070).
@@ -11,7 +13,6 @@ starts the ranks: SLURM's srun (``launcher=slurm``) or torchrun, which Lightning
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,13 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.check import ConfigError
 from laptrain.config.overrides import override_indices
+from laptrain.hardware.probe import DEVICE_KINDS
+from laptrain.ranks.environment import local_rank
 
 # Registry names (lightning.pytorch.strategies.StrategyRegistry) whose ranks the subprocess
 # launcher starts; ddp_spawn/ddp_fork/ddp_notebook start theirs inside the running process.
 RERUN_PREFIXES = ("ddp", "fsdp", "deepspeed", "model_parallel")
 IN_PROCESS_MARKERS = ("spawn", "fork", "notebook")
 RERUN_CLASSES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
-DEVICE_KINDS = ("cpu", "cuda", "mps")  # laptrain.hardware.probe's, which this floor cannot import
 
 
 def asks_multirun(argv: Sequence[str]) -> bool:
@@ -222,19 +224,6 @@ def check_scale_out(cfg: DictConfig, multirun: bool) -> None:
     )
 
 
-def local_rank(environ: Mapping[str, str] | None = None) -> int:
-    """This process's rank on its machine, which is the index of its GPU when trainer.devices is a
-    count (Lightning's ``root_device`` is ``parallel_devices[local_rank]``,
-    lightning/pytorch/strategies/ddp.py:118-120): ``LOCAL_RANK`` (Lightning's subprocess launcher,
-    torchrun), else ``SLURM_LOCALID`` (srun; fabric/plugins/environments/slurm.py:150-151), else 0:
-    one process, or rank 0, which builds its model before Lightning's launcher sets any of them."""
-    env = os.environ if environ is None else environ
-    for key in ("LOCAL_RANK", "SLURM_LOCALID"):
-        if env.get(key, "").strip():
-            return int(env[key])
-    return 0
-
-
 def rank_cuda_index(devices: Any, environ: Mapping[str, str] | None = None) -> int:
     """The CUDA device this process trains on, for a ``trainer.devices`` value in any form
     Lightning takes. Lightning's ``root_device`` is ``parallel_devices[local_rank]``
@@ -257,28 +246,3 @@ def rank_cuda_index(devices: Any, environ: Mapping[str, str] | None = None) -> i
             "start that many processes per machine (torchrun --nproc_per_node, srun --ntasks-per-node)"
         )
     return asked[rank]
-
-
-def extra_rank(environ: Mapping[str, str] | None = None) -> bool:
-    """A process of a multi-process launch other than rank 0 (the ranks Lightning's subprocess
-    launcher, torchrun or srun start see these variables; rank 0 speaks for all of them)."""
-    env = os.environ if environ is None else environ
-    return any(
-        env.get(key) not in (None, "", "0")
-        for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK")
-    )
-
-
-def started_together(environ: Mapping[str, str] | None = None) -> bool:
-    """torchrun (``WORLD_SIZE``) or srun (``SLURM_NTASKS``) started several ranks at once, so no
-    rank can hand its choice to the others through the environment. Lightning's own launcher sets
-    ``WORLD_SIZE`` only when it starts ranks 1..N-1, after rank 0 has built its model."""
-    env = os.environ if environ is None else environ
-    return any(_count(env.get(key)) > 1 for key in ("WORLD_SIZE", "SLURM_NTASKS"))
-
-
-def _count(value: str | None) -> int:
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
