@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from laptrain.commands.cli import main
+from laptrain.data.file_formats import DataError
 from laptrain.data.instructions import encode_chat
-from laptrain.data.labelled_files import DataError
 from laptrain.data.preference_rows import read_preferences, row_preference
 from laptrain.data.preferences import PairCollator
 from laptrain.model.lora.dpo import DPOLoRAModule, dpo_terms

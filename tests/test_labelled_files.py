@@ -13,13 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from laptrain.data import precheck
-from laptrain.data.labelled_files import (
-    MAX_TEXT_CHARS,
-    DataError,
-    Row,
-    read_labelled,
-    split_rows,
-)
+from laptrain.data.file_formats import MAX_TEXT_CHARS, DataError
+from laptrain.data.labelled_files import Row, read_labelled, split_rows
 from laptrain.data.precheck import check_data_config
 from tests.conftest import CONF, compose_train, run_train
 from tests.in_process import train_here

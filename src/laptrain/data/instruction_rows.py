@@ -13,18 +13,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from laptrain.data.labelled_files import (
+from laptrain.data.file_formats import (
     MAX_TEXT_CHARS,
-    SPLIT_ALIASES,
     TOO_DEEP,
     DataError,
-    check_fractions,
-    check_train_and_val,
     csv_records,
     json_lines,
     parse_json,
+    read_by_suffix,
     read_parquet,
     read_text,
+)
+from laptrain.data.labelled_files import (
+    SPLIT_ALIASES,
+    check_fractions,
+    check_train_and_val,
     resolve_files,
 )
 from laptrain.data.splits import assign_splits
@@ -55,19 +58,28 @@ def read_rows(path: Path, encoding: str = "utf-8") -> list[tuple[str, Any]]:
 
     JSONL and CSV are read here rather than through ``datasets`` so that bad rows are named by
     their line in the file (a CSV row's first line); JSON arrays and Parquet rows by position.
-    They are read as ``laptrain.data.labelled_files`` reads labelled texts: streamed, strict CSV
-    quoting, texts of at most ``MAX_TEXT_CHARS``, lines of at most ``MAX_LINE_CHARS``; an empty
+    The suffix picks the reader (:func:`laptrain.data.file_formats.read_by_suffix`, which labelled
+    texts use too): streamed, strict CSV quoting, texts of at most ``MAX_TEXT_CHARS``, lines of at most ``MAX_LINE_CHARS``; an empty
     file, a header without rows, another encoding, an over-long text and a quote left open are
     refused in one line.
     """
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return [(f"{path}:{i + 1}", r) for i, r in enumerate(read_parquet(path))]
-    if suffix in (".csv", ".tsv"):
-        return _read_csv_rows(path, encoding, "\t" if suffix == ".tsv" else ",")
+    return read_by_suffix(
+        path,
+        encoding,
+        on_delimited=_read_csv_rows,
+        on_json=_read_json_rows,
+        on_parquet=_read_parquet_rows,
+    )
+
+
+def _read_parquet_rows(path: Path) -> list[tuple[str, Any]]:
+    return [(f"{path}:{i + 1}", r) for i, r in enumerate(read_parquet(path))]
+
+
+def _read_json_rows(path: Path, encoding: str, document: bool) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     text = None
-    if suffix == ".json":
+    if document:
         text = read_text(path, encoding)
         if text.lstrip().startswith("["):
             rows, why = parse_json(text)

@@ -5,9 +5,10 @@ Latin-1 file or a quote left open with "An error occurred while generating the d
 (``DatasetGenerationError``, datasets 5.2, measured on tests/data/bad/), naming neither the line nor
 the fix; they read empty CSV labels as the label ``nan`` and a JSON array in a ``.jsonl`` file as
 rows without a word, and mixed label types surface later as a misleading label error. Here the rows
-are read with the standard library (pyarrow for Parquet) so every problem is one :class:`DataError`
-line: the file, the line or row at fault, what is wrong, and the option or edit that fixes it
-(docs/data.md lists them).
+are read with the standard library (pyarrow for Parquet), by suffix in
+:mod:`laptrain.data.file_formats` (which instruction rows share), so every problem is one
+:class:`DataError` line: the file, the line or row at fault, what is wrong, and the option or edit
+that fixes it (docs/data.md lists them).
 
 The rules live only here. ``TextClassificationDataModule`` reads its files through
 :func:`read_labelled`, and the launcher calls
@@ -23,36 +24,35 @@ twice (47 MB, 400k rows: 7.6 s each on a 2-core machine, 4 s of it the stratifie
 
 from __future__ import annotations
 
-import codecs
-import csv
-import io
-import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from laptrain.data.file_formats import (
+    FORMATS,
+    LINE_BREAK,
+    MAX_TEXT_CHARS,
+    TOO_DEEP,
+    DataError,
+    csv_records,
+    json_lines,
+    line_breaks,
+    parse_json,
+    read_by_suffix,
+    read_parquet,
+    read_text,
+    too_long_text,
+    unclosed_quote,
+)
 from laptrain.data.splits import assign_splits
 
-FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 SPLIT_ALIASES = {"train": "train", "validation": "val", "val": "val", "dev": "val", "test": "test"}
 INCOMPLETE_ROWS = ("error", "skip")
-# Longer texts are refused: the model reads only data.max_length tokens, and in a CSV such a field
-# is nearly always a quote left open that swallowed the lines after it.
-MAX_TEXT_CHARS = 1_000_000
-# A physical line longer than this is refused as it is read (a CSV row of several long fields, or a
-# JSON line whose escapes make a text up to 6x longer, fits; a 1 GB line is never loaded whole).
-MAX_LINE_CHARS = 8 * MAX_TEXT_CHARS
-TOO_DEEP = "nested deeper than Python's JSON parser allows"
 _INTEGER = re.compile(r"[+-]?\d+")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-
-
-class DataError(ValueError):
-    """Bad data: one line naming the file, the row or line, what is wrong and the fix."""
 
 
 @dataclass(frozen=True)
@@ -121,156 +121,7 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
         raise DataError("data.val_fraction + data.test_fraction must be below 1")
 
 
-# ---- reading -----------------------------------------------------------------------------------
-#
-# Text files are streamed: a CSV through ``csv.reader`` over the open file, JSONL line by line, each
-# physical line read with a cap (``MAX_LINE_CHARS``) and each CSV field capped by the csv module's
-# field limit, so a 1 GB line is refused after reading 8 M characters of it, not after loading,
-# decoding and copying the whole file. A ``.json`` array is one document and is read whole.
-
-
-def _codec(encoding: str) -> str:
-    """The codec to open text files with (``utf-8-sig`` for UTF-8: Excel's byte-order mark is
-    dropped), or a :class:`DataError` for an encoding Python does not know."""
-    try:
-        name = codecs.lookup(encoding).name
-    except LookupError:
-        raise DataError(
-            f"data.encoding={encoding} is not an encoding Python knows: use utf-8, latin-1, "
-            "cp1252 or utf-16"
-        ) from None
-    return "utf-8-sig" if name == "utf-8" else encoding
-
-
-def _decode_error(path: Path, encoding: str) -> DataError:
-    """Where ``path`` stops being ``encoding``: its first undecodable byte, offset and line (read
-    again from the start in blocks: only on the error path)."""
-    decoder = codecs.getincrementaldecoder(_codec(encoding))()
-    offset = lines = 0
-    head = b""
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            head = head or block[:2]
-            pending = len(decoder.getstate()[0])
-            try:
-                decoder.decode(block)
-            except UnicodeDecodeError as err:
-                data = err.object
-                start = offset - pending + err.start
-                line = lines + data[pending : max(err.start, pending)].count(b"\n") + 1
-                where = f"byte 0x{data[err.start]:02x} at offset {start}, line {line}"
-                break
-            offset += len(block)
-            lines += block.count(b"\n")
-        else:
-            where = "at its end"  # a sequence cut off by the end of the file
-    if head[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
-        fix = "it starts with a UTF-16 byte-order mark: set data.encoding=utf-16"
-    elif _codec(encoding) == "utf-8-sig":
-        fix = "set data.encoding=latin-1 (or the file's encoding, e.g. cp1252)"
-    else:
-        fix = "set data.encoding=<the file's encoding>"
-    return DataError(f"{path} is not {encoding} ({where}): {fix}")
-
-
-@contextmanager
-def open_text(path: Path, encoding: str = "utf-8", newline: str | None = "") -> Iterator[TextIO]:
-    """``path`` open for reading as text; a byte that is not ``encoding`` anywhere in what is read
-    inside the ``with`` is one :class:`DataError` naming its offset, line and the fix."""
-    codec = _codec(encoding)
-    try:
-        with path.open(encoding=codec, newline=newline) as f:
-            yield f
-    except UnicodeDecodeError:
-        raise _decode_error(path, encoding) from None
-
-
-def _too_long(where: str, chars: int | None = None) -> DataError:
-    size = f"{chars:,} characters" if chars else f"over {MAX_TEXT_CHARS:,} characters"
-    return DataError(
-        f"{where}: a text of {size}, longer than the {MAX_TEXT_CHARS:,} laptrain reads: if a "
-        "quote was left open there, close it; otherwise cut or split the text (only "
-        "data.max_length tokens are used)"
-    )
-
-
-def _long_line(path: Path, number: int) -> DataError:
-    return DataError(
-        f"{path}:{number}: line {number} is over {MAX_LINE_CHARS:,} characters long; laptrain "
-        f"reads texts of up to {MAX_TEXT_CHARS:,} characters: cut or split the text there (only "
-        "data.max_length tokens are used), or end the rows with line breaks"
-    )
-
-
-def _lines(path: Path, f: TextIO) -> Iterator[str]:
-    """The lines of ``f`` (line breaks kept), each read with the ``MAX_LINE_CHARS`` cap."""
-    number = 0
-    while line := f.readline(MAX_LINE_CHARS + 1):
-        number += 1
-        if len(line) > MAX_LINE_CHARS:
-            raise _long_line(path, number)
-        yield line
-
-
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-def _breaks(text: str) -> int:
-    return len(_LINE_BREAK.findall(text)) if ("\n" in text or "\r" in text) else 0
-
-
-def _unclosed(where: str, what: str) -> DataError:
-    return DataError(
-        f"{where}: a quote opened in this row {what}: close it where the text ends (a quote "
-        'inside a quoted text is written "")'
-    )
-
-
-def csv_records(path: Path, encoding: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
-    """``(first line, fields)`` of each non-blank record of a CSV file, the header first.
-
-    Streamed with ``strict`` quoting (a malformed quote is an error, not a guess), every field
-    capped at ``MAX_TEXT_CHARS`` and every physical line at ``MAX_LINE_CHARS``. A quote left open
-    is named at the line where it opened: when the file ends inside it, when the text after its
-    closing quote is not a delimiter (``strict``), and when the record it makes has fewer fields
-    than the header. A record is never cut or guessed at.
-    """
-    limit = csv.field_size_limit()
-    csv.field_size_limit(MAX_TEXT_CHARS)
-    start = 1
-    header = 0
-    try:
-        with open_text(path, encoding, newline="") as f:
-            reader = csv.reader(_lines(path, f), delimiter=delimiter, strict=True)
-            try:
-                for fields in reader:
-                    first, start = start, reader.line_num + 1
-                    if not fields or (len(fields) == 1 and not fields[0].strip()):
-                        continue
-                    if header and len(fields) < header and reader.line_num > first:
-                        raise _unclosed(  # the first field with a line break opened on `first`
-                            f"{path}:{first}",
-                            f"runs on to line {reader.line_num}, leaving the row "
-                            f"{len(fields)} of the header's {header} fields",
-                        )
-                    header = header or len(fields)
-                    yield first, fields
-            except csv.Error as err:
-                if "field larger than field limit" in str(err):
-                    raise _too_long(f"{path}:{start}") from None
-                if "unexpected end of data" in str(err):
-                    raise _unclosed(f"{path}:{start}", "is never closed") from None
-                if reader.line_num > start:  # the bad record began on an earlier line
-                    raise _unclosed(
-                        f"{path}:{start}",
-                        f"runs on to line {reader.line_num} (broken CSV there: {err})",
-                    ) from None
-                raise DataError(
-                    f"{path}:{reader.line_num}: broken CSV ({err}): quote the whole field, and "
-                    'write a quote inside it as ""'
-                ) from None
-    finally:
-        csv.field_size_limit(limit)
+# ---- reading: each kind of file as a Table (which suffix is which: data/file_formats.py) --
 
 
 def _read_csv(path: Path, encoding: str, delimiter: str) -> Table:
@@ -297,44 +148,15 @@ def _read_csv(path: Path, encoding: str, delimiter: str) -> Table:
     return Table(str(path), header, rows, untyped=True, delimiter=delimiter)
 
 
-def parse_json(text: str) -> tuple[Any, str | None]:
-    """``(value, None)``, or ``(None, why)`` for text that is not JSON (``why`` names the column)
-    or nests deeper than the parser's recursion allows (``RecursionError``, not a traceback)."""
-    try:
-        return json.loads(text), None
-    except json.JSONDecodeError as err:
-        return None, f"not valid JSON ({err.msg}, column {err.colno})"
-    except RecursionError:
-        return None, TOO_DEEP
-
-
-def json_lines(
-    path: Path, encoding: str = "utf-8", text: str | None = None
-) -> Iterator[tuple[int, Any, str | None]]:
-    """``(line number, value, None)`` for each non-blank line of a JSON Lines file, or ``(line
-    number, None, why)`` for one that is not JSON; streamed line by line (``MAX_LINE_CHARS``
-    each) unless ``text`` is the file's contents, already read. Lines end at ``\\n`` only."""
-    if text is not None:
-        lines: Iterator[str] = _lines(path, io.StringIO(text, newline="\n"))
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                yield number, *parse_json(line)
-        return
-    with open_text(path, encoding, newline="\n") as f:
-        for number, line in enumerate(_lines(path, f), start=1):
-            if line.strip():
-                yield number, *parse_json(line)
-
-
 def _json_kind(value: Any) -> str:
     return {list: "an array", dict: "an object", str: "a string"}.get(type(value), "a value")
 
 
-def _read_json(path: Path, encoding: str) -> Table:
+def _read_json(path: Path, encoding: str, document: bool) -> Table:
     records: list[tuple[str, Any]] = []
     whole: Any = None
     text: str | None = None
-    if path.suffix.lower() == ".json":
+    if document:
         text = read_text(path, encoding)  # one document: read whole
         whole, why = parse_json(text)
         if why == TOO_DEEP:
@@ -383,40 +205,11 @@ def _read_parquet(path: Path) -> Table:
     return Table(str(path), list(rows[0][1]) if rows else [], rows)
 
 
-def read_parquet(path: Path) -> list[dict[str, Any]]:
-    """A Parquet file's rows, or a :class:`DataError` (unreadable, or columns without rows)."""
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as err:  # pyarrow raises ArrowInvalid / OSError with multi-line text
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DataError(f"{path} is not a readable Parquet file ({first})") from None
-    if table.num_rows == 0:
-        raise DataError(
-            f"{path} has columns ({', '.join(table.column_names)}) but no rows: add rows"
-        )
-    return table.to_pylist()
-
-
-def read_text(path: Path, encoding: str = "utf-8") -> str:
-    """A text data file's whole contents (a ``.json`` document); an empty file or another
-    encoding is a :class:`DataError`."""
-    with open_text(path, encoding) as f:
-        text = f.read()
-    if not text.strip():
-        raise DataError(f"{path} is empty: give it a header line and one row per text")
-    return text
-
-
 def read_table(path: Path, encoding: str = "utf-8") -> Table:
     """The records of one data file, or a :class:`DataError` naming the line at fault."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return _read_parquet(path)
-    if suffix in (".csv", ".tsv"):
-        return _read_csv(path, encoding, "\t" if suffix == ".tsv" else ",")
-    return _read_json(path, encoding)
+    return read_by_suffix(
+        path, encoding, on_delimited=_read_csv, on_json=_read_json, on_parquet=_read_parquet
+    )
 
 
 # ---- checking rows -----------------------------------------------------------------------------
@@ -504,7 +297,7 @@ def _sort_rows(
             not_text.append((where, text))
             continue
         if len(text) > MAX_TEXT_CHARS:
-            raise _too_long(where, len(text))
+            raise too_long_text(where, len(text))
         if table.untyped:
             label = label.strip()
         rows.append(Row(where, text, label, record.get(group_column) if group_column else None))
@@ -563,7 +356,7 @@ def _swallowed_rows(table: Table, label_column: str) -> DataError | None:
             continue
         if labels is None:
             labels = {v.strip() for _, r in table.rows if (v := r.get(label_column) or "")}
-        lines = _LINE_BREAK.split(fields[k])
+        lines = LINE_BREAK.split(fields[k])
         head = lines[0].split(sep)
         if len(head) != len(columns) - k or (at >= k and head[at - k] not in labels):
             continue
@@ -571,8 +364,8 @@ def _swallowed_rows(table: Table, label_column: str) -> DataError | None:
             pieces = line.split(sep)
             if len(pieces) == len(columns) and pieces[at] in labels and all(pieces):
                 start = int(where.rpartition(":")[2])
-                end = start + sum(_breaks(v) for v in fields)
-                return _unclosed(
+                end = start + sum(line_breaks(v) for v in fields)
+                return unclosed_quote(
                     where,
                     f"runs on to line {end}, taking in lines that look like rows of their own "
                     f"(line {start + i}: {line[:40]!r})",

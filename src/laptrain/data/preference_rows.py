@@ -1,6 +1,6 @@
 """Preference rows (a prompt, a chosen and a rejected answer) read and checked, named by line.
 
-Three row shapes, in JSONL, JSON, CSV or Parquet (read by ``instruction_rows.read_rows``):
+Three row shapes, in JSONL, JSON, CSV or Parquet (read by ``instruction_rows.read_rows``, by suffix):
 
 - ``{prompt, chosen, rejected}``: three strings (``system`` optional, as for instructions);
 - ``{messages, chosen, rejected}``: the conversation so far (ending with a user turn) and two
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from laptrain.data.file_formats import DataError
 from laptrain.data.instruction_rows import (
     ROLES,
     _too_long,
@@ -26,7 +27,6 @@ from laptrain.data.instruction_rows import (
     read_named_rows,
     to_messages,
 )
-from laptrain.data.labelled_files import DataError
 
 Messages = list[dict[str, str]]
 Preference = tuple[Messages, str, str]  # prompt messages, chosen answer, rejected answer

@@ -28,6 +28,7 @@ import torch
 
 from laptrain.data.chat_tokenizer import prepare_chat_tokenizer
 from laptrain.data.collate import padded_length
+from laptrain.data.file_formats import DataError
 from laptrain.data.instructions import (
     IGNORE,
     InstructionDataModule,
@@ -36,7 +37,6 @@ from laptrain.data.instructions import (
     end_of_turn,
     segment_texts,
 )
-from laptrain.data.labelled_files import DataError
 from laptrain.data.preference_rows import bad_preference_rows, read_preferences
 from laptrain.data.stdlib_docstrings import write_jsonl
 from laptrain.data.stdlib_instructions import collect_pairs
