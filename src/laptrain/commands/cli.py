@@ -37,6 +37,10 @@ from laptrain.commands.new import new_command
 from laptrain.commands.predict import batch_size_arg
 from laptrain.model.families import family_of_preset
 from laptrain.project import ProjectNotFound, conf_dir, project_root, train_script
+from laptrain.run_folder.listing import RUNS_ROOT, resolve_run
+
+RUN = "a run as `laptrain runs` names it (e.g. tiny_classifier-text_csv), or its folder"
+ROOT_HELP = "where runs live: the folder a run's name is looked up in (default: %(default)s)"
 
 
 def configured_model_params(overrides: list[str]) -> int | None:
@@ -112,6 +116,7 @@ def lora_command(args: argparse.Namespace) -> int:
 
     quiet_libraries()
     try:
+        args.path = resolve_run(args.path, args.root, any_folder=True)
         with no_transformers_bars():
             return _lora_command(args, lora_tools)
     except (ValueError, OSError) as err:
@@ -183,12 +188,19 @@ def _add_load_options(parser: argparse.ArgumentParser, export: bool = False) -> 
     )
 
 
+def add_run_argument(parser: argparse.ArgumentParser, what: str = RUN, dest: str = "run") -> None:
+    """The run a command reads and ``--root``: every command that takes a run resolves it with
+    :func:`laptrain.run_folder.listing.resolve_run`."""
+    parser.add_argument(dest, help=what)
+    parser.add_argument("--root", default=RUNS_ROOT, help=ROOT_HELP)
+
+
 def _add_lora_commands(commands: Any) -> None:
-    where = "a LoRA run folder or adapter folder"
+    where = f"a LoRA run ({RUN}) or an adapter folder"
     export = commands.add_parser(
         "export", help="merge a LoRA adapter into its base model (a transformers folder or a GGUF)"
     )
-    export.add_argument("path", help=where)
+    add_run_argument(export, where, "path")
     export.add_argument(
         "--out",
         help="output folder (default <run>/merged, or <run>/gguf-<quant> with --format gguf)",
@@ -207,7 +219,7 @@ def _add_lora_commands(commands: Any) -> None:
     )
     _add_load_options(export, export=True)
     gen = commands.add_parser("generate", help="reply to a prompt with a LoRA (or merged) model")
-    gen.add_argument("path", help=f"{where}, or a merged model folder")
+    add_run_argument(gen, f"{where}, or a merged model folder", "path")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--system", default=None, help="system prompt")
     gen.add_argument("--max-new-tokens", type=int, default=256)
@@ -217,7 +229,7 @@ def _add_lora_commands(commands: Any) -> None:
         "eval",
         help="masked loss/perplexity of base vs adapter on a file; DPO metrics on preference pairs",
     )
-    ev.add_argument("path", help=where)
+    add_run_argument(ev, where, "path")
     ev.add_argument("--data", required=True, help="JSONL/CSV/Parquet rows as in training")
     ev.add_argument("--max-length", type=int, default=None)
     ev.add_argument("--batch-size", type=int, default=8)
@@ -251,8 +263,9 @@ def predict(args: argparse.Namespace) -> int:
         if bool(args.texts) == bool(args.file):
             raise ValueError('give texts ("some text" ...) or --file <csv>, not both or neither')
         rows, texts = read_texts(args.file, args.column) if args.file else ([], args.texts)
+        run = resolve_run(args.run, args.root, any_folder=True)
         with no_transformers_bars():
-            classifier = Classifier(args.run)
+            classifier = Classifier(run)
         predictions = classifier.predict(texts, args.batch_size)
         if args.out:
             if not args.file:
@@ -295,7 +308,7 @@ def why(args: argparse.Namespace) -> int:
     from laptrain.commands.why import why_lines
 
     try:
-        print("\n".join(why_lines(args.run)))
+        print("\n".join(why_lines(resolve_run(args.run, args.root, any_folder=True))))
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -326,7 +339,7 @@ def _add_run_commands(commands: Any) -> None:
     pred = commands.add_parser(
         "predict", help="label texts with a finished classifier run's exported model"
     )
-    pred.add_argument("run", help="the run folder, e.g. outputs/tiny_classifier-stdlib_docstrings")
+    add_run_argument(pred, f"a finished classifier run: {RUN}")
     pred.add_argument("texts", nargs="*", help="texts to label")
     pred.add_argument("--file", help="a CSV (or .tsv) file of texts instead")
     pred.add_argument("--column", default="text", help="the text column of --file (default text)")
@@ -335,20 +348,17 @@ def _add_run_commands(commands: Any) -> None:
     listing = commands.add_parser(
         "runs", help="the runs under outputs/: status, step, best score, command to resume"
     )
-    listing.add_argument("--root", default="outputs", help="where runs live (default outputs)")
+    listing.add_argument("--root", default=RUNS_ROOT, help=ROOT_HELP)
     explain = commands.add_parser(
         "why", help="what happened in a run (NaN, plateau, divergence, overfitting, slowdown, OOM)"
     )
-    explain.add_argument(
-        "run", help="the run folder, e.g. outputs/tiny_classifier-stdlib_docstrings"
-    )
+    add_run_argument(explain)
     _add_runs_commands(listing.add_subparsers(dest="runs_command", metavar="{compare,clean}"))
     save = commands.add_parser(
         "checkpoint",
         help="make a running job write last.ckpt at its next step boundary and go on",
     )
-    save.add_argument("run", help="a run as `laptrain runs` names it, or its folder")
-    save.add_argument("--root", default="outputs", help="where runs live (default outputs)")
+    add_run_argument(save, f"a running job: {RUN}")
     save.add_argument(
         "--wait",
         type=float,
@@ -362,7 +372,10 @@ def _add_runs_commands(commands: Any) -> None:
     """``laptrain runs compare`` and ``laptrain runs clean`` (plain ``laptrain runs`` lists)."""
     named = "runs as `laptrain runs` names them (e.g. tiny_classifier-text_csv), or run folders"
     # SUPPRESS: `laptrain runs --root x compare ...` keeps x (a default here would override it)
-    root = {"default": argparse.SUPPRESS, "help": "where runs live (default outputs)"}
+    root = {
+        "default": argparse.SUPPRESS,
+        "help": f"where runs live (default: the --root before the verb, else {RUNS_ROOT})",
+    }
     compare = commands.add_parser(
         "compare",
         help="config differences, final and best metrics, speed, memory and wall time side "

@@ -20,7 +20,7 @@ from typing import Any
 from laptrain.console import relative
 from laptrain.files import write_text_atomic
 from laptrain.run_folder.layout import run_last_checkpoint
-from laptrain.run_folder.listing import resolve_run
+from laptrain.run_folder.listing import RUNS_ROOT, resolve_run
 from laptrain.run_folder.lock import is_locked
 
 REQUEST = "checkpoint_now"
@@ -71,7 +71,7 @@ def ask(run_dir: str | Path) -> float:
     return made
 
 
-def checkpoint_command(name: str, root: str | Path = "outputs", wait_s: float = 120.0) -> int:
+def checkpoint_command(name: str, root: str | Path = RUNS_ROOT, wait_s: float = 120.0) -> int:
     """``laptrain checkpoint <run>``: ask the live run for a checkpoint and wait for its answer.
 
     Exit 2 when the run does not exist or no process is running it; 1 when the run ended or

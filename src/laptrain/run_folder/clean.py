@@ -66,13 +66,7 @@ class Removal:
 
 def check_run(name: str, root: Path) -> Removal:
     """The run ``name`` names, checked for removal; ValueError with the one-line reason if refused."""
-    try:
-        folder = resolve_run(name, root)
-    except ValueError:
-        raise ValueError(
-            f"{name} is not a run folder under {root}/ (a run holds .hydra/, checkpoints/, "
-            "report.json or its lock; `laptrain runs` lists them)"
-        ) from None
+    folder = resolve_run(name, root)  # a run holds .hydra/, checkpoints/, report.json or its lock
     if folder.is_symlink():
         raise ValueError(f"{folder} is a symlink (to {os.readlink(folder)}), not a run folder")
     real, home = folder.resolve(), root.resolve()

@@ -8,6 +8,7 @@ checkpoint is newer than the report (a killed or running run), to read its step.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from typing import Any
 from laptrain.run_folder.layout import run_last_checkpoint
 from laptrain.run_folder.lock import LOCK_NAME, is_locked
 
+# where runs are written: conf/train.yaml's hydra.run.dir, outputs/<run_name> in the working folder
+RUNS_ROOT = "outputs"
 # a rerun with these keys dropped continues the run instead of starting another or restarting
 _START_KEYS = ("resume", "ckpt_path", "run_name", "hydra.run.dir", "hydra.sweep.dir")
 
@@ -151,19 +154,39 @@ def is_run_folder(folder: Path) -> bool:
     )
 
 
-def resolve_run(name: str | Path, root: str | Path = "outputs") -> Path:
-    """The run folder ``name`` names: a run as ``laptrain runs`` shows it (``<run>`` or
-    ``multirun/<sweep>/<job>``, under ``root``), else a path to a run folder. ValueError if neither."""
+def resolve_run(name: str | Path, root: str | Path = RUNS_ROOT, any_folder: bool = False) -> Path:
+    """The run folder ``name`` names: the one resolver of every command that takes a run.
+
+    ``name`` is a run as ``laptrain runs`` prints it (``<run>`` or ``multirun/<sweep>/<job>``,
+    under ``root``), else a path to a run folder; with ``any_folder``, any existing folder (an
+    adapter or merged model folder, or one the command then explains is no run). Raises a one-line
+    ValueError naming the closest runs under ``root`` and ``laptrain runs`` otherwise."""
     for candidate in (Path(root) / name, Path(name)):
         if is_run_folder(candidate):
             return candidate
+    if any_folder and Path(name).is_dir():
+        return Path(name)
+    names = run_names(root)
+    close = difflib.get_close_matches(str(name), names, n=3, cutoff=0.5)
+    known = (
+        f"closest: {', '.join(close)}; `laptrain runs --root {root}` lists them"
+        if close
+        else f"`laptrain runs --root {root}` lists the {len(names)} there"
+        if names
+        else "there are none there yet (`laptrain runs` lists them)"
+    )
     raise ValueError(
-        f"no run folder {name}: neither a run under {root}/ nor a path to one "
-        "(`laptrain runs` lists them)"
+        f"no run folder {name}: neither a run under {root}/ nor a path to one ({known})"
     )
 
 
-def find_runs(root: str | Path = "outputs") -> list[Path]:
+def run_names(root: str | Path = RUNS_ROOT) -> list[str]:
+    """The names of the runs under ``root``, as ``laptrain runs`` prints them."""
+    root = Path(root)
+    return [folder.relative_to(root).as_posix() for folder in find_runs(root)]
+
+
+def find_runs(root: str | Path = RUNS_ROOT) -> list[Path]:
     """Run folders under ``root``: ``<root>/<run>/`` and sweep jobs ``<root>/multirun/<sweep>/<job>/``."""
     root = Path(root)
     runs = [p for p in sorted(root.glob("*")) if p.name != "multirun" and is_run_folder(p)]
