@@ -394,9 +394,45 @@ def _add_runs_commands(commands: Any) -> None:
     clean.add_argument("--root", **root)
 
 
+class Parser(argparse.ArgumentParser):
+    """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``): a parser
+    whose positionals allow it parses with argparse's ``parse_known_intermixed_args``, also as a
+    subcommand's parser (its parent calls ``parse_known_args``). Parsers with a subcommand or
+    ``REMAINDER`` positional (the top level, ``runs``, ``train``) parse as argparse does."""
+
+    _mixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        mixable = not any(
+            a.nargs in (argparse.PARSER, argparse.REMAINDER) for a in self._get_positional_actions()
+        )
+        if self._mixing or not mixable:  # argparse's intermixed parse calls this method twice
+            return super().parse_known_args(args, namespace)
+        self._mixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._mixing = False
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("laptrain")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand's arguments; ``COMMANDS`` maps each name to its function."""
-    parser = argparse.ArgumentParser(prog="laptrain", description="laptrain tools")
+    parser = Parser(prog="laptrain", description="laptrain tools")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"laptrain {package_version()}",
+        help="print the installed laptrain's version and exit",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run_commands(commands)
     check = commands.add_parser("doctor", help="check that this machine is ready to train")
