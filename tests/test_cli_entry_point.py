@@ -35,6 +35,8 @@ def test_version_and_help_of_the_installed_command() -> None:
     assert done.returncode == 0
     for name in leaf_parsers(cli.build_parser()):
         assert name.split()[0] in done.stdout, name
+    done = laptrain("bench", "--help")
+    assert done.returncode == 0 and "timed steps (default: 30)" in " ".join(done.stdout.split())
 
 
 def test_options_and_overrides_mix_in_any_order_through_the_installed_command() -> None:

@@ -416,13 +416,20 @@ def _merge(total: StepStats, part: StepStats) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``laptrain bench``'s arguments (laptrain.commands.cli declares the subcommand with them)."""
-    parser.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed first steps (default 3)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed first steps")
     parser.add_argument(
-        "--compare", metavar="KEY=A,B", help="run two settings interleaved and print the ratio"
+        "--compare",
+        metavar="KEY=A,B",
+        help="run two settings interleaved and print the ratio (default: time the job as it is)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of A B with --compare")
-    parser.add_argument("overrides", nargs="*", help="train.py overrides (key=value, group=option)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="train.py overrides, key=value or group=option, before, between or after the "
+        "options (default: none, conf/train.yaml as it is)",
+    )
 
 
 def bench_command(args: argparse.Namespace) -> int:

@@ -203,36 +203,49 @@ def _add_lora_commands(commands: Any) -> None:
     add_run_argument(export, where, "path")
     export.add_argument(
         "--out",
-        help="output folder (default <run>/merged, or <run>/gguf-<quant> with --format gguf)",
+        help="output folder (default: <run>/merged, or <run>/gguf-<quant> with --format gguf)",
     )
     export.add_argument(
         "--format",
         choices=("hf", "gguf"),
         default="hf",
-        help="hf: a transformers folder (default); gguf: model.gguf for llama.cpp, Ollama and LM "
-        "Studio, with an Ollama Modelfile beside it (Llama-family bases)",
+        help="hf: a transformers folder; gguf: model.gguf for llama.cpp, Ollama and LM "
+        "Studio, with an Ollama Modelfile beside it (Llama-family bases) (default: %(default)s)",
     )
     export.add_argument(
         "--quant",
         default=None,
-        help="with --format gguf: f16 (default), q8_0 or q4_0",
+        help="with --format gguf: f16, q8_0 or q4_0 (default: f16)",
     )
     _add_load_options(export, export=True)
     gen = commands.add_parser("generate", help="reply to a prompt with a LoRA (or merged) model")
     add_run_argument(gen, f"{where}, or a merged model folder", "path")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--system", default=None, help="system prompt")
-    gen.add_argument("--max-new-tokens", type=int, default=256)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    gen.add_argument("--prompt", required=True, help="the user's message (required)")
+    gen.add_argument(
+        "--system", default=None, help="system prompt (default: none, the chat template's own)"
+    )
+    gen.add_argument(
+        "--max-new-tokens", type=int, default=256, help="stop after this many new tokens"
+    )
+    gen.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature, 0: greedy"
+    )
     _add_load_options(gen)
     ev = commands.add_parser(
         "eval",
         help="masked loss/perplexity of base vs adapter on a file; DPO metrics on preference pairs",
     )
     add_run_argument(ev, where, "path")
-    ev.add_argument("--data", required=True, help="JSONL/CSV/Parquet rows as in training")
-    ev.add_argument("--max-length", type=int, default=None)
-    ev.add_argument("--batch-size", type=int, default=8)
+    ev.add_argument(
+        "--data", required=True, help="JSONL/CSV/Parquet rows as in training (required)"
+    )
+    ev.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="cut each row to this many tokens, from the left (default: whole rows)",
+    )
+    ev.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
     _add_load_options(ev)
 
 
@@ -335,16 +348,27 @@ def _add_run_commands(commands: Any) -> None:
         add_help=False,  # --help, --cfg job, -m ... all go to train.py
         prefix_chars="\0",
     )
-    trainer.add_argument("overrides", nargs=argparse.REMAINDER)
+    trainer.add_argument(
+        "overrides",
+        nargs=argparse.REMAINDER,
+        help="train.py's whole command line, handed over untouched: Hydra's overrides and "
+        "options (default: none, conf/train.yaml as it is)",
+    )
     pred = commands.add_parser(
         "predict", help="label texts with a finished classifier run's exported model"
     )
     add_run_argument(pred, f"a finished classifier run: {RUN}")
-    pred.add_argument("texts", nargs="*", help="texts to label")
+    pred.add_argument("texts", nargs="*", help="texts to label (or --file)")
     pred.add_argument("--file", help="a CSV (or .tsv) file of texts instead")
-    pred.add_argument("--column", default="text", help="the text column of --file (default text)")
-    pred.add_argument("--out", help="write a CSV: the rows plus predicted_label and probability")
-    pred.add_argument("--batch-size", type=batch_size_arg, default=32)
+    pred.add_argument("--column", default="text", help="the text column of --file")
+    pred.add_argument(
+        "--out",
+        help="write a CSV: the rows plus predicted_label and probability (default: print a "
+        "label, probability and text line per text)",
+    )
+    pred.add_argument(
+        "--batch-size", type=batch_size_arg, default=32, help="texts per forward pass"
+    )
     listing = commands.add_parser(
         "runs", help="the runs under outputs/: status, step, best score, command to resume"
     )
@@ -353,7 +377,13 @@ def _add_run_commands(commands: Any) -> None:
         "why", help="what happened in a run (NaN, plateau, divergence, overfitting, slowdown, OOM)"
     )
     add_run_argument(explain)
-    _add_runs_commands(listing.add_subparsers(dest="runs_command", metavar="{compare,clean}"))
+    _add_runs_commands(
+        listing.add_subparsers(
+            dest="runs_command",
+            metavar="{compare,clean}",
+            help="compare or clean named runs (default: list every run)",
+        )
+    )
     save = commands.add_parser(
         "checkpoint",
         help="make a running job write last.ckpt at its next step boundary and go on",
@@ -364,7 +394,7 @@ def _add_run_commands(commands: Any) -> None:
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="how long to wait for the run's answer (default 120; 0: ask and return)",
+        help="how long to wait for the run's answer, 0: ask and return (default: %(default)s)",
     )
 
 
@@ -383,7 +413,7 @@ def _add_runs_commands(commands: Any) -> None:
     )
     compare.add_argument("runs", nargs="+", metavar="RUN", help=f"two or more {named}")
     compare.add_argument(
-        "--out", default="runs_compare.png", help="the plot (default runs_compare.png)"
+        "--out", default="runs_compare.png", help="the plot of the validation curves (PNG)"
     )
     compare.add_argument("--root", **root)
     clean = commands.add_parser(
@@ -394,6 +424,17 @@ def _add_runs_commands(commands: Any) -> None:
     clean.add_argument("--root", **root)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each argument's default: argparse's ``(default: X)`` where the help does not already
+    say it, left off where there is nothing to show (no value, a flag that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action) or text
+
+
 class Parser(argparse.ArgumentParser):
     """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``): a parser
     whose positionals allow it parses with argparse's ``parse_known_intermixed_args``, also as a
@@ -401,6 +442,10 @@ class Parser(argparse.ArgumentParser):
     ``REMAINDER`` positional (the top level, ``runs``, ``train``) parse as argparse does."""
 
     _mixing = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         mixable = not any(
@@ -433,15 +478,23 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"laptrain {package_version()}",
         help="print the installed laptrain's version and exit",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        help="the command (required); `laptrain COMMAND --help`: its options",
+    )
     _add_run_commands(commands)
     check = commands.add_parser("doctor", help="check that this machine is ready to train")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument(
-        "--record", metavar="DIR", help="also write this machine's raw outputs to DIR"
+        "--record",
+        metavar="DIR",
+        help="also write this machine's raw outputs to DIR (default: write none)",
     )
     check.add_argument(
-        "overrides", nargs="*", help="hardware=<profile> (default auto), model=<name>"
+        "overrides",
+        nargs="*",
+        help="hardware=<profile> (default: auto), model=<name> (default: none: no LoRA check)",
     )
     estimate = commands.add_parser(
         "preflight", help="memory estimate of a causal-LM LoRA job from config.json alone"
@@ -449,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument(
         "overrides",
         nargs="*",
-        help="train.py overrides: model=..., hardware=..., data=..., key=value",
+        help="train.py overrides: model=..., hardware=..., data=..., key=value (default: none, "
+        "conf/train.yaml as it is)",
     )
     _add_lora_commands(commands)
     add_bench_arguments(
