@@ -16,11 +16,11 @@ import laptrain.checkpoints.files as files
 from laptrain.checkpoints.files import (
     AtomicCheckpointIO,
     CheckpointWriteError,
-    check_resume_checkpoint,
     clean_leftovers,
     leftover_temp_files,
     read_checkpoint,
 )
+from laptrain.checkpoints.resume import check_resume_checkpoint
 from tests.conftest import TINY, run_train, write_texts
 from tests.disk_full import open_dev_full, open_full
 

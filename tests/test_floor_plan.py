@@ -15,11 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "laptrain"
 # Bottom to top. A module imports only from its own floor or a lower one.
 FLOORS = [
     {""},  # project, console, versions, files: the ground floor, importing no laptrain module
-    {"config", "loggers"},
+    {"config", "loggers", "checkpoints"},  # checkpoints: run_folder's readers find last.ckpt there
     {"hardware", "run_folder", "ranks"},
     {"pretrained"},
     {"data"},
-    {"checkpoints"},
     {"callbacks"},
     {"model"},
     {"preflight"},

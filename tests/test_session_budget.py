@@ -10,7 +10,6 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.session_budget import SessionBudget
-from laptrain.callbacks.stop_checkpoint import StopCheckpoint
 from tests.conftest import quiet_trainer
 from tests.fake_ranks import two_ranks
 
@@ -47,13 +46,12 @@ def session(tmp_path, budget, *, max_epochs=3, max_steps=-1, resume=False, clock
     """One process' worth of training with the callbacks run.train uses to save last.ckpt."""
     seed_everything(1)
     model = LoggedModel(clock)
-    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"))
+    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"))  # the run's last.ckpt, for every stop
+    last = tmp_path / "ckpt" / "last.ckpt"
     # as conf/callbacks/periodic_checkpoint.yaml: its on_train_end rewrites last.ckpt (lightning 2.6)
     periodic = ModelCheckpoint(
         dirpath=tmp_path / "ckpt", every_n_train_steps=250, save_top_k=0, save_last=True
     )
-    if budget is not None:
-        budget.checkpoint = StopCheckpoint(str(stop.path))
     trainer = quiet_trainer(
         enable_checkpointing=True,
         accelerator="cpu",
@@ -64,7 +62,7 @@ def session(tmp_path, budget, *, max_epochs=3, max_steps=-1, resume=False, clock
         callbacks=[c for c in (budget, stop, periodic) if c],
         default_root_dir=tmp_path,
     )
-    trainer.fit(model, ckpt_path=str(stop.path) if resume else None)
+    trainer.fit(model, ckpt_path=str(last) if resume else None)
     return trainer, model
 
 

@@ -24,7 +24,8 @@ callback:
   their next collective until killed.
 
 With several processes every rank acts at the same step: the signals and requests any rank has
-travel in one all-reduce at every batch end.
+travel in one all-reduce at every batch end. Every save goes to the run's ``last.ckpt``
+(``paths.last_ckpt``) through :mod:`laptrain.checkpoints`.
 """
 
 from __future__ import annotations
@@ -45,15 +46,16 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from laptrain.callbacks.stop_checkpoint import (
-    StopCheckpoint,
+from laptrain.checkpoints.last import LAST, last_checkpoint_of
+from laptrain.checkpoints.saves import queue_save, save_last, save_last_unless_current
+from laptrain.checkpoints.stop import (
     at_clean_boundary,
     end_fit_now,
-    queue_save,
+    put_stop_in_place,
+    request_stop,
 )
 from laptrain.console import ask_to_stop, relative
 from laptrain.run_folder import checkpoint_request
-from laptrain.run_folder.layout import LAST
 
 FIRST_CTRL_C = ("checkpoint", "stop")
 # submitit's signal before a time limit or a preemption: the name (without SIG) in this variable,
@@ -104,8 +106,10 @@ class GracefulStop(Callback):
     """Stop at a batch boundary on a signal; checkpoint and go on at a first Ctrl-C or on request.
 
     Args:
-        dirpath: checkpoint folder (the same as ModelCheckpoint's, so ``last`` resumes from it).
-        filename: file name without ``.ckpt``.
+        dirpath, filename: for a Trainer laptrain's job did not build, the run's last checkpoint,
+            ``<dirpath>/<filename>.ckpt`` (ModelCheckpoint's folder, so a rerun resumes from it);
+            the job's runs save to ``paths.last_ckpt`` and refuse these keys in a config
+            (laptrain/checkpoints/last.py).
         run_dir: the run folder, where ``laptrain checkpoint`` leaves its request (None: no
             requests from outside).
         first_ctrl_c: ``checkpoint`` (save, ask, go on) or ``stop``.
@@ -116,7 +120,7 @@ class GracefulStop(Callback):
 
     def __init__(
         self,
-        dirpath: str,
+        dirpath: str | None = None,
         filename: str = LAST,
         run_dir: str | None = None,
         first_ctrl_c: str = "checkpoint",
@@ -130,14 +134,11 @@ class GracefulStop(Callback):
                 f"callbacks.graceful_stop.first_ctrl_c={first_ctrl_c!r}: choose "
                 f"{' or '.join(FIRST_CTRL_C)}"
             )
-        self.path = Path(dirpath) / f"{filename}.ckpt"
+        self.last_ckpt = str(Path(dirpath) / f"{filename}.ckpt") if dirpath else None
         self.run_dir = run_dir
         self.first_ctrl_c = first_ctrl_c
         self.second_ctrl_c_s = second_ctrl_c_s
         self.check_every_s = check_every_s
-        # Saved beside last.ckpt at the stop and moved over it in on_fit_end, after every
-        # ModelCheckpoint.on_train_end has rewritten last.ckpt with the epoch counted as done.
-        self.stop_checkpoint = StopCheckpoint(str(self.path))
         self.signal_received: int | None = None
         self.saved_on_request: list[int] = []  # steps of the checkpoints written on request
         self._request = NO_REQUEST  # seen by this rank since the last batch end
@@ -188,14 +189,6 @@ class GracefulStop(Callback):
             signal.signal(signum, handler)
         self._previous = {}
 
-    def _save(self, trainer: pl.Trainer) -> None:
-        # rank 0's view for all: saving is a collective (a barrier), and another node may not see
-        # the file rank 0 wrote
-        current = self._saved_step == trainer.global_step and self.path.exists()
-        if trainer.strategy.broadcast(current):
-            return
-        trainer.save_checkpoint(str(self.path), weights_only=False)
-
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict
     ) -> None:
@@ -241,17 +234,18 @@ class GracefulStop(Callback):
             return
         if signum is not None:
             self.signal_received = signum
-            if self.stop_checkpoint.stop(trainer):  # the stop saves; a Ctrl-C's save is dropped
+            # saved beside last.ckpt, moved over it in on_fit_end (laptrain/checkpoints/stop.py)
+            if request_stop(trainer, "signal"):  # the stop saves; a Ctrl-C's save is dropped
                 if self._pending == FILE_REQUEST:  # answered once the stop's save is written
-                    queue_save(trainer, _SaveOnRequest(self, FILE_REQUEST))
+                    queue_save(trainer, _SaveOnRequest(self, FILE_REQUEST, trainer))
                 self._pending = NO_REQUEST
         elif batch_end and self._pending and at_clean_boundary(trainer):
-            queue_save(trainer, _SaveOnRequest(self, self._pending))
+            queue_save(trainer, _SaveOnRequest(self, self._pending, trainer))
             self._pending = NO_REQUEST
 
     def saved(self, trainer: pl.Trainer, reason: int) -> None:
         """After a checkpoint on request: answer the request file, or ask after a Ctrl-C."""
-        step, where = trainer.global_step, relative(self.path)
+        step, where = trainer.global_step, relative(str(last_checkpoint_of(trainer)))
         self.saved_on_request.append(step)
         # a request file that came with a Ctrl-C, or since the last look, is answered by this save
         self._answer(trainer, only_if_asked=reason != FILE_REQUEST)
@@ -288,7 +282,7 @@ class GracefulStop(Callback):
             return
         if only_if_asked and not checkpoint_request.request_file(self.run_dir).exists():
             return
-        checkpoint_request.answer(self.run_dir, trainer.global_step, self.path)
+        checkpoint_request.answer(self.run_dir, trainer.global_step, last_checkpoint_of(trainer))
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
@@ -302,14 +296,14 @@ class GracefulStop(Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.signal_received, request = self._shared(trainer)
-        if self.signal_received is None:
-            self._save(trainer)
+        if self.signal_received is None:  # last.ckpt even between two periodic saves
+            save_last_unless_current(trainer, self._saved_step)
             if FILE_REQUEST in (request, self._pending):  # fit ended before a clean boundary
                 self._answer(trainer)
         self._restore()
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.stop_checkpoint.put_in_place(trainer)
+        put_stop_in_place(trainer)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore()
@@ -330,12 +324,12 @@ class _SaveOnRequest:
     """``last.ckpt`` written by the queued saves at the end of the batch's hooks, then
     :meth:`GracefulStop.saved` (the answer, or the question after a Ctrl-C)."""
 
-    def __init__(self, owner: GracefulStop, reason: int) -> None:
+    def __init__(self, owner: GracefulStop, reason: int, trainer: pl.Trainer) -> None:
         self.owner, self.reason = owner, reason
-        self.path: str | None = str(owner.path)
+        self.path: str | None = str(last_checkpoint_of(trainer))
 
     def save(self, trainer: pl.Trainer) -> None:
-        trainer.save_checkpoint(str(self.owner.path), weights_only=False)
+        save_last(trainer)
         self.owner.saved(trainer, self.reason)
 
     def saved_by_another(self, trainer: pl.Trainer) -> None:

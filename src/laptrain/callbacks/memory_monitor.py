@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from laptrain.callbacks.contracts import VersionedState
 from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
-from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+from laptrain.checkpoints.stop import put_stop_in_place, request_stop, retry_stop
 from laptrain.hardware.power import (
     PRESSURE_COLOURS,
     PRESSURE_CRITICAL,
@@ -67,7 +67,9 @@ class MemoryMonitor(VersionedState, Callback):
         cleanup_cooldown_steps: at least this many steps between two pressure cleanups.
         on_swap: ``"warn"`` or ``"stop"`` when swap grows by ``swap_growth_mb`` during training.
         on_pressure: ``"warn"`` or ``"stop"`` when the macOS pressure level reaches critical.
-        ckpt_path: checkpoint written at a swap or pressure stop (the run's ``last.ckpt``); None = none.
+        ckpt_path: for a Trainer laptrain's job did not build, the run's ``last.ckpt``, written at
+            a swap or pressure stop; the job's runs save to ``paths.last_ckpt`` and refuse this
+            key in a config (laptrain/checkpoints/last.py).
         leak_window_steps, leak_mb_per_100_steps: see ``GrowthTrend``.
         probe: device probe; None = the real one for ``trainer.strategy.root_device``.
         pressure: memory-pressure source; None = macOS ``sysctl`` when ``use_os_pressure`` (none
@@ -114,7 +116,7 @@ class MemoryMonitor(VersionedState, Callback):
         self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
         self.cleanup_on_epoch_end, self.cleanup_above = cleanup_on_epoch_end, cleanup_above_percent
         self.cooldown, self.on_swap = cleanup_cooldown_steps, on_swap
-        self.checkpoint = StopCheckpoint(ckpt_path)
+        self.last_ckpt = ckpt_path
         self.swap = SwapWatch(swap_growth_mb)
         self.trend = GrowthTrend(leak_window_steps, leak_mb_per_100_steps)
         self.stop_reason: str | None = None
@@ -139,7 +141,7 @@ class MemoryMonitor(VersionedState, Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.checkpoint.tick(trainer)  # a stop deferred past a validation happens here
+        retry_stop(trainer, self.stop_reason)  # a stop deferred past a validation happens here
         step = trainer.global_step
         every_n = self.every_n or trainer.log_every_n_steps
         if not self.enabled or step == self._last_step or step % every_n:
@@ -179,7 +181,7 @@ class MemoryMonitor(VersionedState, Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.checkpoint.put_in_place(trainer)
+        put_stop_in_place(trainer)
 
     def metrics(self, r: MemoryReading) -> dict[str, float]:
         """The scalars of one reading, named by device kind."""
@@ -258,7 +260,7 @@ class MemoryMonitor(VersionedState, Callback):
         )
         if stop:
             self.stop_reason = "swap"
-            self.checkpoint.stop(trainer)
+            request_stop(trainer, self.stop_reason)
 
     def _check_pressure(
         self, trainer: pl.Trainer, metrics: dict[str, float], level: int | None
@@ -286,7 +288,7 @@ class MemoryMonitor(VersionedState, Callback):
         rank_zero_warn(f"memory: macOS memory pressure is {name}, {action}; {SWAP_HINT}")
         if stop:
             self.stop_reason = "memory pressure"
-            self.checkpoint.stop(trainer)
+            request_stop(trainer, self.stop_reason)
 
     def plot_point(self) -> dict[str, Any]:
         """Process RSS and device memory of the last reading, for the report's plot."""

@@ -6,7 +6,7 @@ again in ``on_train_end``; lightning/pytorch/callbacks/model_checkpoint.py:488 a
 For a Ctrl-C, a SIGTERM, a session budget or a swap stop that adds a ``best-step<N>.ckpt`` ranked by
 a stale validation score, which an uninterrupted run never writes and whose presence changes which
 checkpoint the run tests at the end. During such a stop this subclass saves nothing; the stopping
-callback has already saved ``last.ckpt`` at the batch boundary (laptrain/callbacks/stop_checkpoint.py).
+callback has already saved ``last.ckpt`` at the batch boundary (laptrain/checkpoints/stop.py).
 Every other behaviour, option and state key is Lightning's.
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
-from laptrain.callbacks.stop_checkpoint import ended_at_batch_boundary, save_queued_stops
+from laptrain.checkpoints.saves import save_queued_stops
+from laptrain.checkpoints.stop import ended_at_batch_boundary
 
 
 def stopping_on_purpose(trainer: pl.Trainer) -> bool:

@@ -35,7 +35,6 @@ stops, or skips, at the same step; a rank that saw nothing names the rank that d
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning.pytorch as pl
@@ -44,6 +43,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from laptrain.callbacks.contracts import VersionedState
+from laptrain.checkpoints.files import checkpoint_step
+from laptrain.checkpoints.last import last_checkpoint_of
 
 ACTIONS = ("stop", "skip")
 
@@ -55,8 +56,9 @@ class NonFiniteLoss(ValueError):
 class NonFiniteGuard(VersionedState, Callback):
     """Args:
     action: "stop" or "skip" (see the module doc).
-    last_ckpt: the run's resume checkpoint (``paths.last_ckpt``), named in the error as the last
-        good state.
+    last_ckpt: for a Trainer laptrain's job did not build, the run's resume checkpoint, named in
+        the error as the last good state; the job's runs name ``paths.last_ckpt`` and refuse this
+        key in a config (laptrain/checkpoints/last.py).
     check_grads: also check the gradients before each optimizer step (one device sync per step).
     """
 
@@ -141,21 +143,9 @@ class NonFiniteGuard(VersionedState, Callback):
         causes.append("a bad row in this batch (inputs or labels)")
         return (
             f"{what} at {where}; nothing of this step was saved. Last good checkpoint: "
-            f"{self._last_good()}. Likely causes: {'; '.join(causes)}. "
+            f"{_last_good(trainer)}. Likely causes: {'; '.join(causes)}. "
             "callbacks.nonfinite_guard.action=skip skips such steps instead"
         )
-
-    def _last_good(self) -> str:
-        if not self.last_ckpt:
-            return "none (no checkpoint folder)"
-        last = Path(self.last_ckpt)
-        if not last.is_file():
-            return "none yet (rerunning starts over)"
-        try:
-            step = torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"]
-        except Exception:
-            return str(last)
-        return f"{last} (step {step}; rerun the same command to resume from it)"
 
     def summary(self) -> dict[str, Any]:
         """The report's ``nonfinite`` section; ``stop`` only when the guard stopped the run."""
@@ -173,6 +163,19 @@ class NonFiniteGuard(VersionedState, Callback):
 
     def restore_state(self, state_dict: Mapping[str, Any]) -> None:
         self.skipped = list(state_dict.get("skipped", []))
+
+
+def _last_good(trainer: pl.Trainer) -> str:
+    last = last_checkpoint_of(trainer)
+    if last is None:
+        return "none (no checkpoint folder)"
+    if not last.is_file():
+        return "none yet (rerunning starts over)"
+    try:
+        step = checkpoint_step(last)[0]
+    except Exception:
+        return str(last)
+    return f"{last} (step {step}; rerun the same command to resume from it)"
 
 
 def _agreed(

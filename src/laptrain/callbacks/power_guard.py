@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import VersionedState, cooling_s, stop_requested
-from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+from laptrain.checkpoints.stop import put_stop_in_place, request_stop, retry_stop
 from laptrain.hardware.power import BatteryReading, BatterySource, KeepAwake, PsutilBattery
 
 # below this many timed steps per power state, a step-time comparison is noise
@@ -32,8 +32,9 @@ class PowerGuard(VersionedState, Callback):
     - reads the battery (psutil) at the start and every ``check_every_n_steps`` steps, logs
       ``power/percent`` and ``power/plugged``, and warns once when training starts on battery, with
       the step-time cost measured in the run's earlier sessions when there is one;
-    - on battery below ``min_percent``: saves ``ckpt_path`` at that batch boundary and stops
-      (``stop_reason = "battery"``; run.py exits 75 (paused) with "resume with the same command");
+    - on battery below ``min_percent``: saves the run's ``last.ckpt`` at that batch boundary and
+      stops (``stop_reason = "battery"``; run.py exits 75 (paused) with "resume with the same
+      command");
     - with ``pause_on_battery``: sleeps between steps while on battery until the charger is back
       (logged like a cooling break; weights untouched), and still stops below ``min_percent``.
 
@@ -60,7 +61,9 @@ class PowerGuard(VersionedState, Callback):
         pause_on_battery: pause between steps while on battery instead of training on it.
         check_every_n_steps: how often the battery is read (also on the first step).
         pause_check_seconds: while paused, how often the battery is read again.
-        ckpt_path: the run's ``last.ckpt``, written at a battery stop; None = no save.
+        ckpt_path: for a Trainer laptrain's job did not build, the run's ``last.ckpt``, written
+            at a battery stop; the job's runs save to ``paths.last_ckpt`` and refuse this key in a
+            config (laptrain/checkpoints/last.py).
         awake: the sleep holder; None = ``KeepAwake()`` for this machine.
         clock, sleep: injectable ``time.monotonic`` and ``time.sleep``.
 
@@ -103,7 +106,7 @@ class PowerGuard(VersionedState, Callback):
         self.use_os_battery, self.warn_on_battery = use_os_battery, warn_on_battery
         self.min_percent, self.pause_on_battery = min_percent, pause_on_battery
         self.every_n, self.pause_check_seconds = check_every_n_steps, pause_check_seconds
-        self.checkpoint = StopCheckpoint(ckpt_path)
+        self.last_ckpt = ckpt_path
         self.awake, self.clock, self.sleep = awake, clock, sleep
         self.stop_reason: str | None = None
         self.awake_line = "off"
@@ -162,7 +165,7 @@ class PowerGuard(VersionedState, Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.checkpoint.tick(trainer)  # a stop deferred past a validation happens here
+        retry_stop(trainer, self.stop_reason)  # a stop deferred past a validation happens here
         if not self.enabled or self.battery is None:
             return
         spent = self.clock() - self._t0 - (cooling_s(trainer.callbacks) - self._cooling0)
@@ -184,7 +187,7 @@ class PowerGuard(VersionedState, Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.checkpoint.put_in_place(trainer)
+        put_stop_in_place(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -223,8 +226,8 @@ class PowerGuard(VersionedState, Callback):
     def _stop(self, trainer: pl.Trainer, reading: BatteryReading) -> None:
         self.stop_reason = "battery"
         self._event(trainer, "stop", f"{reading.percent:.0f} % on battery", 0.0)  # in the save
-        # at this batch boundary, moved over last.ckpt at fit end (laptrain/callbacks/stop_checkpoint.py)
-        self.checkpoint.stop(trainer)
+        # at this batch boundary, moved over last.ckpt at fit end (laptrain/checkpoints/stop.py)
+        request_stop(trainer, self.stop_reason)
         rank_zero_warn(
             f"power: battery at {reading.percent:.0f} % (below callbacks.power_guard.min_percent="
             f"{self.min_percent:g}) at step {trainer.global_step}: checkpoint saved, stopping "

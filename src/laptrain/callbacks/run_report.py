@@ -25,11 +25,11 @@ from laptrain.callbacks.contracts import (
     stop_reason,
 )
 from laptrain.callbacks.report_writer import machine_facts, token_count, write_report
+from laptrain.checkpoints.last import run_last_checkpoint
 from laptrain.console import best_checkpoint
 from laptrain.data.collate import batch_length
 from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.loggers.tracking import log_text
-from laptrain.run_folder.layout import run_last_checkpoint
 from laptrain.run_folder.listing import resume_command
 from laptrain.versions import package_versions
 

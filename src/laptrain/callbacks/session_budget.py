@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from laptrain.callbacks.stop_checkpoint import StopCheckpoint
+from laptrain.checkpoints.stop import put_stop_in_place, request_stop
 
 
 class SessionBudget(Callback):
@@ -21,8 +21,9 @@ class SessionBudget(Callback):
     so its budget is cumulative over resumes (docs/lightning.md, "Timer and max_time") and a resumed run would stop at once.
     This budget is per process: "train 2-3 epochs at a time, then let the machine rest" (field note 000, docs/field_notes.md).
     When it runs out it sets ``trainer.should_stop`` and ``stop_reason = "session"`` (saving
-    ``ckpt_path`` at that batch boundary); ``run.train`` then exits 75 (paused) with "resume with the same command". A
-    run that would end anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.
+    the run's ``last.ckpt`` at that batch boundary: ``laptrain.checkpoints.stop.request_stop``);
+    ``run.train`` then exits 75 (paused) with "resume with the same command". A run that would
+    end anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.
 
     With several processes (DDP), every rank makes one ``strategy.broadcast`` at every batch end
     (while ``max_minutes`` is set), before anything it alone may have seen: rank 0's clock and
@@ -34,9 +35,11 @@ class SessionBudget(Callback):
     Args:
         max_minutes: wall-clock minutes of training per process; None = no limit.
         max_epochs: training epochs per process; None = no limit.
-        ckpt_path: the run's ``last.ckpt``: a stop in the middle of an epoch is saved there (see
-            ``StopCheckpoint``), so the resumed run finishes that epoch. None = leave the save to
-            another callback (an epoch-end stop always does: any end-of-fit save is right there).
+        ckpt_path: for a Trainer laptrain's job did not build, the run's ``last.ckpt``, where a
+            stop in the middle of an epoch is saved (so the resumed run finishes that epoch); the
+            job's runs save to ``paths.last_ckpt`` and refuse this key in a config
+            (laptrain/checkpoints/last.py). An epoch-end stop needs no save of its own: any
+            end-of-fit save is right there.
         clock: injectable ``time.monotonic``.
 
     Raises:
@@ -59,7 +62,7 @@ class SessionBudget(Callback):
         if max_epochs is not None and max_epochs < 1:
             raise ValueError("session_budget.max_epochs must be >= 1, or null for no epoch limit")
         self.max_minutes, self.max_epochs, self.clock = max_minutes, max_epochs, clock
-        self.checkpoint = StopCheckpoint(ckpt_path)
+        self.last_ckpt = ckpt_path
         self.stop_reason: str | None = None
         self._start, self._first_epoch = 0.0, 0
 
@@ -88,11 +91,11 @@ class SessionBudget(Callback):
         if stopping:
             return
         # Mid-epoch, or at the next batch when a validation follows this one
-        # (laptrain/callbacks/stop_checkpoint.py).
+        # (laptrain/checkpoints/stop.py).
         if (
             spent >= self.max_minutes * 60
             and not self._ends_anyway(trainer, batch_idx)
-            and self.checkpoint.stop(trainer)
+            and request_stop(trainer, "session")
         ):
             self._stop(trainer, f"{self.max_minutes:g} min")
 
@@ -109,7 +112,7 @@ class SessionBudget(Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.checkpoint.put_in_place(trainer)
+        put_stop_in_place(trainer)
 
     @staticmethod
     def _steps_done(trainer: pl.Trainer) -> bool:

@@ -1,4 +1,4 @@
-"""Checkpoint files: written so that a kill at any instant leaves a loadable one, read with care.
+"""Checkpoint bytes: written so that a kill at any instant leaves a loadable file, read with care.
 
 Gap filled (writing): Lightning 2.6.6 saves through ``_atomic_save``
 (lightning/fabric/utilities/cloud_io.py:85): it serialises the whole checkpoint into memory, then
@@ -22,10 +22,13 @@ So the whole ``__cause__``/``__context__`` chain is searched for ENOSPC/EDQUOT; 
 torch reports with another errno behind it, or none (its path writer says ``PytorchStreamWriter
 failed writing file``), is one line too, with that reason and the free space (docs/lightning.md).
 
-Reading: :func:`check_resume_checkpoint` opens a checkpoint with ``weights_only=True`` (tensors and
-plain values only; every checkpoint laptrain writes loads this way, and Lightning is then asked to
-load it the same way) and compares its weights with the model's before any training, so a
-truncated file or one from another model is a one-line error instead of a traceback mid-fit.
+A stop checkpoint is written beside its target and moved over it later (:mod:`.stop`):
+:func:`move_into_place` is that rename, fsynced like the writer's own.
+
+Reading: every checkpoint laptrain writes holds only tensors and plain values, so it is opened with
+``weights_only=True`` (and Lightning is asked to load it the same way): :func:`load_state` memory-maps
+it for the few values a reader wants (its step, a saved score), :func:`read_checkpoint` also says in
+one line why a file is not a checkpoint (:mod:`.resume` checks its weights against the model).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from laptrain.console import exception_chain
@@ -104,6 +108,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         )
 
 
+def checkpoint_plugins(configured: Any) -> list[Any]:
+    """The trainer's plugins with laptrain's crash-safe checkpoint writer, unless one is given."""
+    plugins = list(configured or [])
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
+
+
+def move_into_place(source: str | Path, target: str | Path) -> None:
+    """Rename ``source`` over ``target`` (one folder: atomic on POSIX) and fsync the folder."""
+    os.replace(source, target)
+    fsync_dir(os.path.dirname(os.path.abspath(target)))
+
+
 def write_failure(err: BaseException) -> OSError | None:
     """Why a checkpoint write failed, when the disk is to blame: the ENOSPC/EDQUOT ``OSError``
     anywhere behind ``err``; else, when torch's zip writer reported a short write, the ``OSError``
@@ -139,6 +157,18 @@ def clean_leftovers(folder: str | Path) -> int:
     return len(leftovers)
 
 
+def load_state(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's contents, tensors memory-mapped (nothing is read until used); torch's errors
+    as they are (:func:`read_checkpoint` turns them into one line)."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def checkpoint_step(path: str | Path) -> tuple[int, int]:
+    """(global step, epoch) stored in a Lightning checkpoint, read without loading the tensors."""
+    state = load_state(path)
+    return int(state.get("global_step", 0)), int(state.get("epoch", 0))
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A checkpoint's contents, memory-mapped, tensors and plain values only; one-line errors."""
     path = Path(path)
@@ -148,7 +178,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             "e.g. outputs/<run>/checkpoints/last.ckpt)"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = load_state(path)
     except Exception as err:  # truncated zip, a pickle with objects, not a torch file at all
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(
@@ -162,33 +192,3 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             "file that laptrain wrote"
         )
     return state
-
-
-def check_resume_checkpoint(path: str | Path, model: torch.nn.Module, option: str) -> None:
-    """Refuse, in one line, a checkpoint whose weights do not fit ``model``: the keys and shapes
-    of its ``state_dict`` must be the model's. ``option`` names how the file was chosen."""
-    saved = read_checkpoint(path)["state_dict"]
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    # A module with strict_loading=False (LoRA: adapters only) saves a subset of its weights.
-    strict = bool(getattr(model, "strict_loading", True))
-    missing = [k for k in expected if k not in saved] if strict else []
-    unexpected = [k for k in saved if k not in expected]
-    reshaped = [k for k in expected if k in saved and tuple(saved[k].shape) != expected[k]]
-    if not (missing or unexpected or reshaped):
-        return
-    parts = []
-    if reshaped:
-        k = reshaped[0]
-        parts.append(
-            f"{len(reshaped)} weights have other shapes (e.g. {k}: {tuple(saved[k].shape)} "
-            f"in the file, {expected[k]} in this model)"
-        )
-    if missing:
-        parts.append(f"{len(missing)} of this model's weights are missing (e.g. {missing[0]})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} are not this model's (e.g. {unexpected[0]})")
-    raise ValueError(
-        f"{path} ({option}) was written by another model: {'; '.join(parts)}. "
-        "Use resume=false (or another run_name) to start this model in a new folder, or point "
-        "ckpt_path= at a checkpoint of this model"
-    )

@@ -18,6 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from laptrain.checkpoints.files import load_state
+
 METRICS_FILE = "metrics.json"
 
 
@@ -47,9 +49,7 @@ def best_score(callbacks: list[Any], monitor: str) -> float | None:
 
 
 def _saved_best_score(path: Path, monitor: str) -> float | None:
-    import torch
-
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    state = load_state(path)
     for key, value in state.get("callbacks", {}).items():
         if "ModelCheckpoint" in str(key) and value.get("monitor") == monitor:
             score = value.get("best_model_score")

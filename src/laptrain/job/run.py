@@ -20,7 +20,6 @@ import lightning.pytorch as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -28,10 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
-from laptrain.checkpoints.files import (
-    AtomicCheckpointIO,
-    check_resume_checkpoint,
-    clean_leftovers,
+from laptrain.checkpoints.files import checkpoint_plugins
+from laptrain.checkpoints.last import use_last_checkpoint
+from laptrain.checkpoints.resume import (
+    checked_resume_checkpoint,
+    final_step,
+    resuming_line,
+    written_last,
 )
 from laptrain.config.batch_request import batch_follows_profile
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
@@ -90,46 +92,6 @@ def _instantiate_list(section: Any) -> list[Any]:
         return []
     items = section if OmegaConf.is_list(section) or isinstance(section, list) else [section]
     return [instantiate(i, _convert_="all") if OmegaConf.is_dict(i) else i for i in items]
-
-
-def resume_checkpoint(cfg: DictConfig) -> str | None:
-    """The checkpoint to resume from: ``ckpt_path``, else the run's ``last.ckpt`` when resuming."""
-    if cfg.get("ckpt_path"):
-        path = Path(str(cfg.ckpt_path)).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"ckpt_path not found: {path} (point ckpt_path= at a .ckpt file, e.g. outputs/<run>/checkpoints/last.ckpt)"
-            )
-        return str(path)
-    if not cfg.resume:
-        return None
-    last = Path(cfg.paths.last_ckpt)
-    return str(last) if last.is_file() else None
-
-
-def checked_resume_checkpoint(cfg: DictConfig, model: Any) -> str | None:
-    """:func:`resume_checkpoint`, refused in one line before any training when it is unreadable
-    or holds another model's weights; temporary files of saves a kill interrupted are removed."""
-    clean_leftovers(cfg.paths.ckpt_dir)
-    path = resume_checkpoint(cfg)
-    if path:
-        option = "ckpt_path" if cfg.get("ckpt_path") else "this run's last checkpoint"
-        check_resume_checkpoint(path, model, option)
-    return path
-
-
-def checkpoint_plugins(configured: Any) -> list[Any]:
-    """The trainer's plugins with laptrain's crash-safe checkpoint writer, unless one is given."""
-    plugins = list(configured or [])
-    if not any(isinstance(p, CheckpointIO) for p in plugins):
-        plugins.append(AtomicCheckpointIO())
-    return plugins
-
-
-def checkpoint_step(path: str) -> tuple[int, int]:
-    """(global step, epoch) stored in a Lightning checkpoint, read without loading the tensors."""
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    return int(state.get("global_step", 0)), int(state.get("epoch", 0))
 
 
 def summary_lines(plan: RunPlan, env: EnvReport | None) -> list[str]:
@@ -257,12 +219,11 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     datamodule, model, plan, remake = build(cfg, env, output_dir)
     trainer, callbacks, loggers = _make_trainer(cfg, plan, model, datamodule)
     _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan)
-    ckpt_path = checked_resume_checkpoint(cfg, model)
+    ckpt_path = checked_resume_checkpoint(
+        cfg.get("ckpt_path"), cfg.resume, cfg.paths.ckpt_dir, cfg.paths.last_ckpt, model
+    )
     if ckpt_path:
-        step, epoch = checkpoint_step(ckpt_path)
-        rank_zero_info(
-            f"resuming from {ckpt_path} (global step {step}, epoch {epoch}); resume=false starts a new run"
-        )
+        rank_zero_info(resuming_line(ckpt_path))
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     except SystemExit as stop:
@@ -275,7 +236,7 @@ def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
     if stopped is not None:
         return stopped
     best = _best(trainer, callbacks)  # before test, which restores the callbacks' older state
-    step = _final_step(trainer, Path(cfg.paths.last_ckpt))
+    step = final_step(trainer.global_step, cfg.paths.last_ckpt)
     try:
         metrics, model = _test(cfg, trainer, model, datamodule, remake)
     except SystemExit as stop:
@@ -347,8 +308,9 @@ def instantiate_trainer(
 ) -> pl.Trainer:
     """``cfg.trainer`` with the plan's arguments, these callbacks and loggers, and the
     checkpoint plugins; keyword arguments win over the config's keys (``laptrain bench`` passes
-    its step count and folder this way). Under ``trainer=fsdp`` the strategy gets ``model``'s
-    units (one per layer: laptrain.model.fsdp_units)."""
+    its step count and folder this way). Every stop and save of its fit writes
+    ``paths.last_ckpt``. Under ``trainer=fsdp`` the strategy gets ``model``'s units (one per
+    layer: laptrain.model.fsdp_units)."""
     trainer = instantiate(
         cfg.trainer,
         **plan.trainer_kwargs(),
@@ -358,6 +320,7 @@ def instantiate_trainer(
         _convert_="all",
         **overrides,
     )
+    use_last_checkpoint(trainer, cfg.paths.last_ckpt)
     fsdp_strategy_for(model, trainer.strategy)
     return trainer
 
@@ -402,8 +365,8 @@ def _stopped(
     # A callback that stops the run on purpose (session budget, swap) leaves it resumable.
     paused = stop_reason(callbacks)
     if paused:
-        # The stopping callback saved last.ckpt at the batch boundary (laptrain/callbacks/
-        # stop_checkpoint.py); a save here, after fit, would count the interrupted epoch as done.
+        # The stopping callback saved last.ckpt at the batch boundary (laptrain/checkpoints/
+        # stop.py); a save here, after fit, would count the interrupted epoch as done.
         rank_zero_info(
             f"stopped ({paused}) at global step {trainer.global_step}; checkpoint {last}. "
             f"{resume_hint(cfg, output_dir)}."
@@ -427,8 +390,8 @@ def _interrupted(
         signum = signal.SIGINT
     else:
         raise stop
-    last = Path(cfg.paths.last_ckpt)
-    kept = f"checkpoint {last}" if last.is_file() else "no checkpoint yet, so it starts over"
+    last = written_last(cfg.paths.last_ckpt)
+    kept = f"checkpoint {last}" if last else "no checkpoint yet, so it starts over"
     rank_zero_info(
         f"{signum.name}: stopped during the {stage} at global step {trainer.global_step}; "
         f"{kept}. {resume_hint(cfg, output_dir)}."
@@ -459,8 +422,7 @@ def _test(
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.best_model_path or None
         if shards_model_state(cfg.trainer.get("strategy")):  # units or only the root: any module
-            last = Path(cfg.paths.last_ckpt)
-            path = path or (str(last) if last.is_file() else None)
+            path = path or written_last(cfg.paths.last_ckpt)
             if path is None:
                 rank_zero_info(
                     "test skipped: under FSDP it loads a checkpoint, and none was written"
@@ -493,14 +455,6 @@ def _best(trainer: pl.Trainer, callbacks: list[Any]) -> tuple[str, str, float] |
         return best
     score = best_score(callbacks, best[1])
     return best if score is None else (best[0], best[1], score)
-
-
-def _final_step(trainer: pl.Trainer, last: Path) -> int:
-    """The fit's last optimizer step; after a ``ddp_spawn`` fit the main process's Trainer still
-    says 0, so it is read from ``last.ckpt``."""
-    if trainer.global_step or not last.is_file():
-        return trainer.global_step
-    return checkpoint_step(str(last))[0]
 
 
 def closing_lines(

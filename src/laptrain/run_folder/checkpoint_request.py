@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from laptrain.checkpoints.last import run_last_checkpoint
 from laptrain.console import relative
 from laptrain.files import write_text_atomic
-from laptrain.run_folder.layout import run_last_checkpoint
 from laptrain.run_folder.listing import RUNS_ROOT, resolve_run
 from laptrain.run_folder.lock import is_locked
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laptrain.run_folder.layout import run_last_checkpoint
+from laptrain.checkpoints.last import run_last_checkpoint
 from laptrain.run_folder.lock import LOCK_NAME, is_locked
 
 # where runs are written: conf/train.yaml's hydra.run.dir, outputs/<run_name> in the working folder
@@ -108,9 +108,9 @@ def _status(folder: Path, report: dict[str, Any] | None, has_ckpt: bool) -> str:
 
 def checkpoint_facts(path: Path) -> tuple[int, str | None]:
     """(global step, best score text) stored in a Lightning checkpoint (tensors memory-mapped)."""
-    import torch
+    from laptrain.checkpoints.files import load_state  # imports torch
 
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    state = load_state(path)
     best = None
     for key, value in (state.get("callbacks") or {}).items():
         if isinstance(value, dict) and value.get("best_model_score") is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from laptrain.run_folder.layout import last_checkpoint
+from laptrain.checkpoints.last import last_checkpoint
 from laptrain.run_folder.lock import LOCK_NAME, is_locked, launch_of
 
 _chosen: dict[str, str] = {}
