@@ -28,12 +28,12 @@ class ModelFamily:
     Attributes:
         name: the family's package under ``laptrain/model/`` (and its row in the device smoke).
         module: the LightningModule class its presets instantiate (their ``_target_``).
-        summary: one line for ``laptrain doctor`` and the docs.
+        summary: one line saying what the family trains (``laptrain preflight`` names the families
+            it sizes with it).
         refuse_precision: ``"module:function"``, ``function(device_kind, precision)`` returning
             why the family does not train at that precision there, or None.
         sized_from_config: ``laptrain preflight`` estimates its memory from the YAML alone (no
             weights loaded); other families are measured by ``train.py``'s own preflight.
-        adapters: the run exports adapters that ``laptrain eval/generate/merge`` read.
         smoke: the module with the family's smoke-test build: ``build(seed, steps)`` (with
             optional ``kind=``/``precision=`` keywords), ``predict(module, batch)`` and optionally
             ``note(kind)`` (``laptrain/model/<family>/smoke.py``), which the device smoke test
@@ -53,7 +53,6 @@ class ModelFamily:
     smoke: str
     refuse_precision: str | None = None
     sized_from_config: bool = False
-    adapters: bool = False
     fsdp_layers: str | None = None
     fsdp_refusal: str | None = None
     variants: tuple[str, ...] = ()
@@ -89,7 +88,6 @@ FAMILIES: dict[str, ModelFamily] = {
             "laptrain.model.lora.smoke",
             refuse_precision="laptrain.model.lora.causal_lm:refuse_precision",
             sized_from_config=True,
-            adapters=True,
             fsdp_layers="laptrain.model.fsdp_units:transformers_layers",
             variants=("laptrain.model.lora.dpo.DPOLoRAModule",),
         ),

@@ -348,12 +348,12 @@ def _lora_config(cfg: Any) -> tuple[Any, Any]:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
     family = family_of(model_cfg)
     if family is None or not family.sized_from_config:
-        sized = ", ".join(f.name for f in FAMILIES.values() if f.sized_from_config)
+        sized = ", ".join(
+            f"the {f.name} family ({f.summary})" for f in FAMILIES.values() if f.sized_from_config
+        )
         raise PreflightInputError(
-            f"laptrain preflight estimates from the config only the {sized} family (causal-LM "
-            f"LoRA); "
-            f"model {model_cfg.get('_target_')} is measured by train.py's own preflight before "
-            "training"
+            f"laptrain preflight estimates from the config only {sized}; model "
+            f"{model_cfg.get('_target_')} is measured by train.py's own preflight before training"
         )
     config = causal_lm_config(model_cfg)
     if config is None:
