@@ -146,6 +146,28 @@ def test_lora_trains_on_two_ddp_processes_through_train_py(tmp_path, job):
     assert step == 4 and state["state_dict"] and all("lora_" in k for k in state["state_dict"])
 
 
+@pytest.mark.slow  # ~60 s: two processes, then one
+@JOBS
+def test_two_ddp_processes_end_where_one_process_ends(tmp_path: Path, job: list[str]) -> None:
+    """2 processes at micro batch 4 train the adapter one process at 8 trains: each rank's loss is
+    its share of the step (response tokens for LoRA, pairs for DPO) and DDP averages the ranks'
+    gradients. LoRA dropout off: each rank draws its own masks, one process draws other ones."""
+    same = [*job, "model.lora.dropout=0", "trainer.max_steps=4"]
+    two = train([*same, "run_name=two", "trainer=ddp_cpu"], tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "effective batch size: 8" in two.stdout
+    one = train_here([*same, "run_name=one", "data.batch_size=8"], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "effective batch size: 8" in one.stdout
+    two_w, _, two_step = final_weights(tmp_path / "outputs" / "two")
+    one_w, _, one_step = final_weights(tmp_path / "outputs" / "one")
+    assert two_step == one_step == 4 and one_w.keys() == two_w.keys()
+    # lora_B starts at zero: what it holds now is what 4 steps learnt, far above the bound
+    assert max(w.abs().max().item() for k, w in one_w.items() if "lora_B" in k) > 1e-3
+    worst = max((one_w[k].double() - two_w[k].double()).abs().max().item() for k in one_w)
+    assert worst < 1e-5, worst
+
+
 @pytest.mark.parametrize(
     "job",
     [JOB, pytest.param(DPO_JOB, marks=pytest.mark.slow)],  # DPO's SIGTERM twin is slow too

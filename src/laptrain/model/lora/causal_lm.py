@@ -301,7 +301,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self.save_adapters = save_adapters
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
-        self._window_tokens = 0
+        self._window_count = 0
         self._window_ref: int | None = None
         self._adapter_step: int | None = None
         self._report_sizes(dtype, quantization)
@@ -441,12 +441,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         tokens = response_tokens(batch)
-        if self._window_ref is None:
-            self._window_ref = self._reference_tokens(tokens)
-        self._window_tokens += tokens
-        # Each batch back-propagates sum / window_ref / accumulate; on_before_optimizer_step turns
-        # that into sum / (response tokens of the whole step) once the step's count is known.
-        scale = tokens / self._window_ref
+        scale = self._share_of_step(tokens)
 
         def loss_of(chunk: dict[str, torch.Tensor]) -> torch.Tensor:
             total, count = self._loss_sum(chunk)
@@ -457,9 +452,20 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self.log("train/loss", mean, on_step=True, prog_bar=True, batch_size=max(tokens, 1))
         return loss
 
-    def _reference_tokens(self, tokens: int) -> int:
-        """The divisor of every backward in this accumulation window: this batch's response
-        tokens, averaged over the ranks under DDP so that every rank scales alike (one scalar
+    def _share_of_step(self, count: int) -> float:
+        """The factor a batch's mean loss is back-propagated with: its ``count`` (response tokens
+        here, pairs for DPO) over the first batch's of the accumulation window.
+
+        Each batch back-propagates sum / window_ref / accumulate; on_before_optimizer_step turns
+        that into sum / (the count of the whole step, all ranks) once it is known."""
+        if self._window_ref is None:
+            self._window_ref = self._reference_count(count)
+        self._window_count += count
+        return count / self._window_ref
+
+    def _reference_count(self, tokens: int) -> int:
+        """The divisor of every backward in this accumulation window: this batch's count (response
+        tokens, or pairs), averaged over the ranks under DDP so that every rank scales alike (one scalar
         all-reduce per window) and the rescale in :meth:`on_before_optimizer_step` is the same
         on every rank."""
         if self.trainer.world_size > 1:
@@ -478,7 +484,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         if self._window_ref is None:
             return
         world = self.trainer.world_size
-        total = self._window_tokens
+        total = self._window_count
         if world > 1:
             count = torch.tensor(float(total), device=self.device)
             total = round(float(self.trainer.strategy.reduce(count, reduce_op="sum")))
@@ -494,7 +500,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
     ) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        self._window_tokens = 0
+        self._window_count = 0
         self._window_ref = None
 
     def _eval_step(self, metric: MeanMetric, batch: dict[str, torch.Tensor]) -> None:

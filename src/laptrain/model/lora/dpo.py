@@ -57,10 +57,14 @@ def dpo_terms(
 
 def summed_logps(picked: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Per row of ``keep`` (``[N, L]``), the summed log-probability of its kept ``targets`` under
-    ``picked``, the logits at the kept positions in row-major order; float32 ``[N]``."""
-    token = torch.log_softmax(picked.float(), dim=-1).gather(-1, targets[keep][:, None])
+    ``picked``, the logits at the kept positions in row-major order; ``[N]`` in float32, or float64
+    under ``64-true`` (where Lightning makes float64 the default dtype)."""
+    wide = picked if picked.dtype == torch.float64 else picked.float()
+    token = torch.log_softmax(wide, dim=-1).gather(-1, targets[keep][:, None]).squeeze(-1)
     rows = keep.nonzero()[:, 0]
-    return torch.zeros(keep.shape[0], device=picked.device).index_add(0, rows, token.squeeze(-1))
+    return torch.zeros(keep.shape[0], dtype=token.dtype, device=token.device).index_add(
+        0, rows, token
+    )
 
 
 def load_adapters(peft_model: Any, path: str | Path) -> Path:
@@ -166,18 +170,21 @@ class DPOLoRAModule(CausalLMLoRAModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         pairs = batch["input_ids"].shape[0]
+        # The step's loss is the mean over its pairs on every rank and batch together: a rank (or
+        # an accumulated batch) with fewer pairs weighs less, as in one process.
+        scale = self._share_of_step(pairs)
         sums = {k: torch.zeros((), device=self.device) for k in STATS}
 
         def loss_of(chunk: dict[str, torch.Tensor]) -> torch.Tensor:
             losses, stats = dpo_terms(*self.pair_logps(chunk), self.beta)
             for key, values in stats.items():
                 sums[key] = sums[key] + values.sum()
-            return losses.mean()
+            return losses.mean() * scale
 
         loss = self.chunked_backward(batch, loss_of)
         for key in STATS[1:]:
             self.log(f"train/{key}", sums[key] / pairs, on_step=True, batch_size=pairs)
-        self.log("train/loss", loss, on_step=True, prog_bar=True, batch_size=pairs)
+        self.log("train/loss", loss.detach() / scale, on_step=True, prog_bar=True, batch_size=pairs)
         return loss
 
     def _eval_step(self, metrics: Any, batch: dict[str, torch.Tensor]) -> None:  # type: ignore[override]
