@@ -19,6 +19,7 @@ from laptrain.config.check import ConfigError
 from laptrain.hardware.probe import FakeProbe, TorchProbe
 from laptrain.job import plan as plan_module
 from laptrain.job import run
+from laptrain.launch import device
 from laptrain.model.lora import causal_lm
 from laptrain.preflight import batch
 from laptrain.ranks.environment import local_rank
@@ -139,7 +140,7 @@ def test_a_rank_pins_its_own_gpu_before_it_reads_or_builds_anything(
             made.append((kind, index, list(cuda.set)))
             super().__init__("cpu")
 
-    monkeypatch.setattr(run, "check_device", lambda cfg, say: "32-true")
+    monkeypatch.setattr(device, "check_device", lambda cfg, say: "32-true")
     monkeypatch.setattr(run, "TorchProbe", Probe)
     data = write_texts(tmp_path / "texts.csv", rows=60)
     overrides = ["hardware=cuda", "preflight.enabled=false", "data=text_csv", *TINY]
@@ -165,7 +166,8 @@ def test_the_preflight_probes_this_rank_s_gpu(tmp_path, monkeypatch):
     cfg = compose_train(overrides, tmp_path)
     data = types.SimpleNamespace(max_length=16, num_workers=0)
     with pytest.raises(Stop):
-        plan_module.build_run_plan(cfg, object(), data, "32-true")
+        index = device.rank_device_index(cfg, "cuda")  # the launch's RunDevice.index
+        plan_module.build_run_plan(cfg, object(), data, "32-true", device_index=index)
     assert made == [("cuda", 3)]
 
 

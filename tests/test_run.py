@@ -7,6 +7,7 @@ import pytest
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
 from laptrain.job import run
+from laptrain.launch import device
 from laptrain.launch.device import UNFUSED_ON_MPS_FP16, UNFUSED_UNDER_FSDP_FP16, check_device
 from tests.conftest import TINY, compose_train, write_texts
 from tests.in_process import train_here
@@ -105,8 +106,8 @@ def test_fused_adamw_is_off_for_16_mixed_on_mps_and_under_fsdp(
 ):
     """The classifier's AdamW (conf/model/tiny_classifier.yaml: fused: true) as run.build makes it,
     with the device and precision checks standing in for a Mac (or GPUs) here."""
-    monkeypatch.setattr(run, "check_device", lambda cfg, say: precision)
-    monkeypatch.setattr(run, "plan_device", lambda cfg: kind)
+    monkeypatch.setattr(device, "check_device", lambda cfg, say: precision)
+    monkeypatch.setattr(device, "plan_device", lambda cfg: kind)
     data = write_texts(tmp_path / "texts.csv", rows=60)
     overrides = ["hardware=cpu", "preflight.enabled=false", "data=text_csv", *TINY, *trainer]
     cfg = compose_train([*overrides, f"data.files.train={data}"], tmp_path)
@@ -130,8 +131,8 @@ def test_a_rank_reads_the_memory_of_its_own_gpu(tmp_path, monkeypatch, kind, loc
             super().__init__("cpu")
 
     monkeypatch.setenv("LOCAL_RANK", local_rank)
-    monkeypatch.setattr(run, "check_device", lambda cfg, say: "32-true")
-    monkeypatch.setattr(run, "plan_device", lambda cfg: kind)
+    monkeypatch.setattr(device, "check_device", lambda cfg, say: "32-true")
+    monkeypatch.setattr(device, "plan_device", lambda cfg: kind)
     monkeypatch.setattr(run, "TorchProbe", Probe)
     data = write_texts(tmp_path / "texts.csv", rows=60)
     overrides = ["hardware=cpu", "preflight.enabled=false", "data=text_csv", *TINY]

@@ -201,7 +201,7 @@ def build_job(
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     if cfg.hardware.get("torch_threads"):
         torch.set_num_threads(int(cfg.hardware.torch_threads))
-    built = build(cfg, env, folder)
+    built = build(cfg, None, folder)  # the device is decided there
     return BenchJob(cfg, built.datamodule, built.model, built.plan, folder, env)
 
 

@@ -1,13 +1,28 @@
 """``data.batch_size`` as the user asks for it: a number, ``from_profile`` (the hardware profile's
 batch) or ``auto`` (the memory preflight picks). Read by the pre-check, the plan and the preflight,
-so the three spellings are defined once here."""
+so the three spellings are defined once here, and a run parses its request once
+(:func:`batch_request`) into a :class:`BatchRequest` it passes down."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
 FROM_PROFILE = "from_profile"
 AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """A run's batch request: ``follows_profile`` when ``data.batch_size`` is ``from_profile``;
+    then ``auto`` when ``hardware.batch_size`` is ``auto`` (the preflight picks), else ``size``,
+    the profile's number. A data config with its own number keeps it (``size`` None here: the
+    datamodule holds it)."""
+
+    follows_profile: bool
+    auto: bool = False
+    size: int | None = None
 
 
 def is_auto(value: object) -> bool:
@@ -18,3 +33,14 @@ def is_auto(value: object) -> bool:
 def batch_follows_profile(cfg: DictConfig) -> bool:
     """Whether this run's data takes its batch from the hardware profile (``from_profile``)."""
     return str(cfg.data.get("batch_size")) == FROM_PROFILE
+
+
+def batch_request(cfg: DictConfig) -> BatchRequest:
+    """The run's :class:`BatchRequest`, read once from ``data.batch_size`` and
+    ``hardware.batch_size``."""
+    if not batch_follows_profile(cfg):
+        return BatchRequest(follows_profile=False)
+    asked = cfg.hardware.get("batch_size")
+    if is_auto(asked):
+        return BatchRequest(follows_profile=True, auto=True)
+    return BatchRequest(follows_profile=True, size=int(asked))

@@ -157,9 +157,6 @@ class EnvReport:
     kept: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     lowered: set[str] = field(default_factory=set)
-    device_checked: bool = (
-        False  # train.py ran the device/precision check before Hydra's run folder
-    )
 
     def lines(self) -> list[str]:
         out = [

@@ -16,7 +16,7 @@ keeps it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.config.batch_request import AUTO, batch_follows_profile, is_auto
+from laptrain.config.batch_request import AUTO, BatchRequest, batch_request, is_auto
 from laptrain.config.check import ConfigError
 from laptrain.data.contracts import EvaluatesInOtherBatches, Loader, loader_settings
 from laptrain.job.datamodule_settings import (
@@ -37,7 +37,7 @@ from laptrain.job.datamodule_settings import (
 )
 from laptrain.launch.device import device_count, device_kind, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
-from laptrain.ranks.processes import asked_devices, rank_cuda_index, shards_model_state
+from laptrain.ranks.processes import asked_devices, shards_model_state
 
 
 @dataclass(frozen=True)
@@ -156,20 +156,6 @@ class RunPlan:
         return data
 
 
-def plan_device(cfg: DictConfig) -> str:
-    """The device kind (cpu, cuda, mps) the trainer config asks for."""
-    return device_kind(requested_accelerator(cfg))
-
-
-def rank_device_index(cfg: DictConfig, kind: str | None = None) -> int | None:
-    """The CUDA GPU this rank trains on, ``trainer.devices[local rank]`` in whichever form
-    trainer.devices is written (laptrain.ranks.processes.rank_cuda_index); None off CUDA.
-    ``kind``: the device kind when the caller has it (else :func:`plan_device`)."""
-    if (kind or plan_device(cfg)) != "cuda":
-        return None
-    return rank_cuda_index(asked_devices(cfg))
-
-
 def build_run_plan(
     cfg: DictConfig,
     model: Any,
@@ -178,10 +164,15 @@ def build_run_plan(
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
     preflight: Any = None,
+    device_index: int | None = None,
+    batch: BatchRequest | None = None,
 ) -> RunPlan:
     """Decide the run's batch, accumulation, device and loader settings once.
 
-    ``preflight`` is ``laptrain.preflight.batch.preflight_for_run`` (injectable for tests). With
+    ``precision`` and ``device_index`` (this rank's GPU, the preflight measures it; None off CUDA)
+    are the launch's decision (laptrain.launch.device.RunDevice); ``batch`` the run's parsed
+    request (read from the config when not given). ``preflight`` is
+    ``laptrain.preflight.batch.preflight_for_run`` (injectable for tests). With
     ``hardware.batch_size: auto`` the preflight must run; a fixed batch is still checked by it.
 
     Raises:
@@ -190,11 +181,12 @@ def build_run_plan(
     """
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
-    asked = _asked(cfg, model, datamodule, reasons)
-    batch = _checked_batch(
-        cfg, model, datamodule, asked, precision, reasons, preflight, output_dir, cache_dir
+    asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg))
+    measured_on = partial(_preflight_profile, cfg, asked, precision, device_index)
+    checked = _checked_batch(
+        cfg, model, datamodule, asked, measured_on, reasons, preflight, output_dir, cache_dir
     )
-    loading = _loading(cfg, model, datamodule, asked.follows, batch.loader_batch, reasons)
+    loading = _loading(cfg, model, datamodule, asked.follows, checked.loader_batch, reasons)
     set_on = {**asked.set_on, **loading.set_on}
     return RunPlan(
         profile=str(hw.get("name")),
@@ -209,7 +201,7 @@ def build_run_plan(
         set_on=set_on,
         loader_own=loading.loader_own,
         datamodule_name=type(datamodule).__name__,
-        **asdict(batch),
+        **asdict(checked),
         **{k: v for k, v in asdict(loading).items() if k not in ("set_on", "loader_own")},
     )
 
@@ -270,20 +262,20 @@ class _Loading:
     loader_own: tuple[str, ...] = ()
 
 
-def _asked(cfg: DictConfig, model: Any, datamodule: Any, reasons: dict[str, str]) -> _Asked:
+def _asked(
+    cfg: DictConfig, model: Any, datamodule: Any, reasons: dict[str, str], request: BatchRequest
+) -> _Asked:
     """The accelerator, devices, accumulation and batch the config asks for (the trainer's
     settings win over the hardware profile's; the data's batch unless it follows the profile)."""
-    hw, trainer = cfg.hardware, cfg.trainer
-    follows = batch_follows_profile(cfg)
-    profile_batch = hw.get("batch_size")
-    auto = follows and is_auto(profile_batch)
+    trainer = cfg.trainer
+    follows, auto = request.follows_profile, request.auto
     accelerator = requested_accelerator(cfg)
     devices_asked = asked_devices(cfg)
     devices = device_count(devices_asked, device_kind(accelerator))
     accumulation = int(trainer.get("accumulate_grad_batches") or 1)
     set_on: dict[str, str] = {}
     if follows:
-        loader_batch = 1 if auto else int(profile_batch)
+        loader_batch = 1 if request.size is None else request.size
         reasons["batch"] = "hardware.batch_size"
         if users_datamodule(datamodule) and not isinstance(datamodule, TakesBatchSizes):
             set_on[BATCH] = _batch_holder(model, datamodule)
@@ -339,13 +331,14 @@ def _checked_batch(
     model: Any,
     datamodule: Any,
     asked: _Asked,
-    precision: str,
+    measured_on: Callable[[], dict[Any, Any]],
     reasons: dict[str, str],
     preflight: Any,
     output_dir: Path | None,
     cache_dir: Path | None,
 ) -> _Batch:
-    """The batch the preflight picks (``auto``) or checks (fixed), or as asked when it is off."""
+    """The batch the preflight picks (``auto``) or checks (fixed), or as asked when it is off;
+    ``measured_on()`` is the hardware the preflight measures."""
     options = cfg.get("preflight") or {}
     asked_batch = _Batch(
         asked.loader_batch, asked.accumulation, None, False if asked.auto_checkpointing else None
@@ -369,7 +362,7 @@ def _checked_batch(
     if preflight is None:
         from laptrain.preflight.batch import preflight_for_run as preflight
 
-    profile = _preflight_profile(cfg, asked, precision)
+    profile = measured_on()
     # what both preflights (the estimate and the measured one) are given
     shared = {
         "accumulation": asked.accumulation,
@@ -436,14 +429,17 @@ def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> An
         return None
 
 
-def _preflight_profile(cfg: DictConfig, asked: _Asked, precision: str) -> dict[Any, Any]:
-    """The hardware profile the preflight checks, with the trainer's devices and precision."""
+def _preflight_profile(
+    cfg: DictConfig, asked: _Asked, precision: str, device_index: int | None
+) -> dict[Any, Any]:
+    """The hardware profile the preflight checks, with the trainer's devices and precision and
+    this rank's GPU."""
     profile = OmegaConf.to_container(cfg.hardware, resolve=True)
     assert isinstance(profile, dict)
     profile["devices"] = asked.devices
     profile["precision"] = precision  # the Trainer's (trainer.precision wins over the profile's)
     profile["accelerator"] = device_kind(asked.accelerator)  # the preflight probes this kind
-    profile["device_index"] = rank_device_index(cfg, profile["accelerator"])  # on this GPU
+    profile["device_index"] = device_index  # on this GPU
     trainer = cfg.trainer
     if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
         profile["shards"] = asked.devices * int(trainer.get("num_nodes") or 1)

@@ -1,14 +1,18 @@
 """The device and precision a run trains with, decided once, before any data or model work.
 
 The Trainer's own arguments win over the profile's (``trainer.precision=bf16-mixed`` on the
-command line is what Lightning gets), so the precision is read here in that order and every later
-reader (the plan, the memory preflight, the summary) is given this value instead of reading the
-config again.
+command line is what Lightning gets), so the precision is read here in that order.
+:func:`decide_device` makes the decision once, at the launch (``train.py``, before Hydra makes a
+run folder), as a :class:`RunDevice`: the device kind, the precision checked against the device
+and the model's family, and this rank's GPU. The job is handed that value (:func:`job_device`) and
+every later reader (the plan, the memory preflight, the summary) is given it instead of reading
+the config again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -23,7 +27,7 @@ from laptrain.hardware.profile import (
     validate_precision,
 )
 from laptrain.model.families import family_of
-from laptrain.ranks.processes import asked_devices, requested_devices
+from laptrain.ranks.processes import asked_devices, rank_cuda_index, requested_devices
 
 UNFUSED_ON_MPS_FP16 = (
     "model.optimizer.fused=false with 16-mixed on MPS: torch's fused Adam/AdamW on MPS ignored the "
@@ -35,6 +39,20 @@ UNFUSED_UNDER_FSDP_FP16 = (
     "unscale to its kernel, so the ranks never share an overflow and their loss scales drift "
     "apart (docs/hardware.md §3)"
 )
+
+
+@dataclass(frozen=True)
+class RunDevice:
+    """What a run trains on, decided once by :func:`decide_device` and passed down.
+
+    ``kind`` is cpu, cuda or mps; ``precision`` Lightning's spelling, checked against the device
+    and the model's family; ``index`` this rank's CUDA GPU (``trainer.devices[local rank]``), None
+    off CUDA; ``asked`` the config values it answers (:func:`device_request`)."""
+
+    kind: str
+    precision: str
+    index: int | None
+    asked: tuple[str, ...]
 
 
 def requested_precision(cfg: DictConfig) -> str:
@@ -79,6 +97,47 @@ def device_count(devices: Any, kind: str, cuda_devices: Callable[[], int] | None
             "set hardware=cpu (or trainer.accelerator=cpu trainer.devices=1)"
         )
     return found
+
+
+def plan_device(cfg: DictConfig) -> str:
+    """The device kind (cpu, cuda, mps) the trainer config asks for."""
+    return device_kind(requested_accelerator(cfg))
+
+
+def rank_device_index(cfg: DictConfig, kind: str) -> int | None:
+    """The CUDA GPU this rank trains on, ``trainer.devices[local rank]`` in whichever form
+    trainer.devices is written (laptrain.ranks.processes.rank_cuda_index); None off CUDA."""
+    return rank_cuda_index(asked_devices(cfg)) if kind == "cuda" else None
+
+
+def device_request(cfg: DictConfig) -> tuple[str, ...]:
+    """What the device decision reads of the config: accelerator, precision, ``trainer.devices``,
+    the profile's name and the model's ``_target_``."""
+    model = cfg.get("model")
+    return (
+        requested_accelerator(cfg),
+        requested_precision(cfg),
+        str(asked_devices(cfg)),
+        str(cfg.hardware.get("name")),
+        str(model.get("_target_")) if model is not None else "",
+    )
+
+
+def decide_device(cfg: DictConfig, say: Callable[[str], None] = rank_zero_info) -> RunDevice:
+    """The run's device, once: :func:`check_device` (refusals in one line, a warning through
+    ``say``), and this rank's GPU."""
+    kind = plan_device(cfg)
+    precision = check_device(cfg, say=say)
+    return RunDevice(kind, precision, rank_device_index(cfg, kind), device_request(cfg))
+
+
+def job_device(cfg: DictConfig, launched: RunDevice | None) -> RunDevice:
+    """The device of a job: the launch's decision when it answers this job's config (a run; a
+    sweep job that sweeps no device setting), else the job's own. The launch checks a sweep on its
+    first job and says its warning once: another job of that sweep decides without repeating it."""
+    if launched is not None and launched.asked == device_request(cfg):
+        return launched
+    return decide_device(cfg, say=rank_zero_info if launched is None else (lambda _: None))
 
 
 def check_device(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from omegaconf import DictConfig
 
@@ -18,6 +19,9 @@ from laptrain.hardware.env import EnvReport, apply_env
 from laptrain.hardware.malloc import keep_freed
 from laptrain.ranks.processes import asks_multirun, check_scale_out
 from laptrain.run_folder.lock import hold_run_folder
+
+if TYPE_CHECKING:
+    from laptrain.launch.device import RunDevice
 
 # Flags that only print Hydra's help or completion: nothing to check or apply.
 HELP_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc"}
@@ -70,7 +74,15 @@ def multirun(argv: Sequence[str], cfg: DictConfig) -> bool:
     return asks_multirun(argv) or str(cfg.hydra.mode) == "MULTIRUN"
 
 
-def prepare(argv: Sequence[str], conf: Path) -> EnvReport | None:
+class Launch(NamedTuple):
+    """What the launch hands the job: the environment it exported, and the device it decided
+    (None when the command only prints the config)."""
+
+    env: EnvReport
+    device: RunDevice | None
+
+
+def prepare(argv: Sequence[str], conf: Path) -> Launch | None:
     """``train.py``'s launch, all before Hydra makes a run folder; None for help-only commands.
     ``argv`` is already resolved (:func:`resolve_argv`)."""
     if HELP_FLAGS.intersection(argv[1:]):
@@ -79,14 +91,13 @@ def prepare(argv: Sequence[str], conf: Path) -> EnvReport | None:
     cfg, env = compose_checked(argv, conf, check_data=not printing)
     check_scale_out(cfg, asks_multirun(argv))  # -m with ddp/fsdp re-running the command: refused
     if printing:
-        return env  # `--cfg job` on any machine shows what a profile sets; nothing runs
-    from laptrain.launch.device import check_device  # imports torch: after the env is set
+        return Launch(env, None)  # `--cfg job` on any machine shows what a profile sets
+    from laptrain.launch.device import decide_device  # imports torch: after the env is set
 
-    check_device(cfg)
-    env.device_checked = True
+    device = decide_device(cfg)
     if not multirun(argv, cfg):  # a sweep's jobs each lock their own folder (laptrain.job.run)
         hold_run_folder(str(cfg.hydra.run.dir), list(argv))
-    return env
+    return Launch(env, device)
 
 
 def user_error(err: BaseException | None) -> BaseException | None:
