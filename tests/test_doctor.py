@@ -170,6 +170,7 @@ def test_record_writes_this_machines_outputs_for_a_new_recording(capsys, monkeyp
 
 class _Ready:
     ready = True
+    exit_code = 0
 
     def text(self):
         return "ready"

@@ -224,7 +224,7 @@ def test_a_device_this_machine_lacks_falls_back_to_cpu_with_one_line(trained_run
     assert err == "the run trained on mps, which this machine cannot use: loading on cpu"
 
 
-def test_export_refuses_a_base_over_the_budget_with_exit_2_and_writes_nothing(
+def test_export_refuses_a_base_over_the_budget_with_the_does_not_fit_exit_and_writes_nothing(
     trained_run, tmp_path, loads, monkeypatch, capsys
 ):
     from laptrain.commands import lora_tools
@@ -235,7 +235,9 @@ def test_export_refuses_a_base_over_the_budget_with_exit_2_and_writes_nothing(
     budget = (fp32 + bf16) / 2  # the cpu profile's 0.8 x available RAM: bfloat16 fits, float32 not
     monkeypatch.setattr(lora_tools, "TorchProbe", probes(free_gib=budget / 0.8 / GiB))
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert main(["export", str(run), "--out", str(tmp_path / "merged")]) == 2
+    from laptrain.job.run import DOES_NOT_FIT_EXIT
+
+    assert main(["export", str(run), "--out", str(tmp_path / "merged")]) == DOES_NOT_FIT_EXIT
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and message.startswith("error: the base does not fit")
     assert "float32 on cpu" in message and "budget" in message and "--dtype bfloat16" in message

@@ -436,7 +436,9 @@ def test_train_py_trains_a_user_module_at_the_batch_the_preflight_measured(tmp_p
         tmp_path,
         monkeypatch,
     )
-    assert small.returncode == 2
+    from laptrain.job.run import DOES_NOT_FIT_EXIT
+
+    assert small.returncode == DOES_NOT_FIT_EXIT == 69
     error = small.stderr.strip().splitlines()[-1]
     assert error.startswith("error: this job does not fit even at micro batch 1: measured peak")
     assert "hardware.memory_budget_gb" in error

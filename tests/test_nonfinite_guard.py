@@ -164,7 +164,7 @@ def test_an_unknown_action_is_refused_naming_the_choices():
         NonFiniteGuard(action="pause")
 
 
-def test_train_py_with_a_nan_exits_2_in_one_line_never_saves_it_and_why_names_it(tmp_path, capsys):
+def test_train_py_with_a_nan_exits_65_in_one_line_never_saves_it_and_why_names_it(tmp_path, capsys):
     data = write_texts(tmp_path / "texts.csv")
     done = train_here(
         [
@@ -180,7 +180,9 @@ def test_train_py_with_a_nan_exits_2_in_one_line_never_saves_it_and_why_names_it
         tmp_path,
         env=HOOKS,
     )
-    assert done.returncode == 2, done.stderr[-3000:]
+    from laptrain.job.run import NONFINITE_EXIT
+
+    assert done.returncode == NONFINITE_EXIT == 65, done.stderr[-3000:]  # not 2: no bad input
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, done.stderr[-3000:]
     assert "loss is nan at global step 7" in errors[0] and "(step 6;" in errors[0]

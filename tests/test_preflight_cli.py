@@ -50,7 +50,9 @@ def test_a_job_that_does_not_fit_lists_the_fixes(capsys, llama_3b_folder):
         ]
     )
     out = capsys.readouterr().out
-    assert code == 1
+    from laptrain.job.run import DOES_NOT_FIT_EXIT
+
+    assert code == DOES_NOT_FIT_EXIT  # as train.py's refusal, bench and doctor
     assert "\ndoes not fit: " in out
     assert "data.max_length=1024" in out and "model.base_dtype=bfloat16" in out
     assert "model.lora.r=8" in out

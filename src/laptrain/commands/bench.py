@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laptrain.commands.exit_codes import error_exit_code
 from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.project import conf_dir
 
@@ -476,5 +477,14 @@ def _bench(args: argparse.Namespace) -> int:
             print("\n".join(report_lines(stats)))
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return error_exit_code(err)  # 2, or the preflight found the job does not fit
+    except RuntimeError as err:
+        from laptrain.callbacks.oom_backoff import is_oom
+
+        if not is_oom(err):
+            raise
+        from laptrain.job.run import DOES_NOT_FIT_EXIT
+
+        print(f"error: out of memory: {str(err).splitlines()[0][:300]}", file=sys.stderr)
+        return DOES_NOT_FIT_EXIT
     return 0

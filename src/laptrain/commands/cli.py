@@ -30,6 +30,7 @@ from typing import Any
 
 from laptrain.commands.bench import add_arguments as add_bench_arguments
 from laptrain.commands.bench import bench_command
+from laptrain.commands.exit_codes import error_exit_code
 from laptrain.commands.fetch import add_arguments as add_fetch_arguments
 from laptrain.commands.fetch import fetch_command
 from laptrain.commands.new import add_arguments as add_new_arguments
@@ -106,7 +107,7 @@ def doctor(args: argparse.Namespace) -> int:
         lora=family is not None and family.name == "lora",
     )
     print(report.to_json() if args.json else report.text())
-    return 0 if report.ready else 1
+    return report.exit_code
 
 
 def lora_command(args: argparse.Namespace) -> int:
@@ -121,7 +122,7 @@ def lora_command(args: argparse.Namespace) -> int:
             return _lora_command(args, lora_tools)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return error_exit_code(err)  # 2, or a base that does not fit memory
 
 
 def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
@@ -184,7 +185,7 @@ def _add_load_options(parser: argparse.ArgumentParser, export: bool = False) -> 
         choices=("float32", "bfloat16", "auto"),
         default=None,
         help=f"{what}. The base's weights at this dtype must fit the memory budget training would "
-        "use on this machine, else one line and exit 2",
+        "use on this machine, else one line and exit 69 (does not fit)",
     )
 
 
@@ -336,9 +337,21 @@ def checkpoint(args: argparse.Namespace) -> int:
 
 
 def preflight(args: argparse.Namespace) -> int:
-    from laptrain.preflight.from_config import preflight_main
+    """The estimate; 0 when the job fits, ``DOES_NOT_FIT_EXIT`` when not, 2 on bad input."""
+    from laptrain.config.check import ConfigError
+    from laptrain.preflight.from_config import PreflightInputError, preflight_report
 
-    return preflight_main(args.overrides)
+    try:
+        lines, fits = preflight_report(args.overrides)
+    except (PreflightInputError, ConfigError, OSError) as err:
+        print(f"error: {err}".splitlines()[0], file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    if fits:
+        return 0
+    from laptrain.job.run import DOES_NOT_FIT_EXIT
+
+    return DOES_NOT_FIT_EXIT
 
 
 def _add_run_commands(commands: Any) -> None:

@@ -59,6 +59,7 @@ class Check:
     detail: str
     fix: str = ""
     warning: bool = False
+    memory: bool = False  # failed because the job does not fit memory (an OOM, the preflight)
 
     def line(self) -> str:
         mark = "ok  " if self.ok and not self.warning else ("warn" if self.ok else "FAIL")
@@ -73,6 +74,19 @@ class Report:
     def ready(self) -> bool:
         return all(c.ok for c in self.checks)
 
+    @property
+    def exit_code(self) -> int:
+        """0 ready; ``DOES_NOT_FIT_EXIT`` when every failed check is one that did not fit memory
+        (as train.py's preflight refusal); 1 otherwise."""
+        failed = [c for c in self.checks if not c.ok]
+        if not failed:
+            return 0
+        if all(c.memory for c in failed):
+            from laptrain.job.run import DOES_NOT_FIT_EXIT
+
+            return DOES_NOT_FIT_EXIT
+        return 1
+
     def text(self) -> str:
         lines = [c.line() for c in self.checks]
         failed = [c.name for c in self.checks if not c.ok]
@@ -86,6 +100,7 @@ class Report:
         return json.dumps(
             {
                 "ready": self.ready,
+                "exit_code": self.exit_code,
                 "checks": [asdict(c) for c in self.checks],
                 "device_smoke": "python benchmarks/device_smoke.py",
             },
@@ -447,7 +462,11 @@ def _guard(name: str, check: Callable[[], Check]) -> Check:
     try:
         return check()
     except Exception as err:  # noqa: BLE001 - the doctor reports every failure
-        return Check(name, False, f"{type(err).__name__}: {err}".splitlines()[0])
+        from laptrain.callbacks.oom_backoff import is_oom
+        from laptrain.preflight.batch import PreflightError
+
+        memory = isinstance(err, PreflightError) or is_oom(err)
+        return Check(name, False, f"{type(err).__name__}: {err}".splitlines()[0], memory=memory)
 
 
 def run_doctor(

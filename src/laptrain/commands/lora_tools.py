@@ -10,7 +10,7 @@ the device computes in it), 4-bit again on CUDA with bitsandbytes; ``device=`` /
 (``--device`` / ``--dtype``) override. Before any weight is read, :func:`check_memory` compares the
 base's weights at that dtype (parameters counted on the meta device from ``config.json``) plus a
 margin with the budget the training preflight would use on this machine, and refuses in one line
-(exit 2) when they do not fit.
+(exit 69, ``DOES_NOT_FIT_EXIT``, as the training preflight's refusal) when they do not fit.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 from laptrain.files import write_folder_atomic
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.model.lora.adapter_folders import ADAPTER_CONFIG, find_adapter
+from laptrain.preflight.batch import PreflightError
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK
 from laptrain.pretrained.loading import from_pretrained
 
@@ -43,8 +44,9 @@ NF4_BYTES = 0.516
 ProbeFactory = Callable[[str], DeviceProbe]
 
 
-class BaseTooLarge(ValueError):
-    """The base at the chosen dtype does not fit the memory budget; one line with the fix."""
+class BaseTooLarge(PreflightError):
+    """The base at the chosen dtype does not fit the memory budget; one line with the fix (a
+    preflight refusal: the command exits ``DOES_NOT_FIT_EXIT``, as train.py would)."""
 
 
 def _note(line: str) -> None:

@@ -16,7 +16,6 @@ are small enough that train.py's own preflight builds and measures them before t
 from __future__ import annotations
 
 import platform
-import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -486,16 +485,3 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
         fixes = fix_list(model_cfg, job.seq_len, job.dtype, choice.checkpointing)
         lines.extend(f"  - {f}" for f in fixes)
     return lines, fits
-
-
-def preflight_main(overrides: list[str]) -> int:
-    """``laptrain preflight``: 0 fits, 1 does not fit, 2 bad input (one line on stderr)."""
-    from laptrain.config.check import ConfigError
-
-    try:
-        lines, fits = preflight_report(overrides)
-    except (PreflightInputError, ConfigError, OSError) as err:
-        print(f"error: {err}".splitlines()[0], file=sys.stderr)
-        return 2
-    print("\n".join(lines))
-    return 0 if fits else 1
