@@ -124,3 +124,37 @@ def test_the_batch_size_argparse_type_refuses_below_one_with_exit_2(capsys):
             parser.parse_args(["--batch-size", bad])
         assert stop.value.code == 2
         assert f"{bad!r} is not a whole number >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl", "json", "parquet"])
+def test_predict_file_reads_every_format_training_reads(tmp_path, capsys, fmt):
+    """``laptrain predict --file`` reads a file with the data module's reader
+    (labelled_files.read_table): the rows and texts are the same in every format."""
+    from laptrain.commands import cli
+
+    records = [{"id": 1, "text": "the team won the match"}, {"id": 2, "text": "bake the bread"}]
+    path = tmp_path / f"in.{fmt}"
+    if fmt in ("csv", "tsv"):
+        sep = "," if fmt == "csv" else "\t"
+        path.write_text(
+            "".join(f"{r['id']}{sep}{r['text']}\n" for r in records).join([f"id{sep}text\n", ""])
+        )
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif fmt == "json":
+        path.write_text(json.dumps(records))
+    else:
+        import pandas as pd
+
+        pd.DataFrame(records).to_parquet(path)
+    rows, texts = read_texts(path, "text")
+    assert texts == ["the team won the match", "bake the bread"]
+    assert [str(r["id"]) for r in rows] == ["1", "2"]
+    run, out = export_run(tmp_path / "r"), tmp_path / "out.csv"
+    capsys.readouterr()
+    assert cli.main(["predict", str(run), "--file", str(path), "--out", str(out)]) == 0
+    assert capsys.readouterr().out == f"2 predictions written to {out}\n"
+    with out.open(newline="") as f:
+        written = list(csv.DictReader(f))
+    assert [(r["id"], r["text"]) for r in written] == [("1", texts[0]), ("2", texts[1])]
+    assert all(r["predicted_label"] in LABELS for r in written)

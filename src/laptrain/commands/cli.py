@@ -275,7 +275,7 @@ def predict(args: argparse.Namespace) -> int:
 
     try:
         if bool(args.texts) == bool(args.file):
-            raise ValueError('give texts ("some text" ...) or --file <csv>, not both or neither')
+            raise ValueError('give texts ("some text" ...) or --file <file>, not both or neither')
         rows, texts = read_texts(args.file, args.column) if args.file else ([], args.texts)
         run = resolve_run(args.run, args.root, any_folder=True)
         with no_transformers_bars():
@@ -372,7 +372,11 @@ def _add_run_commands(commands: Any) -> None:
     )
     add_run_argument(pred, f"a finished classifier run: {RUN}")
     pred.add_argument("texts", nargs="*", help="texts to label (or --file)")
-    pred.add_argument("--file", help="a CSV (or .tsv) file of texts instead")
+    pred.add_argument(
+        "--file",
+        help="a file of texts instead: CSV, TSV, JSON, JSONL or Parquet, read as training reads "
+        "data files (default: the texts given)",
+    )
     pred.add_argument("--column", default="text", help="the text column of --file")
     pred.add_argument(
         "--out",

@@ -147,29 +147,30 @@ class Classifier:
         return out
 
 
-def read_texts(path: str | Path, column: str) -> tuple[list[dict[str, str]], list[str]]:
-    """The rows of a CSV (or ``.tsv``) file and the texts in ``column``; one-line errors."""
+def read_texts(path: str | Path, column: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of a data file and the texts in ``column``; one-line errors. Every format
+    training reads (CSV, TSV, JSON, JSONL, Parquet, by suffix), through the data module's own
+    reader (:func:`laptrain.data.labelled_files.read_table`)."""
+    from laptrain.data.labelled_files import read_table
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--file {path}: no such file")
-    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f, delimiter=delimiter)
-        rows = list(reader)
-        columns = reader.fieldnames or []
-    if column not in columns:
+    table = read_table(path)
+    if column not in table.columns:
         raise ValueError(
-            f"{path} has no column {column!r} (columns: {', '.join(columns)}): "
+            f"{path} has no column {column!r} (columns: {', '.join(table.columns)}): "
             "name the text column with --column <name>"
         )
-    return rows, [row[column] or "" for row in rows]
+    rows = [dict(record) for _, record in table.rows]
+    return rows, ["" if row.get(column) is None else str(row[column]) for row in rows]
 
 
 def write_predictions(
-    path: str | Path, rows: list[dict[str, str]], predictions: list[Prediction]
+    path: str | Path, rows: list[dict[str, Any]], predictions: list[Prediction]
 ) -> None:
     """``rows`` with ``predicted_label`` and ``probability`` columns added, as CSV."""
-    fields = list(rows[0]) if rows else []
+    fields = list(dict.fromkeys(key for row in rows for key in row))  # JSON rows may differ
     with Path(path).open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=[*fields, "predicted_label", "probability"])
         writer.writeheader()
