@@ -60,7 +60,7 @@ def test_options_and_overrides_mix_in_any_order_through_the_installed_command() 
 MIXED = {
     "bench": (["a=1", "--steps", "20", "b=2", "--warmup", "1", "c=3"], {"steps": 20, "warmup": 1}),
     "doctor": (["hardware=cpu", "--json", "model=tiny_classifier"], {"json": True}),
-    "preflight": (["model=m", "hardware=cpu"], {}),
+    "preflight": (["model=m", "--json", "hardware=cpu"], {"json": True}),
 }
 
 

@@ -77,3 +77,30 @@ def test_classifier_models_are_left_to_the_training_preflight(capsys):
     assert main(["preflight", "model=tiny_classifier", "hardware=cpu"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "estimates from the config only the lora family" in line
+
+
+def test_json_is_one_document_with_the_verdict_the_numbers_and_the_fixes(capsys, llama_3b_folder):
+    """``laptrain preflight --json`` (as ``doctor --json``): nothing but the document on stdout."""
+    import json
+
+    from laptrain.job.run import DOES_NOT_FIT_EXIT
+
+    argv = ["preflight", "model=llama32_3b_lora", "--json", "hardware=m2_air"]
+    argv += ["hardware.memory_budget_gb=8", f"model.pretrained={llama_3b_folder}"]
+    argv += ["model.base_dtype=float32", "data=instructions", "data.max_length=2048"]
+    assert main(argv) == DOES_NOT_FIT_EXIT
+    found = json.loads(capsys.readouterr().out)
+    assert set(found) == {
+        "fits",
+        "exit_code",
+        "estimate_gib",
+        "budget_gib",
+        "budget_source",
+        "fixes",
+        "lines",
+    }
+    assert found["fits"] is False and found["exit_code"] == DOES_NOT_FIT_EXIT
+    assert found["budget_gib"] == 8.0 and found["estimate_gib"] > 8.0
+    assert found["budget_source"].startswith("hardware.memory_budget_gb=8")
+    assert any("model.lora.r=8" in fix for fix in found["fixes"])
+    assert any(line.startswith("does not fit: ") for line in found["lines"])

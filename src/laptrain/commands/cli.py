@@ -21,7 +21,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import runpy
 import sys
 from collections.abc import Callable
@@ -296,6 +298,28 @@ def predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs_json(states: list[Any], root: Path) -> str:
+    """``laptrain runs --json``: the table's rows as one JSON document (a score as the table
+    shows it, to 4 significant digits)."""
+    rows = []
+    for s in states:
+        metric, _, score = (s.best or "").rpartition(" ")
+        rows.append(
+            {
+                "name": s.folder.relative_to(root).as_posix()
+                if s.folder.is_relative_to(root)
+                else str(s.folder),
+                "folder": str(s.folder),
+                "status": s.status,
+                "step": s.step,
+                "best_metric": metric or None,
+                "best_score": float(score) if metric else None,
+                "command": s.command,
+            }
+        )
+    return json.dumps({"root": str(root), "runs": rows}, indent=1)
+
+
 def runs(args: argparse.Namespace) -> int:
     """The table of run folders under ``--root``; ``compare`` and ``clean`` of named runs."""
     from laptrain.run_folder.listing import find_runs, run_state, runs_table
@@ -310,6 +334,9 @@ def runs(args: argparse.Namespace) -> int:
         return clean_command(args.runs, args.root, args.dry_run)
     root = Path(args.root)
     folders = find_runs(root)
+    if args.json:
+        print(runs_json([run_state(f) for f in folders], root))
+        return 0
     if not folders:
         print(f"no runs under {root}/ (python train.py starts one)")
         return 0
@@ -319,10 +346,11 @@ def runs(args: argparse.Namespace) -> int:
 
 def why(args: argparse.Namespace) -> int:
     """A few lines on what happened in a run, each with its step and value, and what to change."""
-    from laptrain.commands.why import why_lines
+    from laptrain.commands.why import why_json, why_lines
 
     try:
-        print("\n".join(why_lines(resolve_run(args.run, args.root, any_folder=True))))
+        folder = resolve_run(args.run, args.root, any_folder=True)
+        print(json.dumps(why_json(folder), indent=1) if args.json else "\n".join(why_lines(folder)))
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -346,12 +374,30 @@ def preflight(args: argparse.Namespace) -> int:
     except (PreflightInputError, ConfigError, OSError) as err:
         print(f"error: {err}".splitlines()[0], file=sys.stderr)
         return 2
-    print("\n".join(lines))
-    if fits:
-        return 0
-    from laptrain.job.run import DOES_NOT_FIT_EXIT
+    code = 0
+    if not fits:
+        from laptrain.job.run import DOES_NOT_FIT_EXIT
 
-    return DOES_NOT_FIT_EXIT
+        code = DOES_NOT_FIT_EXIT
+    print(
+        json.dumps(preflight_json(lines, fits, code), indent=1) if args.json else "\n".join(lines)
+    )
+    return code
+
+
+def preflight_json(lines: list[str], fits: bool, code: int) -> dict[str, Any]:
+    """``laptrain preflight --json``: the verdict, the chosen estimate and the budget in GiB
+    (2^30 bytes, as the lines print them), the budget's source, the fixes, and every line."""
+    numbers = {"estimate_gib": None, "budget_gib": None, "budget_source": None}
+    for line in lines:
+        verdict = re.match(r"(?:fits|does not fit): ([\d.]+) GiB of ([\d.]+) GiB", line)
+        if verdict:
+            numbers["estimate_gib"], numbers["budget_gib"] = map(float, verdict.groups())
+        source = re.match(r"budget: [\d.]+ GiB from (.+)", line)
+        if source:
+            numbers["budget_source"] = source.group(1)
+    fixes = [line.removeprefix("  - ") for line in lines if line.startswith("  - ")]
+    return {"fits": fits, "exit_code": code, **numbers, "fixes": fixes, "lines": lines}
 
 
 def _add_run_commands(commands: Any) -> None:
@@ -390,10 +436,16 @@ def _add_run_commands(commands: Any) -> None:
         "runs", help="the runs under outputs/: status, step, best score, command to resume"
     )
     listing.add_argument("--root", default=RUNS_ROOT, help=ROOT_HELP)
+    listing.add_argument(
+        "--json", action="store_true", help="print the runs as one JSON document (as doctor --json)"
+    )
     explain = commands.add_parser(
         "why", help="what happened in a run (NaN, plateau, divergence, overfitting, slowdown, OOM)"
     )
     add_run_argument(explain)
+    explain.add_argument(
+        "--json", action="store_true", help="print the findings as one JSON document"
+    )
     _add_runs_commands(
         listing.add_subparsers(
             dest="runs_command",
@@ -515,6 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     estimate = commands.add_parser(
         "preflight", help="memory estimate of a causal-LM LoRA job from config.json alone"
+    )
+    estimate.add_argument(
+        "--json", action="store_true", help="print the estimate as one JSON document"
     )
     estimate.add_argument(
         "overrides",

@@ -811,3 +811,28 @@ def why_lines(folder: str | Path, limit: int = MAX_LINES) -> list[str]:
     """What ``laptrain why`` prints: a header, then one line per finding (``limit`` in all)."""
     records = read_run(folder)
     return [_header(records), *(f.line() for f in run_findings(records))][:limit]
+
+
+def why_json(folder: str | Path, limit: int = MAX_LINES) -> dict[str, Any]:
+    """What ``laptrain why --json`` prints: the run, its recorded status and step, the header line
+    and each finding (the ones :func:`why_lines` prints) with its kind, step, value and advice."""
+    records = read_run(folder)
+    run = _section(records.report, "run")
+    findings = run_findings(records)[: limit - 1]
+    return {
+        "run": str(records.folder),
+        "status": run.get("status"),
+        "step": run.get("global_step"),
+        "header": _header(records),
+        "findings": [
+            {
+                "kind": f.kind,
+                "step": f.step,
+                "value": f.value if f.value is None or math.isfinite(f.value) else str(f.value),
+                "text": f.text,
+                "advice": f.advice,
+                "line": f.line(),
+            }
+            for f in findings
+        ],
+    }
