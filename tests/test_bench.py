@@ -88,3 +88,27 @@ def test_token_counts_of_padded_and_packed_batches():
         10,
     )
     assert _batch_tokens({"pixels": torch.ones(2)}) == (0, 0)
+
+
+def test_memory_advice_names_the_checkpointing_key_the_model_has() -> None:
+    """TRM presets refuse model.gradient_checkpointing: the advice names their grad_checkpoint,
+    and names none for a model with neither (a user's own module)."""
+    from hydra import compose, initialize_config_dir
+
+    from laptrain.commands.bench import checkpointing_key
+    from tests.conftest import ROOT
+
+    conf = ROOT / "conf"
+    with initialize_config_dir(str(conf), version_base="1.3"):  # as the job composes each preset
+        keys = {
+            p.stem: checkpointing_key(compose("train", [f"model={p.stem}"]).model)
+            for p in (conf / "model").glob("*.yaml")
+        }
+    assert keys["trm_sudoku"] == "model.grad_checkpoint"
+    assert keys["tiny_classifier"] == keys["tiny_llama_lora"] == "model.gradient_checkpointing"
+    assert all(keys.values()), keys  # every preset has one of the two
+    trm = advice(stats(rss_peak_bytes=15 << 30, checkpointing="model.grad_checkpoint"))
+    assert len(trm) == 1 and "set model.grad_checkpoint=true" in trm[0]
+    assert "gradient_checkpointing" not in trm[0]
+    none = advice(stats(rss_peak_bytes=15 << 30, checkpointing=None))
+    assert none[0].endswith("(accumulation keeps the effective batch)")

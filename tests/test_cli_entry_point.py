@@ -75,3 +75,23 @@ def test_every_command_that_takes_overrides_parses_them_around_its_options(comma
     args = cli.build_parser().parse_args([command, *argv])
     assert args.overrides == [a for a in argv if "=" in a]
     assert {k: getattr(args, k) for k in options} == options
+
+
+def test_pyproject_names_only_files_that_exist_and_scripts_that_import() -> None:
+    """Issue 40: pyproject.toml named tests/floors.txt and scripts/check_floors.sh, neither there."""
+    import importlib
+    import re
+
+    from tests.conftest import ROOT
+
+    text = (ROOT / "pyproject.toml").read_text()
+    named = set(re.findall(r"[\w.-]+(?:/[\w.*-]+)+\.(?:py|md|txt|sh|tmpl|toml|yaml)\b", text))
+    assert "docs/dependencies.md" in named
+    for path in named:
+        under = [ROOT / path, ROOT / "src" / path, ROOT / "src" / "laptrain" / path]
+        assert any(list(p.parent.glob(p.name)) for p in under), path
+    scripts = text.split("[project.scripts]")[1].split("\n[")[0]  # tomllib: Python 3.11+
+    targets = re.findall(r'^[\w-]+ = "([\w.]+):(\w+)"$', scripts, re.M)
+    assert ("laptrain.commands.cli", "main") in targets
+    for module, function in targets:
+        assert callable(getattr(importlib.import_module(module), function)), (module, function)

@@ -36,6 +36,10 @@ DATA_BOUND_SHARE = 0.2  # more than this share of a step waiting for the next ba
 MEMORY_BOUND_SHARE = 0.85  # peak memory above this share of the device (or of RAM on CPU)
 CPU_UNDERUSED_SHARE = 0.6  # CPU time below this share of the cores torch may use
 PADDING_BOUND_SHARE = 0.25  # more than this share of computed tokens are padding
+# The key that switches gradient checkpointing on, by preset: the transformers families'
+# model.gradient_checkpointing (laptrain.model.checkpointing), TRM's model.grad_checkpoint (which
+# refuses the other name); the memory advice names the one the job's model has.
+CHECKPOINTING_KEYS = ("gradient_checkpointing", "grad_checkpoint")
 
 
 @dataclass
@@ -69,6 +73,7 @@ class StepStats:
     ram_total_bytes: int = 0
     workers: int = 0
     grouped: bool | None = None
+    checkpointing: str | None = "model.gradient_checkpointing"  # the model's key (None: none)
 
     @property
     def samples_per_s(self) -> float:
@@ -269,7 +274,14 @@ def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = T
     stats.ram_total_bytes = psutil.virtual_memory().total
     stats.workers = int(job.plan.workers or 0)
     stats.grouped = getattr(job.datamodule, "group_by_length", None)
+    stats.checkpointing = checkpointing_key(job.cfg.model)
     return stats
+
+
+def checkpointing_key(model_cfg: Mapping[str, Any]) -> str | None:
+    """``model.<key>`` that turns gradient checkpointing on in this model's config, or None when
+    it has none (a user's own module)."""
+    return next((f"model.{key}" for key in CHECKPOINTING_KEYS if key in model_cfg), None)
 
 
 def _torch_threads() -> int:
@@ -297,10 +309,10 @@ def advice(stats: StepStats) -> list[str]:
     if peak is None:
         peak, total = stats.rss_peak_bytes, stats.ram_total_bytes
     if total and peak / total > MEMORY_BOUND_SHARE:
+        checkpointing = f" or set {stats.checkpointing}=true" if stats.checkpointing else ""
         lines.append(
             f"memory-bound: peak {peak / 2**30:.1f} GiB of {total / 2**30:.1f} GiB; lower "
-            "hardware.batch_size (accumulation keeps the effective batch) or set "
-            "model.gradient_checkpointing=true"
+            f"hardware.batch_size (accumulation keeps the effective batch){checkpointing}"
         )
     if stats.device == "cpu" and stats.cpu_share < CPU_UNDERUSED_SHARE:
         cores = os.cpu_count() or stats.threads
@@ -407,7 +419,14 @@ def _merge(total: StepStats, part: StepStats) -> None:
     total.data_s += part.data_s
     for name in ("samples", "real_tokens", "computed_tokens", "wall_s", "cpu_s"):
         setattr(total, name, getattr(total, name) + getattr(part, name))
-    for name in ("threads", "device", "device_total_bytes", "ram_total_bytes", "workers"):
+    for name in (
+        "threads",
+        "device",
+        "device_total_bytes",
+        "ram_total_bytes",
+        "workers",
+        "checkpointing",
+    ):
         setattr(total, name, getattr(part, name))
     total.grouped = part.grouped
     total.rss_peak_bytes = max(total.rss_peak_bytes, part.rss_peak_bytes)
