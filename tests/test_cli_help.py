@@ -31,7 +31,7 @@ def test_every_argument_has_help_and_shows_its_default() -> None:
             where = f"{name}: {action.option_strings or action.dest}"
             assert action.help and action.help.strip(), where
             shown = formatter._get_help_string(action)
-            if action.default not in (None, False, argparse.SUPPRESS):
+            if not any(action.default is v for v in (None, False, argparse.SUPPRESS)):
                 assert "default" in shown, where
             if action.required and action.option_strings:  # an option that must be given
                 assert "required" in shown, where
@@ -45,3 +45,5 @@ def test_bench_help_shows_the_defaults_in_argparse_s_form() -> None:
     text = " ".join(bench.format_help().split())
     assert "timed steps (default: 30)" in text and "untimed first steps (default: 3)" in text
     assert "(default: None)" not in text
+    [generate] = [p for n, p in parsers(cli.build_parser()) if n == "laptrain generate"]
+    assert "0: greedy (default: 0.0)" in " ".join(generate.format_help().split())

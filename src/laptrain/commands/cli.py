@@ -199,7 +199,7 @@ def add_run_argument(parser: argparse.ArgumentParser, what: str = RUN, dest: str
 
 
 def _add_lora_commands(commands: Any) -> None:
-    where = f"a LoRA run ({RUN}) or an adapter folder"
+    where = "a LoRA run as `laptrain runs` names it, its folder, or an adapter folder"
     export = commands.add_parser(
         "export", help="merge a LoRA adapter into its base model (a transformers folder or a GGUF)"
     )
@@ -499,8 +499,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
-            return text
+        if "default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            return text  # `is`: a default of 0 or 0.0 is shown
         return super()._get_help_string(action) or text
 
 
