@@ -454,6 +454,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def bench_command(args: argparse.Namespace) -> int:
     """Run ``laptrain bench`` with parsed arguments; 2 after a one-line error on bad input."""
+    from laptrain.console import quiet_libraries
+
+    quiet_libraries()  # Lightning's tips and known warnings, as a run holds them back
     loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:  # Lightning's info lines would hide the report; restored on return

@@ -38,6 +38,7 @@ from laptrain.commands.fetch import fetch_command
 from laptrain.commands.new import add_arguments as add_new_arguments
 from laptrain.commands.new import new_command
 from laptrain.commands.predict import batch_size_arg
+from laptrain.console import quiet_libraries
 from laptrain.model.families import family_of_preset
 from laptrain.project import ProjectNotFound, conf_dir, project_root, train_script
 from laptrain.run_folder.listing import RUNS_ROOT, resolve_run
@@ -74,6 +75,7 @@ def doctor(args: argparse.Namespace) -> int:
     from laptrain.hardware.env import apply_env
     from laptrain.hardware.profile import ProfileError, load_profile
 
+    quiet_libraries()  # Lightning's tips and known warnings, as a run holds them back
     if args.record:
         read_raw_machine().write_dir(args.record)
         print(f"machine outputs written to {args.record}")
@@ -115,7 +117,7 @@ def doctor(args: argparse.Namespace) -> int:
 def lora_command(args: argparse.Namespace) -> int:
     """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.commands.lora_tools)."""
     from laptrain.commands import lora_tools
-    from laptrain.console import no_transformers_bars, quiet_libraries
+    from laptrain.console import no_transformers_bars
 
     quiet_libraries()
     try:

@@ -341,8 +341,8 @@ def check_training(profile: Mapping[str, Any]) -> Check:
         }
         for i in range(12)
     ]
-    trainer = _trainer(kind, precision)
-    with lightning_quiet():
+    with lightning_quiet():  # the Trainer's own "GPU available" lines too
+        trainer = _trainer(kind, precision)
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=plan.micro_batch))
     if len(module.losses) < 3 or not all(math.isfinite(x) for x in module.losses):
         return Check("training", False, f"losses {module.losses}", "report this with --json output")
@@ -419,11 +419,15 @@ def check_lora_training(profile: Mapping[str, Any]) -> Check:
     torch.manual_seed(0)
     module = _tiny_lora()
     losses: list[float] = []
-    trainer = _trainer(
-        kind, precision, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[_losses(losses)]
-    )
     loader = torch.utils.data.DataLoader(masked_token_batches(3), batch_size=None)
-    with lightning_quiet():
+    with lightning_quiet():  # the Trainer's own "GPU available" lines too
+        trainer = _trainer(
+            kind,
+            precision,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            callbacks=[_losses(losses)],
+        )
         trainer.fit(module, train_dataloaders=loader)
     lora_b = [p for n, p in module.named_parameters() if "lora_B" in n]
     moved = sum(bool(p.detach().abs().sum() > 0) for p in lora_b)
