@@ -61,6 +61,22 @@ def test_activations_fitted_at_short_lengths_match_a_direct_measurement_at_full_
     assert profile.total.b > 0  # attention's seq² term is seen
 
 
+def test_measuring_leaves_no_graph_alive_after_it():
+    """The measured forwards' graphs are freed: a pack hook that returned the saved tensor itself
+    kept each graph alive through a cycle (saved output -> its grad_fn -> the saved output) that
+    Python's collector cannot break, and SmolLM2's runs carried 0.42 GiB of them into training."""
+    import gc
+
+    def graph_tensors() -> int:
+        gc.collect()
+        return sum(isinstance(o, torch.Tensor) and o.grad_fn is not None for o in gc.get_objects())
+
+    model = tiny_bert()
+    before = graph_tensors()
+    measure_activations(model, SEQ)
+    assert graph_tensors() == before
+
+
 def test_auto_picks_the_largest_batch_within_a_tiny_budget():
     model = tiny_bert()
     memory = model_memory(model, SEQ, "32-true")
