@@ -1,4 +1,4 @@
-"""The package's floor plan (README, "Layout"): every import goes to the same floor or one below,
+"""The package's floor plan (drawn in docs/architecture.md, rooms in CONTRIBUTING.md): every import goes to the same floor or one below,
 there are no import circles, and the top of ``src/laptrain/`` stays a short hall.
 
 Imports inside functions count too: a lazy import that runs upward is still an arrow that a reader
