@@ -47,3 +47,20 @@ def test_bench_help_shows_the_defaults_in_argparse_s_form() -> None:
     assert "(default: None)" not in text
     [generate] = [p for n, p in parsers(cli.build_parser()) if n == "laptrain generate"]
     assert "0: greedy (default: 0.0)" in " ".join(generate.format_help().split())
+
+
+def test_every_command_has_its_section_in_docs_cli_md() -> None:
+    """docs/cli.md: a ``## `laptrain X` `` section for every command and subcommand the parser has,
+    each with its exit codes, and the exit-code table with every code laptrain uses."""
+    from laptrain.job.run import DOES_NOT_FIT_EXIT, NONFINITE_EXIT, PAUSED_EXIT
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    sections = text.split("\n## ")
+    names = [name for name, _ in parsers(cli.build_parser()) if name != "laptrain"]
+    assert len(names) == len(cli.COMMANDS) + 2  # runs compare, runs clean
+    for name in names:
+        [section] = [s for s in sections if s.startswith(f"`{name}`\n")]
+        assert "Exit code" in " ".join(section.split()), name
+    for code in (0, 1, 2, NONFINITE_EXIT, DOES_NOT_FIT_EXIT, PAUSED_EXIT, "130 / 143"):
+        assert f"\n| {code} |" in text, code

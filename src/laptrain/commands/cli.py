@@ -1,12 +1,15 @@
-"""The ``laptrain`` console script. Each subcommand is one plain function of the parsed arguments
-(``COMMANDS``); ``build_parser`` declares their arguments (tests/test_cli.py keeps the two in step).
+"""The ``laptrain`` console script (docs/cli.md: every command, its output and exit codes). Each
+subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser`` declares
+their arguments (tests/test_cli.py keeps the two in step).
 
 - ``laptrain train [overrides]``: the repository's ``train.py``, exactly as ``python train.py``
   (``laptrain-train`` is the same).
-- ``laptrain predict <run folder> "text" ...`` / ``--file f.csv``: a finished classifier run's labels.
+- ``laptrain predict <run> "text" ...`` / ``--file f.csv|.tsv|.jsonl|.parquet``: a finished
+  classifier run's labels.
 - ``laptrain runs``: each run under ``outputs/``: status, step, best score, the command to resume;
   ``laptrain runs compare A B`` side by side, ``laptrain runs clean A`` removes (laptrain.run_folder).
-- ``laptrain why <run folder>``: what happened in the run and what to change (laptrain.commands.why).
+- ``laptrain why <run>``: what happened in the run and what to change (laptrain.commands.why).
+- ``laptrain checkpoint <run>``: a running job writes ``last.ckpt`` now and goes on.
 - ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``: is this machine ready.
 - ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
   job's memory estimate from config.json alone.
@@ -14,8 +17,14 @@
   adapters, on the run's device and base dtype unless told.
 - ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.commands.bench).
 - ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.commands.fetch).
-- ``laptrain new NAME``: your own model, data, presets and test under ``user/NAME/``, ready to
+- ``laptrain new NAME``: your own model, data, presets and a test under ``user/NAME/``, ready to
   train (laptrain.commands.new).
+
+Shared by all: a run is named as ``laptrain runs`` prints it or by its folder, under ``--root``
+(:func:`laptrain.run_folder.listing.resolve_run`); options and overrides mix in any order
+(:class:`Parser`); every argument's help shows its default (:class:`HelpFormatter`); ``--json`` on
+``doctor``, ``runs``, ``why`` and ``preflight``; one exit code per outcome
+(:mod:`laptrain.commands.exit_codes`).
 """
 
 from __future__ import annotations
@@ -542,7 +551,10 @@ def package_version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand's arguments; ``COMMANDS`` maps each name to its function."""
-    parser = Parser(prog="laptrain", description="laptrain tools")
+    parser = Parser(
+        prog="laptrain",
+        description="laptrain: train, inspect and use runs (docs/cli.md)",
+    )
     parser.add_argument(
         "--version",
         action="version",
