@@ -14,22 +14,22 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from laptrain.hardware.env import EnvReport
-from laptrain.launch.prepare import apply_profile_env, prepare, resolve_argv, user_error
+from laptrain.launch.prepare import Launch, apply_profile_env, prepare, resolve_argv, user_error
 from laptrain.run_folder.naming import register_resolvers
 
 register_resolvers()
 CONF = Path(__file__).resolve().parent / "conf"
-ENV: EnvReport | None = None  # applied once per process, before the config check imports torch
+# the env applied and the device decided once per process, before the config check imports torch
+LAUNCH: Launch | None = None
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     try:
-        env = ENV if ENV is not None else apply_profile_env(cfg)
+        env = LAUNCH.env if LAUNCH is not None else apply_profile_env(cfg)
         from laptrain.job.run import train  # imports torch: after the env is set
 
-        outcome = train(cfg, env)
+        outcome = train(cfg, env, LAUNCH.device if LAUNCH is not None else None)
     except Exception as err:
         cause = user_error(err)
         if cause is None or os.environ.get("LAPTRAIN_TRACEBACK"):
@@ -49,7 +49,7 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     try:
         sys.argv = resolve_argv(sys.argv, CONF)
-        ENV = prepare(sys.argv, CONF)
+        LAUNCH = prepare(sys.argv, CONF)
     except (ValueError, OSError) as err:  # bad input; e.g. an Intel Mac under hardware=auto
         if os.environ.get("LAPTRAIN_TRACEBACK"):
             raise

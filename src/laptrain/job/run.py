@@ -35,7 +35,7 @@ from laptrain.checkpoints.resume import (
     resuming_line,
     written_last,
 )
-from laptrain.config.batch_request import batch_follows_profile
+from laptrain.config.batch_request import batch_request
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
 from laptrain.config.tree import print_config
 from laptrain.console import (
@@ -53,14 +53,8 @@ from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
 from laptrain.job.datamodule_settings import build_datamodule
 from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
-from laptrain.job.plan import (
-    RunPlan,
-    build_run_plan,
-    plan_device,
-    planned_datamodule,
-    rank_device_index,
-)
-from laptrain.launch.device import check_device, without_unsafe_fused
+from laptrain.job.plan import RunPlan, build_run_plan, planned_datamodule
+from laptrain.launch.device import RunDevice, decide_device, job_device, without_unsafe_fused
 from laptrain.loggers.tracking import prepared as prepared_loggers
 from laptrain.loggers.tracking import remember as remember_tracking_runs
 from laptrain.loggers.tracking import runs_ended
@@ -160,17 +154,16 @@ class Built(NamedTuple):
     remake: Callable[[], Any]
 
 
-def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
-    """Data, model and the run plan, in that order; the datamodule that trains has the plan's
-    batch sizes (a datamodule whose batch follows the profile is built without one, prepared,
-    then given the plan's) and, when it is not laptrain's, the profile's loader settings it has
-    as attributes or hparams."""
-    kind = plan_device(cfg)
-    index = rank_device_index(cfg, kind)
+def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
+    """Data, model and the run plan, in that order, on ``device`` (the launch's decision; None:
+    decided here); the datamodule that trains has the plan's batch sizes (a datamodule whose
+    batch follows the profile is built without one, prepared, then given the plan's) and, when it
+    is not laptrain's, the profile's loader settings it has as attributes or hparams."""
+    device = device or decide_device(cfg)
+    kind, precision, index = device.kind, device.precision, device.index
     pin_rank_gpu(index)
-    checked = env is not None and env.device_checked
-    precision = check_device(cfg, say=(lambda _: None) if checked else rank_zero_info)
-    datamodule = build_datamodule(cfg.data, batch_follows_profile(cfg))
+    batch = batch_request(cfg)  # parsed once: the datamodule and the plan are given it
+    datamodule = build_datamodule(cfg.data, batch.follows_profile)
     datamodule.prepare_data()
     datamodule.setup("fit")
     model_kwargs = datamodule.model_kwargs() if isinstance(datamodule, SizesTheModel) else {}
@@ -192,7 +185,16 @@ def build(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Built:
     )
     remake = partial(instantiate, model_cfg, _convert_="all", **model_kwargs, **decided)
     model = remake()
-    plan = build_run_plan(cfg, model, datamodule, precision, output_dir, Path(cfg.paths.cache_dir))
+    plan = build_run_plan(
+        cfg,
+        model,
+        datamodule,
+        precision,
+        output_dir,
+        Path(cfg.paths.cache_dir),
+        device_index=index,
+        batch=batch,
+    )
     if plan.gradient_checkpointing and isinstance(model, ChecksGradientCheckpointing):
         model.use_gradient_checkpointing()  # model.gradient_checkpointing=auto: the job needs it
     return Built(planned_datamodule(plan, model, datamodule), model, plan, remake)
@@ -209,22 +211,27 @@ def pin_rank_gpu(index: int | None) -> None:
         torch.cuda.set_device(index)
 
 
-def train(cfg: DictConfig, env: EnvReport | None = None) -> Outcome:
+def train(
+    cfg: DictConfig, env: EnvReport | None = None, device: RunDevice | None = None
+) -> Outcome:
     """Train (resuming when the run folder has a checkpoint), test on the best checkpoint, export;
-    the run folder is locked against a second process for the time of the run."""
+    the run folder is locked against a second process for the time of the run. ``env`` and
+    ``device`` are what the launch exported and decided (laptrain.launch.prepare.Launch)."""
     output_dir = Path(cfg.paths.output_dir)
     taken = hold_run_folder(output_dir)
     try:
         with runs_ended():  # a W&B run ends with its job (a sweep's next job starts its own)
-            return _train(cfg, env, output_dir)
+            return _train(cfg, env, device, output_dir)
     finally:
         if taken:
             release_run_folder(output_dir)
 
 
-def _train(cfg: DictConfig, env: EnvReport | None, output_dir: Path) -> Outcome:
+def _train(
+    cfg: DictConfig, env: EnvReport | None, launched: RunDevice | None, output_dir: Path
+) -> Outcome:
     _set_up_process(cfg)
-    datamodule, model, plan, remake = build(cfg, env, output_dir)
+    datamodule, model, plan, remake = build(cfg, job_device(cfg, launched), output_dir)
     trainer, callbacks, loggers = _make_trainer(cfg, plan, model, datamodule)
     _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan)
     ckpt_path = checked_resume_checkpoint(
