@@ -184,3 +184,45 @@ def test_the_dev_extra_installs_every_extra_the_suite_tests():
     assert (
         "laptrain[sweep]" in extras["dev"]
     )  # the optuna sweeper and the slurm launcher are tested
+
+
+def _section(title: str) -> str:
+    found = re.search(
+        rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.DOTALL | re.MULTILINE
+    )
+    assert found, f"README.md has no '## {title}' section"
+    return found.group(1)
+
+
+def test_dated_measurements_stay_in_the_status_section():
+    """The README is a guide: a dated figure belongs in docs/benchmarks.md, and only the "Status
+    and numbers" table dates the one current figure per claim."""
+    status = _section("Status and numbers")
+    rest = README.replace(status, "")
+    dated = [line for line in rest.splitlines() if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
+    assert dated == [], dated
+
+
+def test_the_status_table_keeps_to_eight_claims_with_dates():
+    rows = [
+        line
+        for line in _section("Status and numbers").splitlines()
+        if line.startswith("| ") and not line.startswith("| claim")
+    ]
+    assert 1 <= len(rows) <= 8
+    assert all(re.search(r"\| 20\d\d-\d\d-\d\d \|$", row) for row in rows), rows
+
+
+def test_every_file_the_readme_links_exists():
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README)
+    missing = [t for t in targets if not t.startswith("http") and not (ROOT / t).exists()]
+    assert targets and missing == []
+
+
+def test_every_anchor_the_readme_links_is_a_heading():
+    """The outline's links land: GitHub's slug of a heading is its lowercased text with
+    punctuation dropped and spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", README, flags=re.S | re.M), re.M)
+    slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+    anchors = re.findall(r"\]\(#([^)]+)\)", README)
+    assert len(anchors) >= 10 and sorted(set(anchors) - slugs) == []
