@@ -12,6 +12,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from packaging.version import Version
 
 from laptrain.console import (
+    LIGHTNING_LOGGERS,
     LightningChatter,
     metric_lines,
     no_transformers_bars,
@@ -32,12 +33,20 @@ class Lines(logging.Handler):
 
 @pytest.fixture
 def lightning_lines():
+    """Lightning's info lines, as a process that never called quiet_libraries prints them: the
+    filters an earlier test's run or command (doctor, bench) installed are set aside, then put
+    back."""
+    loggers = [logging.getLogger(name) for name in LIGHTNING_LOGGERS]
+    saved = [list(logger.filters) for logger in loggers]
+    for logger in loggers:
+        logger.filters[:] = [f for f in logger.filters if not isinstance(f, LightningChatter)]
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    handler, filters = Lines(), list(logger.filters)
+    handler = Lines()
     logger.addHandler(handler)
     yield handler.lines
     logger.removeHandler(handler)
-    logger.filters[:] = filters
+    for each, filters in zip(loggers, saved, strict=True):
+        each.filters[:] = filters
 
 
 def fit_and_test(quiet: bool) -> list[str]:
