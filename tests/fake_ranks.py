@@ -50,7 +50,7 @@ class RankStrategy:
 
 class RankTrainer:
     """What the guards read of a Trainer, for one rank of two; no validation, no data fetcher
-    (so a stop happens at once, ``stop_checkpoint.at_clean_boundary``)."""
+    (so a stop happens at once, ``laptrain.checkpoints.stop.at_clean_boundary``)."""
 
     def __init__(self, rank: int, wire: Wire, callbacks: Sequence[Callback] = ()) -> None:
         self.global_rank, self.world_size, self.is_global_zero = rank, 2, rank == 0
