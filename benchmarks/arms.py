@@ -19,5 +19,21 @@ def arms_option(arms: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+def add_arm_options(parser: argparse.ArgumentParser, arms: Sequence[str], example: str) -> None:
+    """``--arms`` (which arms run), ``--set`` (a train.py override for every arm's job, e.g.
+    ``example``) and the hidden ``--child`` (one arm, run in its own process)."""
+    parser.add_argument(
+        "--arms", type=arms_option(arms), default=list(arms), help="comma-separated, laptrain first"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="OVERRIDE",
+        help=f"a train.py override for the job of every arm, e.g. --set {example}",
+    )
+    parser.add_argument("--child", choices=arms, help=argparse.SUPPRESS)
+
+
 def yes(met: bool) -> str:
     return "yes" if met else "NO"

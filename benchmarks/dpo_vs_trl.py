@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arms import arms_option, yes
+from arms import add_arm_options, yes
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -613,17 +613,7 @@ def main() -> None:
         help="steps of the held-out reward accuracy runs (0: none)",
     )
     parser.add_argument("--smoke", action="store_true", help="a tiny offline Llama, few steps")
-    parser.add_argument(
-        "--arms", type=arms_option(ARMS), default=list(ARMS), help="comma-separated, laptrain first"
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="OVERRIDE",
-        help="a train.py override for the job of every arm, e.g. --set data.max_length=256",
-    )
-    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
+    add_arm_options(parser, ARMS, "data.max_length=256")
     parser.add_argument("--accuracy", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke and not args.child:

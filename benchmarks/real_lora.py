@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from arms import arms_option, yes
+from arms import add_arm_options, yes
 from lora_throughput import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -596,17 +596,7 @@ def main() -> None:
         default="profile",
         help="laptrain's hardware.malloc_keep_freed: the profile's (default), or forced",
     )
-    parser.add_argument(
-        "--arms", type=arms_option(ARMS), default=list(ARMS), help="comma-separated, laptrain first"
-    )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="OVERRIDE",
-        help="a train.py override for the job of every arm, e.g. --set model.lora.dropout=0",
-    )
-    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
+    add_arm_options(parser, ARMS, "model.lora.dropout=0")
     args = parser.parse_args()
     if args.smoke and not args.child:
         args.warmup, args.steps, args.repeats = 1, 2, 1
