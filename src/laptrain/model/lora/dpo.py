@@ -57,14 +57,12 @@ def dpo_terms(
 
 def summed_logps(picked: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Per row of ``keep`` (``[N, L]``), the summed log-probability of its kept ``targets`` under
-    ``picked``, the logits at the kept positions in row-major order; ``[N]`` in float32, or float64
-    under ``64-true`` (where Lightning makes float64 the default dtype)."""
-    wide = picked if picked.dtype == torch.float64 else picked.float()
-    token = torch.log_softmax(wide, dim=-1).gather(-1, targets[keep][:, None]).squeeze(-1)
+    ``picked``, the logits at the kept positions in row-major order; float32 ``[N]`` whatever the
+    default dtype (``64-true`` makes it float64)."""
+    token = torch.log_softmax(picked.float(), dim=-1).gather(-1, targets[keep][:, None])
     rows = keep.nonzero()[:, 0]
-    return torch.zeros(keep.shape[0], dtype=token.dtype, device=token.device).index_add(
-        0, rows, token
-    )
+    sums = torch.zeros(keep.shape[0], dtype=torch.float32, device=token.device)
+    return sums.index_add(0, rows, token.squeeze(-1))
 
 
 def load_adapters(peft_model: Any, path: str | Path) -> Path:
@@ -132,11 +130,11 @@ class DPOLoRAModule(CausalLMLoRAModule):
         keep = targets != IGNORE
         parts = response_head(self.model)
         if parts is None:
-            picked = self(ids, mask)[:, :-1][keep].float()
+            picked = self(ids, mask)[:, :-1][keep]
         else:
             decoder, head = parts
             hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-            picked = head(hidden[:, :-1][keep]).float()
+            picked = head(hidden[:, :-1][keep])
         return summed_logps(picked, targets, keep)
 
     def pair_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
