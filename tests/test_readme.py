@@ -141,11 +141,18 @@ def test_every_readme_error_line_is_what_the_checks_print(line, error):
         at = found + len(part)
 
 
+def _section(title: str) -> str:
+    found = re.search(
+        rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.DOTALL | re.MULTILINE
+    )
+    assert found, f"README.md has no '## {title}' section"
+    return found.group(1)
+
+
 def two_commands() -> dict[str, list[str]]:
     """The command lines of the README's "## Two commands" bash blocks: set-up, then tests."""
-    section = re.search(r"^## Two commands\n(.*?)(?=^## )", README, re.DOTALL | re.MULTILINE)
-    assert section, "README.md has no '## Two commands' section"
-    blocks = re.findall(r"^```bash\n(.*?)^```", section.group(1), re.DOTALL | re.MULTILINE)
+    section = _section("Two commands")
+    blocks = re.findall(r"^```bash\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
     assert len(blocks) == 2, f"'## Two commands' has {len(blocks)} bash blocks, not 2"
     return dict(zip(("setup", "test"), (b.strip().splitlines() for b in blocks), strict=True))
 
@@ -184,14 +191,6 @@ def test_the_dev_extra_installs_every_extra_the_suite_tests():
     assert (
         "laptrain[sweep]" in extras["dev"]
     )  # the optuna sweeper and the slurm launcher are tested
-
-
-def _section(title: str) -> str:
-    found = re.search(
-        rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, re.DOTALL | re.MULTILINE
-    )
-    assert found, f"README.md has no '## {title}' section"
-    return found.group(1)
 
 
 def test_dated_measurements_stay_in_the_status_section():
