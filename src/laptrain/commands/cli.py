@@ -112,13 +112,7 @@ def doctor(args: argparse.Namespace) -> int:
         [f"model={overrides['model']}"] if "model" in overrides else []
     )
     family = family_of_preset(overrides.get("model"), conf_dir())  # the family's own check
-    report = run_doctor(
-        name,
-        environ=exported,
-        machine=machine,
-        params=params,
-        lora=family is not None and family.name == "lora",
-    )
+    report = run_doctor(name, environ=exported, machine=machine, params=params, family=family)
     print(report.to_json() if args.json else report.text())
     return report.exit_code
 

@@ -8,13 +8,11 @@ check fail on purpose.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,8 @@ from laptrain.hardware.power import (
     top_processes,
 )
 from laptrain.hardware.profile import ProfileError, load_profile, validate_precision
+from laptrain.model.doctor_check import Check, lightning_quiet, quiet_trainer
+from laptrain.model.families import ModelFamily
 from laptrain.versions import package_versions
 
 GiB = 1024**3
@@ -50,20 +50,6 @@ REQUIRED = ("torch", "lightning", "transformers", "peft", "hydra", "omegaconf")
 SMOKE_LINE = (
     "device smoke test: python benchmarks/device_smoke.py (paste its table into a bug report)"
 )
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    warning: bool = False
-    memory: bool = False  # failed because the job does not fit memory (an OOM, the preflight)
-
-    def line(self) -> str:
-        mark = "ok  " if self.ok and not self.warning else ("warn" if self.ok else "FAIL")
-        return f"[{mark}] {self.name}: {self.detail}" + (f" -> {self.fix}" if self.fix else "")
 
 
 @dataclass
@@ -106,16 +92,6 @@ class Report:
             },
             indent=1,
         )
-
-
-@contextlib.contextmanager
-def lightning_quiet() -> Iterator[None]:
-    """Lightning's "GPU available" / tips lines would bury the report; the level is restored
-    afterwards (the doctor may run inside another program, or a test session)."""
-    from laptrain.console import logger_level
-
-    with logger_level("lightning.pytorch", logging.WARNING):
-        yield
 
 
 def check_machine(machine: MachineInfo, profile_name: str, profile: Mapping[str, Any]) -> Check:
@@ -274,23 +250,6 @@ def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
     return params * 12.0 * kept + GiB, f"{kept} checkpoints of a {params / 1e6:.1f} M model + 1 GiB"
 
 
-def _trainer(kind: str, precision: str, **kw: Any) -> Any:
-    """A Trainer for 3 steps on one device, with no logger, checkpoints, progress bar or summary."""
-    import lightning.pytorch as pl
-
-    return pl.Trainer(
-        accelerator=kind,
-        devices=1,
-        precision=precision,
-        max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kw,
-    )
-
-
 def _tiny_bert() -> Any:
     """A 2-layer BERT classifier as a LightningModule that keeps its training losses."""
     import lightning.pytorch as pl
@@ -342,7 +301,7 @@ def check_training(profile: Mapping[str, Any]) -> Check:
         for i in range(12)
     ]
     with lightning_quiet():  # the Trainer's own "GPU available" lines too
-        trainer = _trainer(kind, precision)
+        trainer = quiet_trainer(kind, precision)
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=plan.micro_batch))
     if len(module.losses) < 3 or not all(math.isfinite(x) for x in module.losses):
         return Check("training", False, f"losses {module.losses}", "report this with --json output")
@@ -351,98 +310,6 @@ def check_training(profile: Mapping[str, Any]) -> Check:
         True,
         f"3 steps on {kind} in {precision}, loss {module.losses[0]:.3f} -> {module.losses[-1]:.3f}; "
         f"preflight estimate {plan.estimate.total / GiB:.2f} GiB",
-    )
-
-
-def _tiny_lora() -> Any:
-    """A 2-layer Llama of 64 wide with LoRA on every linear layer and gradient checkpointing."""
-    from functools import partial
-
-    import torch
-
-    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
-
-    backbone = {
-        "model_type": "llama",
-        "vocab_size": 256,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 64,
-        "tie_word_embeddings": False,
-    }
-    return CausalLMLoRAModule(
-        backbone=backbone,
-        lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
-        gradient_checkpointing=True,
-        optimizer=partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.0),
-        scheduler="constant",
-        save_adapters=False,
-    )
-
-
-def _losses(losses: list[float]) -> Any:
-    """A callback that appends each training step's loss to ``losses``."""
-    import lightning.pytorch as pl
-
-    class Losses(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            losses.append(float(outputs["loss"]))
-
-    return Losses()
-
-
-def check_lora_training(profile: Mapping[str, Any]) -> Check:
-    """Three LoRA steps of a tiny Llama with gradient checkpointing on the profile's device.
-
-    Checkpointing with a frozen base is where LoRA breaks silently (no gradient reaches the
-    adapters: transformers#26377, #42489), so besides finite losses every lora_B matrix (zeros at
-    init) must have moved.
-    """
-    import torch
-
-    from laptrain.hardware.probe import TorchProbe
-    from laptrain.model.families import FAMILIES
-    from laptrain.model.lora.tiny_llama import masked_token_batches
-
-    kind = str(profile.get("accelerator", "cpu"))
-    try:
-        precision = validate_precision(
-            profile.get("precision"), kind, TorchProbe(kind).bf16_supported()
-        )
-    except ProfileError as err:
-        return Check("lora training", False, str(err), "fix hardware.precision in the profile")
-    if FAMILIES["lora"].refusal(kind, precision):
-        precision = "32-true"  # train.py refuses it for LoRA with its own line; test the rest
-    torch.manual_seed(0)
-    module = _tiny_lora()
-    losses: list[float] = []
-    loader = torch.utils.data.DataLoader(masked_token_batches(3), batch_size=None)
-    with lightning_quiet():  # the Trainer's own "GPU available" lines too
-        trainer = _trainer(
-            kind,
-            precision,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            callbacks=[_losses(losses)],
-        )
-        trainer.fit(module, train_dataloaders=loader)
-    lora_b = [p for n, p in module.named_parameters() if "lora_B" in n]
-    moved = sum(bool(p.detach().abs().sum() > 0) for p in lora_b)
-    if len(losses) < 3 or not all(math.isfinite(x) for x in losses) or moved < len(lora_b):
-        return Check(
-            "lora training",
-            False,
-            f"losses {losses}, {moved}/{len(lora_b)} LoRA B matrices updated with checkpointing",
-            "report this with --json output",
-        )
-    return Check(
-        "lora training",
-        True,
-        f"3 LoRA steps of a tiny Llama with gradient checkpointing on {kind} in {precision}, "
-        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, {moved}/{len(lora_b)} LoRA B matrices updated",
     )
 
 
@@ -479,12 +346,14 @@ def run_doctor(
     machine: MachineInfo | None = None,
     output_dir: Path | None = None,
     params: int | None = None,
-    lora: bool = False,
+    family: ModelFamily | None = None,
     battery: BatterySource | None = None,
     pressure: PressureSource | None = None,
 ) -> Report:
-    """Run every check; nothing here raises. ``lora``: a causal-LM LoRA model was named, so also
-    run :func:`check_lora_training`. ``battery``, ``pressure``: injectable readers (None = the OS)."""
+    """Run every check; nothing here raises. ``family``: the family of the model named
+    (``model=<preset>``), whose own check (its registry entry's ``doctor_check``, named
+    ``<family> training``) runs after the tiny classifier's. ``battery``, ``pressure``:
+    injectable readers (None = the OS)."""
     environ = dict(os.environ if environ is None else environ)
     machine = machine or detect_machine()
     try:
@@ -505,12 +374,13 @@ def run_doctor(
         _guard("memory pressure", lambda: check_memory_pressure(machine, pressure)),
         _guard("pretrained cache", check_pretrained_cache),
     ]
+    own = f"{family.name} training" if family is not None and family.doctor_check else None
     if all(c.ok for c in checks):
         checks.append(_guard("training", lambda: check_training(profile)))
-        if lora:
-            checks.append(_guard("lora training", lambda: check_lora_training(profile)))
+        if own:
+            checks.append(_guard(own, lambda: family.hook("doctor_check")(profile)))
     else:
         checks.append(Check("training", False, "skipped: fix the failures above first"))
-        if lora:
-            checks.append(Check("lora training", False, "skipped: fix the failures above first"))
+        if own:
+            checks.append(Check(own, False, "skipped: fix the failures above first"))
     return Report(checks)

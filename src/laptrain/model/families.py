@@ -45,6 +45,9 @@ class ModelFamily:
             use instead), or None.
         variants: other LightningModules of the family, subclasses of ``module`` trained with
             another objective on the same model (the LoRA family's DPO), by dotted path.
+        doctor_check: ``"module:function"``, ``function(profile)`` returning the
+            ``laptrain.model.doctor_check.Check`` named ``<name> training`` that
+            ``laptrain doctor model=<preset>`` runs after its own checks pass, or None.
     """
 
     name: str
@@ -56,6 +59,13 @@ class ModelFamily:
     fsdp_layers: str | None = None
     fsdp_refusal: str | None = None
     variants: tuple[str, ...] = ()
+    doctor_check: str | None = None
+
+    def hook(self, field: str) -> Callable[..., Any] | None:
+        """The function the entry's ``field`` names (``"module:function"``), imported now; None
+        when the entry has none."""
+        path = getattr(self, field)
+        return None if path is None else _load(path)
 
     def refusal(self, device_kind: str, precision: str) -> str | None:
         """Why this family does not train at ``precision`` on ``device_kind`` (None: it does)."""
@@ -90,6 +100,7 @@ FAMILIES: dict[str, ModelFamily] = {
             sized_from_config=True,
             fsdp_layers="laptrain.model.fsdp_units:transformers_layers",
             variants=("laptrain.model.lora.dpo.DPOLoRAModule",),
+            doctor_check="laptrain.model.lora.doctor:check_training",
         ),
         ModelFamily(
             "trm",
