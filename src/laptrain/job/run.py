@@ -60,8 +60,8 @@ from laptrain.loggers.tracking import remember as remember_tracking_runs
 from laptrain.loggers.tracking import runs_ended
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
+from laptrain.model.families import family_of
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
-from laptrain.model.lora.base_dtype import resolve_auto_base_dtype
 from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.ranks.processes import shards_model_state
 from laptrain.run_folder.listing import resume_command
@@ -176,13 +176,17 @@ def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
     probe = TorchProbe(kind, index)
     hw = cfg.hardware
     fraction, budget_gb = float(hw.get("memory_fraction", 0.8)), hw.get("memory_budget_gb")
-    decided = resolve_auto_base_dtype(  # model.base_dtype=auto: fp32 if it fits, else bf16
-        model_cfg,
-        lambda: device_budget(probe, fraction, budget_gb).bytes,
-        probe.bf16_supported(),
-        rank_zero_info,
-        capacity_bytes=lambda: capacity_budget(probe, fraction, budget_gb),
-    )
+    family = family_of(model_cfg)
+    auto = family.hook("auto_settings") if family is not None else None
+    decided: dict[str, Any] = {}
+    if auto is not None:  # the family's auto settings (LoRA: base_dtype=auto, fp32 if it fits)
+        decided = auto(
+            model_cfg,
+            lambda: device_budget(probe, fraction, budget_gb).bytes,
+            probe.bf16_supported(),
+            rank_zero_info,
+            capacity_bytes=lambda: capacity_budget(probe, fraction, budget_gb),
+        )
     remake = partial(instantiate, model_cfg, _convert_="all", **model_kwargs, **decided)
     model = remake()
     plan = build_run_plan(

@@ -48,6 +48,12 @@ class ModelFamily:
         doctor_check: ``"module:function"``, ``function(profile)`` returning the
             ``laptrain.model.doctor_check.Check`` named ``<name> training`` that
             ``laptrain doctor model=<preset>`` runs after its own checks pass, or None.
+        auto_settings: ``"module:function"``, ``function(model_cfg, budget_bytes, bf16_supported,
+            say, capacity_bytes=)`` returning the constructor arguments that decide the model
+            config's ``auto`` values on this device (the LoRA family's ``base_dtype: auto``:
+            ``budget_bytes()`` and ``capacity_bytes()`` read the memory budget, ``say`` prints
+            why), ``{}`` when it has none; the job calls it before building the module. None: the
+            family has no such setting.
     """
 
     name: str
@@ -60,6 +66,7 @@ class ModelFamily:
     fsdp_refusal: str | None = None
     variants: tuple[str, ...] = ()
     doctor_check: str | None = None
+    auto_settings: str | None = None
 
     def hook(self, field: str) -> Callable[..., Any] | None:
         """The function the entry's ``field`` names (``"module:function"``), imported now; None
@@ -101,6 +108,7 @@ FAMILIES: dict[str, ModelFamily] = {
             fsdp_layers="laptrain.model.fsdp_units:transformers_layers",
             variants=("laptrain.model.lora.dpo.DPOLoRAModule",),
             doctor_check="laptrain.model.lora.doctor:check_training",
+            auto_settings="laptrain.model.lora.base_dtype:resolve_auto_base_dtype",
         ),
         ModelFamily(
             "trm",
