@@ -15,7 +15,7 @@ from laptrain.model.lora.base_dtype import (
     resolve_auto_base_dtype,
 )
 from laptrain.preflight.budget import capacity_budget
-from laptrain.preflight.from_config import LLAMA32_3B
+from laptrain.preflight.lora_sizing import LLAMA32_3B
 from laptrain.ranks.environment import started_together
 
 LLAMA_AUTO = {"base_dtype": "auto", "backbone": {"model_type": "llama", **LLAMA32_3B}}

@@ -4,7 +4,7 @@ import pytest
 from transformers import LlamaConfig
 
 from laptrain.commands.cli import main
-from laptrain.preflight.from_config import LLAMA32_3B
+from laptrain.preflight.lora_sizing import LLAMA32_3B
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,11 @@ class ModelFamily:
             it sizes with it).
         refuse_precision: ``"module:function"``, ``function(device_kind, precision)`` returning
             why the family does not train at that precision there, or None.
-        sized_from_config: ``laptrain preflight`` estimates its memory from the YAML alone (no
-            weights loaded); other families are measured by ``train.py``'s own preflight.
+        sizing: ``"module:function"``, ``function(cfg, model_cfg)`` returning the lines
+            ``laptrain preflight`` prints and whether the job fits, estimated from the composed
+            config alone (no weights loaded); other families are measured by ``train.py``'s own
+            preflight. Built on the preflight's estimator, it lives on the preflight's floor
+            (``laptrain/preflight/``), above this one: only ``laptrain preflight`` loads it.
         smoke: the module with the family's smoke-test build: ``build(seed, steps)`` (with
             optional ``kind=``/``precision=`` keywords), ``predict(module, batch)`` and optionally
             ``note(kind)`` (``laptrain/model/<family>/smoke.py``), which the device smoke test
@@ -61,7 +64,7 @@ class ModelFamily:
     summary: str
     smoke: str
     refuse_precision: str | None = None
-    sized_from_config: bool = False
+    sizing: str | None = None
     fsdp_layers: str | None = None
     fsdp_refusal: str | None = None
     variants: tuple[str, ...] = ()
@@ -104,7 +107,7 @@ FAMILIES: dict[str, ModelFamily] = {
             "a pretrained causal LM fine-tuned with peft LoRA adapters on instruction pairs",
             "laptrain.model.lora.smoke",
             refuse_precision="laptrain.model.lora.causal_lm:refuse_precision",
-            sized_from_config=True,
+            sizing="laptrain.preflight.lora_sizing:report",
             fsdp_layers="laptrain.model.fsdp_units:transformers_layers",
             variants=("laptrain.model.lora.dpo.DPOLoRAModule",),
             doctor_check="laptrain.model.lora.doctor:check_training",

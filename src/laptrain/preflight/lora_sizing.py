@@ -1,0 +1,423 @@
+"""The LoRA family's memory estimate from the base's ``config.json`` alone (no weights): its
+registry entry's ``sizing`` hook, which ``laptrain preflight`` (``laptrain/preflight/from_config.py``)
+calls for a causal-LM LoRA config (``CausalLMLoRAModule``, DPO's too).
+
+Parameters are counted on the meta device, and the saved-for-backward bytes are measured on a
+2-layer copy at full width (same hidden size, heads and vocabulary, so the logits B·S·V are real)
+at short lengths on CPU, then extrapolated in length (``laptrain.preflight.activations``) and in
+depth (the per-layer parts times layers / 2). The sum follows ``laptrain.preflight.estimate``: the
+frozen base in its own dtype, the adapters in fp32 with their gradients and AdamW state.
+``benchmarks/lora_throughput.py --preflight`` uses this module too.
+
+It lives on the preflight's floor, not in ``laptrain/model/lora/``: it is built on the preflight's
+estimator (``activations``, ``estimate``), a floor above ``model/``, so the registry names it by
+its dotted path and only ``laptrain preflight`` imports it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from laptrain.config.batch_request import is_auto
+from laptrain.model.checkpointing import switch_on
+from laptrain.preflight.activations import ActivationProfile, Quadratic, measure_activations
+from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, Estimate, ModelMemory
+from laptrain.preflight.from_config import BudgetChoice, PreflightInputError, choose_budget
+
+GiB = 1024**3
+GB = 1e9
+MEASURED_LAYERS = 2
+MEASURED_SEQ = 32  # measured at 8, 16 and 24 tokens: the quadratic fit is exact in length
+SMALL_TENSOR = 1 << 22
+# meta-llama/Llama-3.2-3B-Instruct config.json fields that size it (3,212,749,824 parameters).
+LLAMA32_3B = {
+    "vocab_size": 128256,
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+}
+
+
+@dataclass(frozen=True)
+class LoRACounts:
+    params: int  # base + adapters
+    trainable: int  # adapters only
+
+    @property
+    def base(self) -> int:
+        return self.params - self.trainable
+
+
+def causal_lm_config(model_cfg: Mapping[str, Any]) -> Any | None:
+    """The transformers config a LoRA model config names (hub name, folder or backbone dict);
+    None for a base built from ``tiny_base``. Only ``config.json`` is read."""
+    from transformers import AutoConfig
+
+    from laptrain.pretrained.loading import config_from_pretrained
+
+    pretrained, backbone = model_cfg.get("pretrained"), model_cfg.get("backbone")
+    if pretrained:
+        return config_from_pretrained(
+            pretrained,
+            "set model.pretrained to a folder written by save_pretrained (config.json is enough)",
+        )
+    if backbone and "model_type" in backbone:
+        fields = {k: v for k, v in backbone.items() if k != "model_type"}
+        return AutoConfig.for_model(backbone["model_type"], **fields)
+    return None
+
+
+def _targets(lora: Mapping[str, Any]) -> str | list[str]:
+    targets = lora.get("target_modules", "all-linear")
+    if isinstance(targets, Sequence) and not isinstance(targets, str):
+        return [str(t) for t in targets]
+    return str(targets)
+
+
+def lora_model(
+    config: Any, lora: Mapping[str, Any], device: str, layers: int | None = None
+) -> nn.Module:
+    """The peft model of ``config`` (optionally cut to ``layers``) on ``device``.
+
+    On ``cpu`` the weights are not initialised: the activation measurement needs the sizes of saved
+    tensors, not their values. Norms and buffers (rotary frequencies) are zeroed; the large
+    matrices are left as allocated (fresh pages, which read as zeros without being written:
+    zeroing or a random init of a 128k x 3072 embedding costs seconds).
+    """
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    if layers is not None:
+        config = type(config).from_dict({**config.to_dict(), "num_hidden_layers": layers})
+    config.use_cache = False
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config)
+    base.tie_weights()  # transformers 5.0 leaves a tied head untied on the meta device
+    if device != "meta":
+        base = base.to_empty(device=device)
+        with torch.no_grad():
+            for tensor in (*base.parameters(), *base.buffers()):
+                if tensor.numel() < SMALL_TENSOR:
+                    tensor.zero_()
+    r = int(lora.get("r", 8))
+    peft_config = LoraConfig(
+        r=r,
+        lora_alpha=int(lora.get("alpha", 2 * r)),
+        target_modules=_targets(lora),
+        use_dora=bool(lora.get("use_dora", False)),
+        use_rslora=bool(lora.get("use_rslora", False)),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with warnings.catch_warnings():  # peft asks transformers' deprecated is_gradient_checkpointing
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(base, peft_config)
+
+
+def count_lora(config: Any, lora: Mapping[str, Any]) -> LoRACounts:
+    """Parameters with the adapters, and the adapters' own, counted on the meta device."""
+    model = lora_model(config, lora, "meta")
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return LoRACounts(params, trainable)
+
+
+def _scaled(q: Quadratic, factor: float) -> Quadratic:
+    return Quadratic(q.c * factor, q.a * factor, q.b * factor)
+
+
+def measure_lora_activations(
+    config: Any, lora: Mapping[str, Any], seq_len: int = MEASURED_SEQ
+) -> ActivationProfile:
+    """Saved-for-backward bytes of the full-depth model, from a 2-layer full-width copy on CPU.
+
+    Measured with gradient checkpointing on (the profile answers both ways); the per-layer parts
+    (the blocks' inputs, and the blocks' share of the total) are scaled from 2 layers to all.
+    """
+    layers = int(config.num_hidden_layers)
+    small = lora_model(config, lora, "cpu", layers=MEASURED_LAYERS)
+    kwargs = {"use_reentrant": False}
+    with warnings.catch_warnings():  # transformers' deprecation notes about the old names
+        warnings.simplefilter("ignore", FutureWarning)
+        base = small.get_base_model()
+        switch_on(base, kwargs)
+        base.enable_input_require_grads()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            profile = measure_activations(small, seq_len)
+    del small
+    factor = layers / MEASURED_LAYERS
+    in_blocks = Quadratic(
+        profile.total.c - profile.outside.c,
+        profile.total.a - profile.outside.a,
+        profile.total.b - profile.outside.b,
+    )
+    total = _scaled(in_blocks, factor)
+    return replace(
+        profile,
+        total=Quadratic(
+            profile.outside.c + total.c, profile.outside.a + total.a, profile.outside.b + total.b
+        ),
+        block_inputs=_scaled(profile.block_inputs, factor),
+        blocks=layers,
+        checkpointing=True,
+    )
+
+
+def logits_bytes(micro_batch: int, seq_len: int, vocab: int) -> float:
+    """The fp32 logits of one micro batch, B·S·V·4: the largest tensor of a causal-LM step."""
+    return float(micro_batch * seq_len * vocab * 4)
+
+
+def lora_estimate(
+    counts: LoRACounts,
+    activations: ActivationProfile,
+    seq_len: int,
+    base_bytes: int,
+    kind: str,
+    micro_batch: int = 1,
+    checkpointing: bool = True,
+    baseline: float = 0.0,
+    vocab: int | None = None,
+) -> Estimate:
+    """Peak memory of one step: the frozen base in ``base_bytes`` per parameter, the adapters fp32
+    with gradients and AdamW's two states, activations (halved for a 16-bit base).
+
+    With ``vocab``, the saved activations are at least the logits B·S·V in fp32 (the loss keeps
+    them), whatever the short-length fit extrapolated to.
+    """
+    memory = ModelMemory(
+        params=counts.params,
+        trainable=counts.trainable,
+        param_bytes=4,
+        materialized_cpu_bytes=0,
+        activations=activations,
+        activation_scale=1.0 if base_bytes == 4 else 0.5,
+    )
+    est = memory.estimate(micro_batch, seq_len, kind, baseline, checkpointing=checkpointing)
+    if vocab:
+        est = replace(
+            est, activations=max(est.activations, logits_bytes(micro_batch, seq_len, vocab))
+        )
+    weights = float(counts.base * base_bytes + counts.trainable * 4)
+    if kind == "cpu":
+        return replace(est, weights=weights)
+    static = weights + est.grads + est.optimizer
+    slack = DEVICE_ALLOCATOR_SLACK * (static + est.activations + est.transient)
+    return replace(est, weights=weights, overhead=slack)
+
+
+# ---- laptrain preflight ------------------------------------------------------------------------
+
+
+def _gib(value: float) -> str:
+    return f"{value / GiB:.2f} GiB ({value / GB:.2f} GB)"
+
+
+def fix_list(
+    model_cfg: Mapping[str, Any], seq_len: int, dtype: str, checkpointing: bool
+) -> list[str]:
+    """What to change when the job does not fit, one line each."""
+    fixes = [f"shorter sequences: data.max_length={max(64, seq_len // 2)} (now {seq_len})"]
+    if not checkpointing:
+        fixes.append("gradient checkpointing: model.gradient_checkpointing=true")
+    if dtype != "bfloat16":
+        fixes.append("bf16 base: model.base_dtype=bfloat16 (halves the frozen weights)")
+    lora = model_cfg.get("lora") or {}
+    r = int(lora.get("r", 8))
+    fixes.append(
+        f"smaller adapter: model.lora.r={max(4, r // 2)} or model.lora.target_modules=[q_proj,v_proj]"
+    )
+    return fixes
+
+
+@dataclass(frozen=True)
+class _LoRAJob:
+    """The job the report sizes: the base and its adapters, the batch, the base dtype, the budget."""
+
+    config: Any
+    lora: Mapping[str, Any]
+    counts: LoRACounts
+    budget: BudgetChoice
+    seq_len: int
+    micro: int
+    setting: Any  # model.gradient_checkpointing as configured (true, false or auto)
+    dtype: str
+    why: str  # why base_dtype=auto chose ``dtype``; empty when it was set
+    kind: str
+    baseline: float
+    acts: ActivationProfile
+    vocab: int
+
+    def estimates(self, checkpointed: bool) -> dict[str, Estimate]:
+        """The step's peak with an fp32 and with a bf16 base."""
+        return {
+            name: lora_estimate(
+                self.counts,
+                self.acts,
+                self.seq_len,
+                width,
+                self.kind,
+                self.micro,
+                checkpointed,
+                self.baseline,
+                self.vocab,
+            )
+            for name, width in (("float32", 4), ("bfloat16", 2))
+        }
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """The estimates, the one of the chosen base dtype, and whether checkpointing is on (why)."""
+
+    estimates: dict[str, Estimate]
+    chosen: Estimate
+    checkpointing: bool
+    auto_note: str
+
+
+def _base_config(model_cfg: Mapping[str, Any]) -> Any:
+    """The base's transformers config; refuses a model built from ``tiny_base``."""
+    config = causal_lm_config(model_cfg)
+    if config is None:
+        raise PreflightInputError(
+            "this model builds a tiny base from model.tiny_base (a few MB): nothing to estimate "
+            "before a download; train.py's preflight measures it"
+        )
+    return config
+
+
+def _size_job(cfg: Any, model_cfg: Any, config: Any) -> _LoRAJob:
+    """The budget, the parameter counts, the batch, the base dtype and the measured activations."""
+    import psutil
+    from omegaconf import OmegaConf
+
+    from laptrain.model.lora.base_dtype import choose_base_dtype
+
+    hw = OmegaConf.to_container(cfg.hardware, resolve=True)
+    budget = choose_budget(hw)
+    lora = model_cfg.get("lora") or {}
+    counts = count_lora(config, lora)
+    data = cfg.get("data") or {}
+    seq_len = int(data.get("max_length") or 512)
+    batch = hw.get("batch_size")
+    micro = int(batch) if isinstance(batch, int) else 1
+    setting = model_cfg.get("gradient_checkpointing", False)
+    dtype = str(model_cfg.get("base_dtype", "float32"))
+    why = ""
+    if dtype == "auto":
+        dtype, why = choose_base_dtype(counts.base, budget.bytes, budget.bf16)
+    kind = str(hw.get("accelerator", "cpu"))
+    baseline = float(psutil.Process().memory_info().rss) if kind == "cpu" else 0.0
+    acts = measure_lora_activations(config, lora)
+    return _LoRAJob(
+        config,
+        lora,
+        counts,
+        budget,
+        seq_len,
+        micro,
+        setting,
+        dtype,
+        why,
+        kind,
+        baseline,
+        acts,
+        int(config.vocab_size),
+    )
+
+
+def _chosen_estimate(job: _LoRAJob) -> _Choice:
+    """The estimate of the chosen base dtype; ``gradient_checkpointing: auto`` turns checkpointing
+    on only when the job does not fit without it."""
+    checkpointing = False if is_auto(job.setting) else bool(job.setting)
+    est = job.estimates(checkpointing)
+    chosen = est[job.dtype if job.dtype in est else "float32"]
+    auto_note = ""
+    if is_auto(job.setting):
+        auto_note = " (model.gradient_checkpointing=auto: the job fits without it)"
+        if chosen.total > job.budget.bytes:
+            auto_note = (
+                f" (model.gradient_checkpointing=auto: without it {chosen.total / GiB:.2f} GiB > "
+                f"budget {job.budget.bytes / GiB:.2f} GiB)"
+            )
+            checkpointing = True
+            est = job.estimates(True)
+            chosen = est[job.dtype if job.dtype in est else "float32"]
+    return _Choice(est, chosen, checkpointing, auto_note)
+
+
+def _job_lines(cfg: Any, model_cfg: Any, job: _LoRAJob, choice: _Choice) -> list[str]:
+    """The report's lines on the model, its parameters, the base dtype and the job."""
+    from laptrain.pretrained.loading import describe_source
+
+    config, counts, lora = job.config, job.counts, job.lora
+    micro, seq_len, vocab = job.micro, job.seq_len, job.vocab
+    source = model_cfg.get("pretrained")
+    pretrained = describe_source(source) if source else "backbone"
+    return [
+        f"model: {pretrained} ({type(config).__name__}, {config.num_hidden_layers} layers x "
+        f"{config.hidden_size}, vocab {vocab}); counted on the meta device, no weights loaded",
+        f"parameters: {counts.base / 1e9:.2f} B base + {counts.trainable / 1e6:.1f} M trainable "
+        f"(LoRA r {lora.get('r', 8)}, targets {_targets(lora)})",
+        f"base weights: fp32 {_gib(counts.base * 4)} / bf16 {_gib(counts.base * 2)}",
+        f"base dtype: {job.dtype}" + (f" ({job.why})" if job.why else " (model.base_dtype)"),
+        f"job: micro batch {micro} x {seq_len} tokens (data={cfg.hydra.runtime.choices.get('data')}"
+        f" max_length), gradient checkpointing {'on' if choice.checkpointing else 'off'}"
+        f"{choice.auto_note}, {job.kind} "
+        f"calibration; logits B·S·V = {micro}·{seq_len}·{vocab}: "
+        f"{logits_bytes(micro, seq_len, vocab) / GiB:.2f} GiB fp32",
+    ]
+
+
+def _estimate_lines(job: _LoRAJob, choice: _Choice) -> list[str]:
+    """One line per base dtype: the estimate and its parts, the chosen one marked."""
+    lines = []
+    base = job.counts.base
+    for name, e in choice.estimates.items():
+        adapters = e.grads + e.optimizer + job.counts.trainable * 4
+        lines.append(
+            f"estimate ({'fp32' if name == 'float32' else 'bf16'} base): {e.total / GiB:.2f} GiB = "
+            f"base {base * (4 if name == 'float32' else 2) / GiB:.2f} + "
+            f"adapters/grads/AdamW {adapters / GiB:.2f} + activations {e.activations / GiB:.2f} + "
+            f"backward transient {e.transient / GiB:.2f} + overhead {e.overhead / GiB:.2f}"
+            + ("  <- chosen" if e is choice.chosen else "")
+        )
+    return lines
+
+
+def report(cfg: Any, model_cfg: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """The lines ``laptrain preflight`` prints for a LoRA job, and whether it fits (the family's
+    ``sizing`` hook): ``cfg`` composed as train.py would, ``model_cfg`` its model config
+    unresolved. Raises ``PreflightInputError``/``OSError`` with one line."""
+    config = _base_config(model_cfg)
+    job = _size_job(cfg, model_cfg, config)
+    choice = _chosen_estimate(job)
+    budget, chosen = job.budget, choice.chosen
+    fits = chosen.total <= budget.bytes
+    lines = _job_lines(cfg, model_cfg, job, choice) + _estimate_lines(job, choice)
+    lines.append(f"budget: {budget.bytes / GiB:.2f} GiB from {budget.source}")
+    verdict = "fits" if fits else "does not fit"
+    lines.append(
+        f"{verdict}: {chosen.total / GiB:.2f} GiB of {budget.bytes / GiB:.2f} GiB "
+        f"({job.dtype} base). Units: GiB = 2^30 bytes (GB = 10^9 in brackets). All figures are "
+        f"estimates (activations measured on a {MEASURED_LAYERS}-layer full-width copy on CPU, "
+        "extrapolated)"
+    )
+    if not fits:
+        lines.append("to fit, try:")
+        fixes = fix_list(model_cfg, job.seq_len, job.dtype, choice.checkpointing)
+        lines.extend(f"  - {f}" for f in fixes)
+    return lines, fits
