@@ -51,6 +51,17 @@ TINY = [
 ]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml).
+    A test that uses a module-scoped fixture (a trained run, a built model) is grouped with its
+    module's other tests on one worker, so the fixture is built once, not once per worker."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d.scope in ("module", "class") for found in defs for d in found):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 # The tiny classifier without dropout: runs that must end equal (1 vs 2 processes, an OOM retry).
 NO_DROPOUT = [
     "model.backbone.hidden_dropout_prob=0",
