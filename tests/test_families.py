@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import pytest
 from omegaconf import OmegaConf
 
+from laptrain.commands import cli
 from laptrain.device_smoke.builds import SMOKE_BUILDS
 from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
@@ -52,6 +53,20 @@ def test_every_family_has_its_smoke_build_in_its_own_package():
         assert (
             SMOKE_BUILDS[name].build is smoke.build and SMOKE_BUILDS[name].predict is smoke.predict
         )
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_hook_an_entry_names_imports_and_its_commands_reach_the_cli(name):
+    """Entries name their hooks by string: each one imports and is a function, and the module of
+    the family's own commands is in the CLI's parser and command map, after one of its own."""
+    family = FAMILIES[name]
+    for field in ("refuse_precision", "doctor_check", "auto_settings", "sizing"):
+        if getattr(family, field) is not None:
+            assert callable(family.hook(field)), field
+    if family.tools:
+        tools = importlib.import_module(family.tools)
+        assert tools.LISTED_AFTER in cli.PARSERS
+        assert tools.COMMANDS and all(cli.COMMANDS[c] is f for c, f in tools.COMMANDS.items())
 
 
 def test_a_user_module_is_no_family_and_runs_without_family_rules():

@@ -1,6 +1,8 @@
 """The ``laptrain`` console script (docs/cli.md: every command, its output and exit codes). Each
 subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser`` declares
-their arguments (tests/test_cli.py keeps the two in step).
+their arguments (tests/test_cli.py keeps the two in step). A model family's own commands (``predict``
+for the classifier, ``export``/``generate``/``eval`` for LoRA) are not declared here: the family's
+registry entry names their module (``tools``), which brings its parsers and functions.
 
 - ``laptrain train [overrides]``: the repository's ``train.py``, exactly as ``python train.py``
   (``laptrain-train`` is the same).
@@ -30,6 +32,7 @@ Shared by all: a run is named as ``laptrain runs`` prints it or by its folder, u
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -37,23 +40,20 @@ import runpy
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from laptrain.commands.arguments import ROOT_HELP, RUN, add_run_argument
 from laptrain.commands.bench import add_arguments as add_bench_arguments
 from laptrain.commands.bench import bench_command
-from laptrain.commands.exit_codes import error_exit_code
 from laptrain.commands.fetch import add_arguments as add_fetch_arguments
 from laptrain.commands.fetch import fetch_command
 from laptrain.commands.new import add_arguments as add_new_arguments
 from laptrain.commands.new import new_command
-from laptrain.commands.predict import batch_size_arg
 from laptrain.console import quiet_libraries
-from laptrain.model.families import family_of_preset
+from laptrain.model.families import FAMILIES, family_of_preset
 from laptrain.project import ProjectNotFound, conf_dir, project_root, train_script
 from laptrain.run_folder.listing import RUNS_ROOT, resolve_run
-
-RUN = "a run as `laptrain runs` names it (e.g. tiny_classifier-text_csv), or its folder"
-ROOT_HELP = "where runs live: the folder a run's name is looked up in (default: %(default)s)"
 
 
 def configured_model_params(overrides: list[str]) -> int | None:
@@ -117,146 +117,6 @@ def doctor(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
-def lora_command(args: argparse.Namespace) -> int:
-    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.commands.lora_tools)."""
-    from laptrain.commands import lora_tools
-    from laptrain.console import no_transformers_bars
-
-    quiet_libraries()
-    try:
-        args.path = resolve_run(args.path, args.root, any_folder=True)
-        with no_transformers_bars():
-            return _lora_command(args, lora_tools)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return error_exit_code(err)  # 2, or a base that does not fit memory
-
-
-def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
-    where = {"device": args.device, "dtype": args.dtype}
-    if args.command == "export" and args.format == "gguf":
-        from laptrain.gguf_export.write import export_gguf
-
-        if args.dtype is not None:
-            raise ValueError(
-                "--dtype is for --format hf: a GGUF is merged in float32, then --quant"
-            )
-        done = export_gguf(args.path, args.out, args.quant or "f16", device=args.device)
-        print(f"GGUF ({done.quant}, {done.bytes / 1024**2:.1f} MiB) written to {done.file}")
-        print(f"Ollama: ollama create NAME -f {done.folder / 'Modelfile'}")
-    elif args.command == "export":
-        if args.quant is not None:
-            raise ValueError("--quant is for --format gguf: add --format gguf, or drop --quant")
-        out = lora_tools.export_merged(args.path, args.out, **where)
-        print(f"merged model written to {out}")
-    elif args.command == "generate":
-        model, tokenizer = lora_tools.load_for_generation(args.path, **where)
-        lora_tools.generate(
-            model,
-            tokenizer,
-            args.prompt,
-            max_new_tokens=args.max_new_tokens,
-            system_prompt=args.system,
-            temperature=args.temperature,
-        )
-        print()
-    else:
-        result = lora_tools.evaluate(
-            args.path, args.data, args.max_length, args.batch_size, **where
-        )
-        print(result.markdown())
-    return 0
-
-
-def _add_load_options(parser: argparse.ArgumentParser, export: bool = False) -> None:
-    """``--device`` and ``--dtype``: where and how the base is loaded (default: as the run did)."""
-    parser.add_argument(
-        "--device",
-        choices=("cpu", "cuda", "mps"),
-        default=None,
-        help="load the base here (default: the device the run trained on when this machine has "
-        "it, else cpu, said in one line)",
-    )
-    if export:
-        what = (
-            "the dtype the base is loaded and the merged model written in (default, or auto: the "
-            "run's model.base_dtype; a 4-bit run's: bfloat16 where the device has it)"
-        )
-    else:
-        what = (
-            "the base's dtype (default, or auto: the run's model.base_dtype, bfloat16 only where "
-            "the device has it; a 4-bit run reloads 4-bit on CUDA with bitsandbytes)"
-        )
-    parser.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "auto"),
-        default=None,
-        help=f"{what}. The base's weights at this dtype must fit the memory budget training would "
-        "use on this machine, else one line and exit 69 (does not fit)",
-    )
-
-
-def add_run_argument(parser: argparse.ArgumentParser, what: str = RUN, dest: str = "run") -> None:
-    """The run a command reads and ``--root``: every command that takes a run resolves it with
-    :func:`laptrain.run_folder.listing.resolve_run`."""
-    parser.add_argument(dest, help=what)
-    parser.add_argument("--root", default=RUNS_ROOT, help=ROOT_HELP)
-
-
-def _add_lora_commands(commands: Any) -> None:
-    where = "a LoRA run as `laptrain runs` names it, its folder, or an adapter folder"
-    export = commands.add_parser(
-        "export", help="merge a LoRA adapter into its base model (a transformers folder or a GGUF)"
-    )
-    add_run_argument(export, where, "path")
-    export.add_argument(
-        "--out",
-        help="output folder (default: <run>/merged, or <run>/gguf-<quant> with --format gguf)",
-    )
-    export.add_argument(
-        "--format",
-        choices=("hf", "gguf"),
-        default="hf",
-        help="hf: a transformers folder; gguf: model.gguf for llama.cpp, Ollama and LM "
-        "Studio, with an Ollama Modelfile beside it (Llama-family bases) (default: %(default)s)",
-    )
-    export.add_argument(
-        "--quant",
-        default=None,
-        help="with --format gguf: f16, q8_0 or q4_0 (default: f16)",
-    )
-    _add_load_options(export, export=True)
-    gen = commands.add_parser("generate", help="reply to a prompt with a LoRA (or merged) model")
-    add_run_argument(gen, f"{where}, or a merged model folder", "path")
-    gen.add_argument("--prompt", required=True, help="the user's message (required)")
-    gen.add_argument(
-        "--system", default=None, help="system prompt (default: none, the chat template's own)"
-    )
-    gen.add_argument(
-        "--max-new-tokens", type=int, default=256, help="stop after this many new tokens"
-    )
-    gen.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature, 0: greedy"
-    )
-    _add_load_options(gen)
-    ev = commands.add_parser(
-        "eval",
-        help="masked loss/perplexity of base vs adapter on a file; DPO metrics on preference pairs",
-    )
-    add_run_argument(ev, where, "path")
-    ev.add_argument(
-        "--data", required=True, help="JSONL/CSV/Parquet rows as in training (required)"
-    )
-    ev.add_argument(
-        "--max-length",
-        type=int,
-        default=None,
-        help="cut each row to this many tokens, from the left (default: whole rows)",
-    )
-    ev.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
-    _add_load_options(ev)
-
-
 def run_train_script(overrides: list[str]) -> int:
     """Run train.py with ``overrides`` as its command line, in this process, as ``python train.py``
     would: the same hardware=auto resolution, precheck and exit codes (train.py exits non-zero)."""
@@ -273,34 +133,6 @@ def train_main() -> None:
 
 def train(args: argparse.Namespace) -> int:
     return run_train_script(args.overrides)
-
-
-def predict(args: argparse.Namespace) -> int:
-    """Print (or write with ``--out``) the label and probability of each text."""
-    from laptrain.commands.predict import Classifier, read_texts, write_predictions
-    from laptrain.console import no_transformers_bars
-
-    try:
-        if bool(args.texts) == bool(args.file):
-            raise ValueError('give texts ("some text" ...) or --file <file>, not both or neither')
-        rows, texts = read_texts(args.file, args.column) if args.file else ([], args.texts)
-        run = resolve_run(args.run, args.root, any_folder=True)
-        with no_transformers_bars():
-            classifier = Classifier(run)
-        predictions = classifier.predict(texts, args.batch_size)
-        if args.out:
-            if not args.file:
-                rows = [{"text": t} for t in texts]
-            write_predictions(args.out, rows, predictions)
-            print(f"{len(predictions)} predictions written to {args.out}")
-            return 0
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    for text, p in zip(texts, predictions):
-        short = " ".join(text.split())
-        print(f"{p.label}\t{p.probability:.3f}\t{short[:70] + ('…' if len(short) > 70 else '')}")
-    return 0
 
 
 def runs_json(states: list[Any], root: Path) -> str:
@@ -405,7 +237,7 @@ def preflight_json(lines: list[str], fits: bool, code: int) -> dict[str, Any]:
     return {"fits": fits, "exit_code": code, **numbers, "fixes": fixes, "lines": lines}
 
 
-def _add_run_commands(commands: Any) -> None:
+def _add_train(commands: Any) -> None:
     trainer = commands.add_parser(
         "train",
         help="train: the same as `python train.py [overrides]` (`laptrain train --help`: Hydra's)",
@@ -418,38 +250,15 @@ def _add_run_commands(commands: Any) -> None:
         help="train.py's whole command line, handed over untouched: Hydra's overrides and "
         "options (default: none, conf/train.yaml as it is)",
     )
-    pred = commands.add_parser(
-        "predict", help="label texts with a finished classifier run's exported model"
-    )
-    add_run_argument(pred, f"a finished classifier run: {RUN}")
-    pred.add_argument("texts", nargs="*", help="texts to label (or --file)")
-    pred.add_argument(
-        "--file",
-        help="a file of texts instead: CSV, TSV, JSON, JSONL or Parquet, read as training reads "
-        "data files (default: the texts given)",
-    )
-    pred.add_argument("--column", default="text", help="the text column of --file")
-    pred.add_argument(
-        "--out",
-        help="write a CSV: the rows plus predicted_label and probability (default: print a "
-        "label, probability and text line per text)",
-    )
-    pred.add_argument(
-        "--batch-size", type=batch_size_arg, default=32, help="texts per forward pass"
-    )
+
+
+def _add_runs(commands: Any) -> None:
     listing = commands.add_parser(
         "runs", help="the runs under outputs/: status, step, best score, command to resume"
     )
     listing.add_argument("--root", default=RUNS_ROOT, help=ROOT_HELP)
     listing.add_argument(
         "--json", action="store_true", help="print the runs as one JSON document (as doctor --json)"
-    )
-    explain = commands.add_parser(
-        "why", help="what happened in a run (NaN, plateau, divergence, overfitting, slowdown, OOM)"
-    )
-    add_run_argument(explain)
-    explain.add_argument(
-        "--json", action="store_true", help="print the findings as one JSON document"
     )
     _add_runs_commands(
         listing.add_subparsers(
@@ -458,6 +267,19 @@ def _add_run_commands(commands: Any) -> None:
             help="compare or clean named runs (default: list every run)",
         )
     )
+
+
+def _add_why(commands: Any) -> None:
+    explain = commands.add_parser(
+        "why", help="what happened in a run (NaN, plateau, divergence, overfitting, slowdown, OOM)"
+    )
+    add_run_argument(explain)
+    explain.add_argument(
+        "--json", action="store_true", help="print the findings as one JSON document"
+    )
+
+
+def _add_checkpoint(commands: Any) -> None:
     save = commands.add_parser(
         "checkpoint",
         help="make a running job write last.ckpt at its next step boundary and go on",
@@ -496,6 +318,70 @@ def _add_runs_commands(commands: Any) -> None:
     clean.add_argument("runs", nargs="+", metavar="RUN", help=named)
     clean.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     clean.add_argument("--root", **root)
+
+
+def _add_doctor(commands: Any) -> None:
+    check = commands.add_parser("doctor", help="check that this machine is ready to train")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument(
+        "--record",
+        metavar="DIR",
+        help="also write this machine's raw outputs to DIR (default: write none)",
+    )
+    check.add_argument(
+        "overrides",
+        nargs="*",
+        help="hardware=<profile> (default: auto), model=<name> (default: none: no LoRA check)",
+    )
+
+
+def _add_preflight(commands: Any) -> None:
+    estimate = commands.add_parser(
+        "preflight", help="memory estimate of a causal-LM LoRA job from config.json alone"
+    )
+    estimate.add_argument(
+        "--json", action="store_true", help="print the estimate as one JSON document"
+    )
+    estimate.add_argument(
+        "overrides",
+        nargs="*",
+        help="train.py overrides: model=..., hardware=..., data=..., key=value (default: none, "
+        "conf/train.yaml as it is)",
+    )
+
+
+# laptrain's own commands, in `laptrain --help` order; a family's follow the one they name
+PARSERS: dict[str, Callable[[Any], None]] = {
+    "train": _add_train,
+    "runs": _add_runs,
+    "why": _add_why,
+    "checkpoint": _add_checkpoint,
+    "doctor": _add_doctor,
+    "preflight": _add_preflight,
+    "bench": lambda commands: add_bench_arguments(
+        commands.add_parser(
+            "bench", help="time N steps of your training job: speed, memory, CPU, advice"
+        )
+    ),
+    "fetch": lambda commands: add_fetch_arguments(
+        commands.add_parser(
+            "fetch", help="put a model's pretrained weights in the cache; no model: list the cache"
+        )
+    ),
+    "new": lambda commands: add_new_arguments(
+        commands.add_parser(
+            "new", help="write your own model, data, presets and a test under user/NAME/"
+        )
+    ),
+}
+
+
+def family_tools() -> list[ModuleType]:
+    """The modules of the families' own commands (each registry entry's ``tools``: ``predict``
+    for the classifier, ``export``/``generate``/``eval`` for LoRA), in registry order. Each has
+    ``add_commands(commands)``, ``COMMANDS`` (name: function) and ``LISTED_AFTER``, the command
+    of ``PARSERS`` that ``laptrain --help`` lists them after."""
+    return [importlib.import_module(f.tools) for f in FAMILIES.values() if f.tools]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -560,64 +446,26 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="the command (required); `laptrain COMMAND --help`: its options",
     )
-    _add_run_commands(commands)
-    check = commands.add_parser("doctor", help="check that this machine is ready to train")
-    check.add_argument("--json", action="store_true", help="print the report as JSON")
-    check.add_argument(
-        "--record",
-        metavar="DIR",
-        help="also write this machine's raw outputs to DIR (default: write none)",
-    )
-    check.add_argument(
-        "overrides",
-        nargs="*",
-        help="hardware=<profile> (default: auto), model=<name> (default: none: no LoRA check)",
-    )
-    estimate = commands.add_parser(
-        "preflight", help="memory estimate of a causal-LM LoRA job from config.json alone"
-    )
-    estimate.add_argument(
-        "--json", action="store_true", help="print the estimate as one JSON document"
-    )
-    estimate.add_argument(
-        "overrides",
-        nargs="*",
-        help="train.py overrides: model=..., hardware=..., data=..., key=value (default: none, "
-        "conf/train.yaml as it is)",
-    )
-    _add_lora_commands(commands)
-    add_bench_arguments(
-        commands.add_parser(
-            "bench", help="time N steps of your training job: speed, memory, CPU, advice"
-        )
-    )
-    add_fetch_arguments(
-        commands.add_parser(
-            "fetch", help="put a model's pretrained weights in the cache; no model: list the cache"
-        )
-    )
-    add_new_arguments(
-        commands.add_parser(
-            "new", help="write your own model, data, presets and a test under user/NAME/"
-        )
-    )
+    tools = family_tools()
+    for name, add in PARSERS.items():
+        add(commands)
+        for tool in tools:  # a family's own commands, where `laptrain --help` lists them
+            if name == tool.LISTED_AFTER:
+                tool.add_commands(commands)
     return parser
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "train": train,
-    "predict": predict,
     "runs": runs,
     "why": why,
     "checkpoint": checkpoint,
     "doctor": doctor,
     "preflight": preflight,
-    "export": lora_command,
-    "generate": lora_command,
-    "eval": lora_command,
     "bench": bench_command,
     "fetch": fetch_command,
     "new": new_command,
+    **{name: run for tool in family_tools() for name, run in tool.COMMANDS.items()},
 }
 
 

@@ -2,20 +2,28 @@
 
 A run of a text classifier leaves ``model/`` (``save_pretrained``), ``tokenizer/`` and
 ``labels.json``: transformers' Auto classes load them without laptrain. This module is that
-loading plus the run's truncation length, batching and one-line errors, for ``laptrain predict``.
+loading plus the run's truncation length, batching and one-line errors, for ``laptrain predict``,
+the classifier family's command (its registry entry's ``tools``): :func:`add_commands` declares
+its arguments, ``COMMANDS`` maps it to :func:`predict`, and ``laptrain/commands/cli.py`` adds it
+after the command ``LISTED_AFTER`` names.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import inspect
 import json
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laptrain.run_folder.listing import resume_command
+from laptrain.commands.arguments import RUN, add_run_argument
+from laptrain.run_folder.listing import resolve_run, resume_command
+
+LISTED_AFTER = "train"  # in `laptrain --help`
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,6 @@ def check_batch_size(value: object) -> int:
 def batch_size_arg(text: str) -> int:
     """``argparse`` type of ``laptrain predict --batch-size``: an int >= 1 (argparse then exits 2
     with its usage line and this message)."""
-    import argparse
-
     try:
         return check_batch_size(int(text))
     except ValueError:
@@ -178,3 +184,56 @@ def write_predictions(
             writer.writerow(
                 {**row, "predicted_label": p.label, "probability": f"{p.probability:.4f}"}
             )
+
+
+def predict(args: argparse.Namespace) -> int:
+    """Print (or write with ``--out``) the label and probability of each text."""
+    from laptrain.console import no_transformers_bars
+
+    try:
+        if bool(args.texts) == bool(args.file):
+            raise ValueError('give texts ("some text" ...) or --file <file>, not both or neither')
+        rows, texts = read_texts(args.file, args.column) if args.file else ([], args.texts)
+        run = resolve_run(args.run, args.root, any_folder=True)
+        with no_transformers_bars():
+            classifier = Classifier(run)
+        predictions = classifier.predict(texts, args.batch_size)
+        if args.out:
+            if not args.file:
+                rows = [{"text": t} for t in texts]
+            write_predictions(args.out, rows, predictions)
+            print(f"{len(predictions)} predictions written to {args.out}")
+            return 0
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for text, p in zip(texts, predictions):
+        short = " ".join(text.split())
+        print(f"{p.label}\t{p.probability:.3f}\t{short[:70] + ('…' if len(short) > 70 else '')}")
+    return 0
+
+
+def add_commands(commands: Any) -> None:
+    """``laptrain predict`` in the CLI's parser."""
+    pred = commands.add_parser(
+        "predict", help="label texts with a finished classifier run's exported model"
+    )
+    add_run_argument(pred, f"a finished classifier run: {RUN}")
+    pred.add_argument("texts", nargs="*", help="texts to label (or --file)")
+    pred.add_argument(
+        "--file",
+        help="a file of texts instead: CSV, TSV, JSON, JSONL or Parquet, read as training reads "
+        "data files (default: the texts given)",
+    )
+    pred.add_argument("--column", default="text", help="the text column of --file")
+    pred.add_argument(
+        "--out",
+        help="write a CSV: the rows plus predicted_label and probability (default: print a "
+        "label, probability and text line per text)",
+    )
+    pred.add_argument(
+        "--batch-size", type=batch_size_arg, default=32, help="texts per forward pass"
+    )
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"predict": predict}

@@ -57,6 +57,11 @@ class ModelFamily:
             ``budget_bytes()`` and ``capacity_bytes()`` read the memory budget, ``say`` prints
             why), ``{}`` when it has none; the job calls it before building the module. None: the
             family has no such setting.
+        tools: the module of the family's own ``laptrain`` commands (``laptrain predict`` for
+            the classifier; ``export``, ``generate`` and ``eval`` for LoRA): its
+            ``add_commands(commands)``, ``COMMANDS`` and ``LISTED_AFTER``, which
+            ``laptrain/commands/cli.py`` adds to the CLI. They read runs with the commands'
+            tools, a floor above this one, so the module lives in ``laptrain/commands/``.
     """
 
     name: str
@@ -70,6 +75,7 @@ class ModelFamily:
     variants: tuple[str, ...] = ()
     doctor_check: str | None = None
     auto_settings: str | None = None
+    tools: str | None = None
 
     def hook(self, field: str) -> Callable[..., Any] | None:
         """The function the entry's ``field`` names (``"module:function"``), imported now; None
@@ -100,6 +106,7 @@ FAMILIES: dict[str, ModelFamily] = {
             "a transformers encoder with a classification head (tiny BERT, MiniLM, SciBERT)",
             "laptrain.model.classifier.smoke",
             fsdp_layers="laptrain.model.fsdp_units:transformers_layers",
+            tools="laptrain.commands.predict",
         ),
         ModelFamily(
             "lora",
@@ -112,6 +119,7 @@ FAMILIES: dict[str, ModelFamily] = {
             variants=("laptrain.model.lora.dpo.DPOLoRAModule",),
             doctor_check="laptrain.model.lora.doctor:check_training",
             auto_settings="laptrain.model.lora.base_dtype:resolve_auto_base_dtype",
+            tools="laptrain.commands.lora_cli",
         ),
         ModelFamily(
             "trm",

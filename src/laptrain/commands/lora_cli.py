@@ -1,0 +1,164 @@
+"""The LoRA family's ``laptrain`` commands (its registry entry's ``tools``): ``laptrain export``,
+``generate`` and ``eval`` of a LoRA run or adapter folder. This module is their arguments and the
+one-line errors; the work is ``laptrain.commands.lora_tools`` (``preference_eval`` for DPO runs,
+``laptrain.gguf_export`` for ``--format gguf``), imported when a command runs, so that building
+the parser imports no torch.
+
+``laptrain/commands/cli.py`` adds the parsers (:func:`add_commands`) after the command
+``LISTED_AFTER`` names and maps each command to its function (``COMMANDS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from laptrain.commands.arguments import add_run_argument
+from laptrain.commands.exit_codes import error_exit_code
+from laptrain.console import quiet_libraries
+from laptrain.run_folder.listing import resolve_run
+
+LISTED_AFTER = "preflight"  # in `laptrain --help`
+
+
+def lora_command(args: argparse.Namespace) -> int:
+    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.commands.lora_tools)."""
+    from laptrain.commands import lora_tools
+    from laptrain.console import no_transformers_bars
+
+    quiet_libraries()
+    try:
+        args.path = resolve_run(args.path, args.root, any_folder=True)
+        with no_transformers_bars():
+            return _lora_command(args, lora_tools)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return error_exit_code(err)  # 2, or a base that does not fit memory
+
+
+def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
+    where = {"device": args.device, "dtype": args.dtype}
+    if args.command == "export" and args.format == "gguf":
+        from laptrain.gguf_export.write import export_gguf
+
+        if args.dtype is not None:
+            raise ValueError(
+                "--dtype is for --format hf: a GGUF is merged in float32, then --quant"
+            )
+        done = export_gguf(args.path, args.out, args.quant or "f16", device=args.device)
+        print(f"GGUF ({done.quant}, {done.bytes / 1024**2:.1f} MiB) written to {done.file}")
+        print(f"Ollama: ollama create NAME -f {done.folder / 'Modelfile'}")
+    elif args.command == "export":
+        if args.quant is not None:
+            raise ValueError("--quant is for --format gguf: add --format gguf, or drop --quant")
+        out = lora_tools.export_merged(args.path, args.out, **where)
+        print(f"merged model written to {out}")
+    elif args.command == "generate":
+        model, tokenizer = lora_tools.load_for_generation(args.path, **where)
+        lora_tools.generate(
+            model,
+            tokenizer,
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            system_prompt=args.system,
+            temperature=args.temperature,
+        )
+        print()
+    else:
+        result = lora_tools.evaluate(
+            args.path, args.data, args.max_length, args.batch_size, **where
+        )
+        print(result.markdown())
+    return 0
+
+
+def _add_load_options(parser: argparse.ArgumentParser, export: bool = False) -> None:
+    """``--device`` and ``--dtype``: where and how the base is loaded (default: as the run did)."""
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "mps"),
+        default=None,
+        help="load the base here (default: the device the run trained on when this machine has "
+        "it, else cpu, said in one line)",
+    )
+    if export:
+        what = (
+            "the dtype the base is loaded and the merged model written in (default, or auto: the "
+            "run's model.base_dtype; a 4-bit run's: bfloat16 where the device has it)"
+        )
+    else:
+        what = (
+            "the base's dtype (default, or auto: the run's model.base_dtype, bfloat16 only where "
+            "the device has it; a 4-bit run reloads 4-bit on CUDA with bitsandbytes)"
+        )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "auto"),
+        default=None,
+        help=f"{what}. The base's weights at this dtype must fit the memory budget training would "
+        "use on this machine, else one line and exit 69 (does not fit)",
+    )
+
+
+def add_commands(commands: Any) -> None:
+    """``laptrain export``, ``generate`` and ``eval`` in the CLI's parser."""
+    where = "a LoRA run as `laptrain runs` names it, its folder, or an adapter folder"
+    export = commands.add_parser(
+        "export", help="merge a LoRA adapter into its base model (a transformers folder or a GGUF)"
+    )
+    add_run_argument(export, where, "path")
+    export.add_argument(
+        "--out",
+        help="output folder (default: <run>/merged, or <run>/gguf-<quant> with --format gguf)",
+    )
+    export.add_argument(
+        "--format",
+        choices=("hf", "gguf"),
+        default="hf",
+        help="hf: a transformers folder; gguf: model.gguf for llama.cpp, Ollama and LM "
+        "Studio, with an Ollama Modelfile beside it (Llama-family bases) (default: %(default)s)",
+    )
+    export.add_argument(
+        "--quant",
+        default=None,
+        help="with --format gguf: f16, q8_0 or q4_0 (default: f16)",
+    )
+    _add_load_options(export, export=True)
+    gen = commands.add_parser("generate", help="reply to a prompt with a LoRA (or merged) model")
+    add_run_argument(gen, f"{where}, or a merged model folder", "path")
+    gen.add_argument("--prompt", required=True, help="the user's message (required)")
+    gen.add_argument(
+        "--system", default=None, help="system prompt (default: none, the chat template's own)"
+    )
+    gen.add_argument(
+        "--max-new-tokens", type=int, default=256, help="stop after this many new tokens"
+    )
+    gen.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature, 0: greedy"
+    )
+    _add_load_options(gen)
+    ev = commands.add_parser(
+        "eval",
+        help="masked loss/perplexity of base vs adapter on a file; DPO metrics on preference pairs",
+    )
+    add_run_argument(ev, where, "path")
+    ev.add_argument(
+        "--data", required=True, help="JSONL/CSV/Parquet rows as in training (required)"
+    )
+    ev.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="cut each row to this many tokens, from the left (default: whole rows)",
+    )
+    ev.add_argument("--batch-size", type=int, default=8, help="rows per forward pass")
+    _add_load_options(ev)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "export": lora_command,
+    "generate": lora_command,
+    "eval": lora_command,
+}
