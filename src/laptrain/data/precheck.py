@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,24 @@ INSTRUCTIONS_TARGET = "laptrain.data.instructions.InstructionDataModule"
 PREFERENCES_TARGET = "laptrain.data.preferences.PreferenceDataModule"
 
 
+@dataclass(frozen=True)
+class FileRules:
+    """How one datamodule's local files are checked before the run."""
+
+    options: dict[str, type | tuple[type, ...]]  # the arguments its rules read, with their types
+    rules: Callable[..., Any]  # reads and checks them: rules(files, **options), raises one line
+
+
+def file_rules() -> dict[str, FileRules]:
+    """One row per datamodule (its ``_target_``) whose local files are checked here: a data kind of
+    its own adds a row. Built when asked, so a test that replaces a rule here is heard."""
+    return {
+        DATA_TARGET: FileRules(_LABELLED_ARGS, read_labelled),
+        INSTRUCTIONS_TARGET: FileRules(_INSTRUCTION_ARGS, check_instructions),
+        PREFERENCES_TARGET: FileRules(_INSTRUCTION_ARGS, check_preferences),
+    }
+
+
 def check_data_config(data: Any) -> None:
     """``train.py``'s data check on the composed ``data`` config, before the run folder exists:
     the local files of a text-classification, instruction or preference config are read and checked by the
@@ -52,14 +72,10 @@ def check_data_config(data: Any) -> None:
         return
     if not isinstance(plain, dict):
         return
-    if plain.get("_target_") == DATA_TARGET:
-        spec, check = _LABELLED_ARGS, read_labelled
-    elif plain.get("_target_") == INSTRUCTIONS_TARGET:
-        spec, check = _INSTRUCTION_ARGS, check_instructions
-    elif plain.get("_target_") == PREFERENCES_TARGET:
-        spec, check = _INSTRUCTION_ARGS, check_preferences
-    else:
+    found = file_rules().get(str(plain.get("_target_")))
+    if found is None:
         return
+    spec, check = found.options, found.rules
     files = plain.get("files")
     if not isinstance(files, dict) or not any(v is not None for v in files.values()):
         return
