@@ -1,11 +1,16 @@
 """The model families laptrain trains, and what each one brings: the one registry that the launch
-(precision rules), ``laptrain preflight`` (memory from the config alone), ``laptrain doctor``, the
-CLI's adapter tools and the device smoke test ask, instead of comparing ``_target_`` strings.
+(precision rules), ``trainer=fsdp``, the device smoke test, ``laptrain doctor`` (a family's own
+check), the job (a family's auto settings), ``laptrain preflight`` (memory from the config alone)
+and the ``laptrain`` command line (a family's own commands) ask, instead of comparing ``_target_``
+strings or family names.
 
 A family is a package ``laptrain/model/<family>/`` with its LightningModule, one or more presets in
-``conf/model/`` whose ``_target_`` is that module, and one :class:`ModelFamily` entry below
-(docs/model_families.md walks through adding one). Entries name code by dotted path, so asking the
-registry imports neither torch nor the family: the launch asks it before torch is imported.
+``conf/model/`` whose ``_target_`` is that module, and one :class:`ModelFamily` entry below that
+carries its hooks (docs/model_families.md walks through adding one). Entries name code by dotted
+path, so asking the registry imports neither torch nor the family: the launch asks it before torch
+is imported. Two hooks stand on floors above this one and are the family's own files there: the
+sizing (``laptrain/preflight/``) and the commands (``laptrain/commands/``); only the floor that
+runs them imports them.
 
 The registry holds laptrain's own modules only (``_target_: laptrain.…``). A module of the user's
 own (``_target_: user.my_task.model.MyTaskModule``, docs/your_model.md) is no family and needs no
