@@ -9,8 +9,9 @@ A family is a package ``laptrain/model/<family>/`` with its LightningModule, one
 carries its hooks (docs/model_families.md walks through adding one). Entries name code by dotted
 path, so asking the registry imports neither torch nor the family: the launch asks it before torch
 is imported. Two hooks stand on floors above this one and are the family's own files there: the
-sizing (``laptrain/preflight/``) and the commands (``laptrain/commands/``); only the floor that
-runs them imports them.
+sizing (``laptrain/preflight/``) and the commands (``laptrain/commands/``); they are loaded only
+when code on their own floor asks for them (``laptrain preflight``, the command line), never by
+this module's own questions.
 
 The registry holds laptrain's own modules only (``_target_: laptrain.…``). A module of the user's
 own (``_target_: user.my_task.model.MyTaskModule``, docs/your_model.md) is no family and needs no
