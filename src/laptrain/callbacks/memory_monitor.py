@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import VersionedState
+from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
 from laptrain.checkpoints.stop import put_stop_in_place, request_stop, retry_stop
 from laptrain.hardware.power import (
@@ -136,6 +137,8 @@ class MemoryMonitor(VersionedState, Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.probe is None:
             self.probe = probe_for(trainer.strategy.root_device)
+        if not self.enabled:  # off: it never reads memory, so it never defers a stop either
+            skip_hooks(self, ("on_train_batch_end",))
         if self.enabled and self.use_os_pressure and self.pressure is None:
             self.pressure = pressure_source()
 

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import VersionedState, cooling_s, stop_requested
+from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.checkpoints.stop import put_stop_in_place, request_stop, retry_stop
 from laptrain.hardware.power import BatteryReading, BatterySource, KeepAwake, PsutilBattery
 
@@ -127,6 +128,8 @@ class PowerGuard(VersionedState, Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not self.enabled:  # off: it never reads the battery, so it never defers a stop either
+            skip_hooks(self, ("on_train_batch_start", "on_train_batch_end"))
         if not self.enabled or stage != "fit":
             return
         if self.battery is None and self.use_os_battery:

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import SplitsMicroBatch, VersionedState, stop_requested
+from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
 from laptrain.hardware.probe import DeviceProbe, probe_for
 from laptrain.hardware.thermal import LEVEL_NAMES, ThermalSource, thermal_source
@@ -111,6 +112,8 @@ class ThermalGuard(VersionedState, Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.probe is None:
             self.probe = probe_for(trainer.strategy.root_device)
+        if not self.enabled:  # off: its per-batch hooks would only time steps nobody reads
+            skip_hooks(self, ("on_train_batch_start", "on_train_batch_end"))
         if self.enabled and self.use_os_source and self.source is None:
             self.source = thermal_source()
             name = self.source.name if self.source else "none (step-time drift only)"

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.callbacks.idle_hooks import skip_idle_hooks
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.checkpoints.files import checkpoint_plugins
 from laptrain.checkpoints.last import use_last_checkpoint
@@ -341,6 +342,7 @@ def instantiate_trainer(
     )
     use_last_checkpoint(trainer, cfg.paths.last_ckpt)
     fsdp_strategy_for(model, trainer.strategy)
+    skip_idle_hooks(trainer.callbacks)  # Lightning's empty per-batch hooks: ~0.1 ms a step
     return trainer
 
 
