@@ -19,7 +19,7 @@ from laptrain.commands.cli import main
 from laptrain.console import no_transformers_bars
 from laptrain.data.chat_tokenizer import LLAMA3_CHAT_TEMPLATE
 from laptrain.gguf_export import llama_metadata, modelfile, vocab
-from laptrain.gguf_export.llama_tensors import interleave_rope_rows
+from laptrain.gguf_export.llama_tensors import encode, interleave_rope_rows
 from tests.conftest import TINY_LORA
 from tests.in_process import train_here
 
@@ -256,6 +256,22 @@ def test_llama3_rope_factors_match_transformers_own_llama3_frequencies():
 def test_rope_rows_interleave_per_head():
     weight = torch.arange(8.0).reshape(8, 1)  # 2 heads of 4 rows: [0 1 | 2 3] per head
     assert interleave_rope_rows(weight, 2).flatten().tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+def test_quantised_blocks_come_from_float16_values_as_llama_quantize_makes_them():
+    """llama.cpp's llama-quantize reads the f16 file: its q8_0 blocks are those of the values
+    rounded to float16. laptrain's are the same (the slow llama.cpp test compares whole files)."""
+    import gguf
+    import numpy as np
+
+    data = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32) * 0.02
+    rounded = data.astype(np.float16).astype(np.float32)
+    for qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0):
+        assert np.array_equal(encode(data, qtype), gguf.quants.quantize(rounded, qtype))
+    direct = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+    assert not np.array_equal(encode(data, gguf.GGMLQuantizationType.Q8_0), direct)
+    f16 = encode(data, gguf.GGMLQuantizationType.F16)
+    assert np.array_equal(f16, gguf.quants.quantize(data, gguf.GGMLQuantizationType.F16))
 
 
 def test_pre_tokenizer_names_follow_what_the_tokenizer_runs():

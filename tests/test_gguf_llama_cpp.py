@@ -4,8 +4,9 @@ loaded by llama.cpp itself (llama-cpp-python) and compared with the merged trans
 held-out texts; transformers' GGUF loader reads the file back and a new fine-tune starts from it.
 
 Bounds (docs/gguf_export.md has the measured figures): f16 top-1 next token equal on >= 99 % of
-positions and no log-probability more than 0.25 apart; q8_0 perplexity on the answers within 1 %
-of the f16 file's; llama.cpp tokenizes every text as transformers does."""
+positions and no log-probability more than 0.25 apart; q8_0 perplexity, over the whole texts and
+over the answers, within 1 % of the f16 file's; llama.cpp tokenizes every text as transformers does;
+the q8_0 and q4_0 files are tensor for tensor what llama.cpp's own quantizer makes of the f16 file."""
 
 from __future__ import annotations
 
@@ -68,11 +69,42 @@ def test_llama_cpp_reads_the_f16_file_as_the_merged_model(scored):
         assert cpp == hf
 
 
-def test_the_q8_0_file_keeps_the_answers_perplexity_within_1_percent(scored):
+def test_the_q8_0_file_keeps_the_perplexity_within_1_percent(scored):
     found, _ = scored
-    ratio = found["q8_0"].answer_ppl_llama_cpp / found["f16"].answer_ppl_llama_cpp
+    whole = found["q8_0"].ppl_llama_cpp / found["f16"].ppl_llama_cpp
+    answers = found["q8_0"].answer_ppl_llama_cpp / found["f16"].answer_ppl_llama_cpp
     assert found["q8_0"].same_tokens == 1.0
-    assert abs(ratio - 1) < 0.01, (ratio, found)
+    assert abs(whole - 1) < 0.01 and abs(answers - 1) < 0.01, (whole, answers, found)
+
+
+@pytest.mark.parametrize(("quant", "ftype"), [("q8_0", 7), ("q4_0", 2)])  # LLAMA_FTYPE_MOSTLY_*
+def test_a_quantised_file_is_what_llama_quantize_makes_of_the_f16_file(
+    smollm2_run, tmp_path, quant, ftype
+):
+    """llama.cpp's own quantizer (llama_model_quantize, the library behind llama-quantize) on
+    laptrain's f16 export, the tied head kept in f16 as laptrain keeps it: every tensor the same."""
+    import ctypes
+
+    import gguf
+    import llama_cpp
+    import numpy as np
+
+    run = smollm2_run[0]
+    for q in ("f16", quant):
+        if not (run / f"gguf-{q}" / "model.gguf").is_file():
+            assert main(["export", str(run), "--format", "gguf", "--quant", q]) == 0
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = ftype, 2
+    params.token_embedding_type = int(gguf.GGMLQuantizationType.F16)
+    theirs = tmp_path / "llama-quantize.gguf"
+    source = str(run / "gguf-f16" / "model.gguf").encode()
+    assert llama_cpp.llama_model_quantize(source, str(theirs).encode(), ctypes.byref(params)) == 0
+    ours = {t.name: t for t in gguf.GGUFReader(run / f"gguf-{quant}" / "model.gguf").tensors}
+    reference = {t.name: t for t in gguf.GGUFReader(theirs).tensors}
+    assert ours.keys() == reference.keys()
+    for name, tensor in ours.items():
+        assert tensor.tensor_type == reference[name].tensor_type, name
+        assert np.array_equal(np.asarray(tensor.data), np.asarray(reference[name].data)), name
 
 
 def test_the_exported_file_reads_back_in_transformers_and_trains_again(smollm2_run, tmp_path):
