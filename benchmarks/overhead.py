@@ -42,20 +42,13 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from transformers import get_linear_schedule_with_warmup
 
+from laptrain.callbacks.idle_hooks import PER_BATCH_HOOKS
 from laptrain.commands.bench import build_job, job_callbacks, machine_line, make_trainer
 
 # a user's own module (user/<name>/, `laptrain new`) imports as train.py sees it: from the clone
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WARMUP = 3  # untimed steps at the start of each arm (allocator warm-up, first kernels)
-STEP_HOOKS = (
-    "on_train_batch_start",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-    "on_train_batch_end",
-)
 
 
 class Batches:
@@ -139,7 +132,7 @@ def _classifier_loop(model: Any, batches: list[Any]) -> float:
 def timed_hooks(callback: Any, spent: dict[str, float]) -> None:
     """Wrap the callback's per-batch hooks so that their time adds up in ``spent[name]``."""
     name = type(callback).__name__
-    for hook in STEP_HOOKS:
+    for hook in PER_BATCH_HOOKS:
         if getattr(type(callback), hook) is not getattr(pl.Callback, hook):  # overridden
             setattr(callback, hook, _timed(getattr(callback, hook), name, spent))
 
