@@ -182,7 +182,7 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, Any
     from omegaconf import OmegaConf
 
     from laptrain.commands.bench import compose_job
-    from laptrain.model.lora.causal_lm import load_base
+    from laptrain.families.lora.causal_lm import load_base
 
     cfg, _ = compose_job(job_overrides(args), folder, lambda _: None)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -200,7 +200,7 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, Any
     model = OmegaConf.to_container(cfg.model, resolve=True)
     pretrained = model.get("pretrained")
     if not pretrained and model.get("tiny_base"):
-        from laptrain.model.lora.tiny_llama import tiny_llama
+        from laptrain.families.lora.tiny_llama import tiny_llama
 
         pretrained = str(tiny_llama(datamodule.tokenizer, **model["tiny_base"]))
     base = load_base(pretrained, model.get("backbone"), torch.float32, model.get("revision"))

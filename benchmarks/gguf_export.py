@@ -9,7 +9,7 @@ For each quantisation, ``laptrain export <run> --format gguf --quant Q`` writes 
 llama-cpp-python loads it, and every held-out text (the chat rendering of "What does `x.f` do?" ->
 its docstring's first sentence, for standard-library modules the preset never trains on) is scored
 at every position by llama.cpp and by the merged transformers model in float32, on the same token
-ids (laptrain.gguf_export.llama_cpp_check). The first table gives, per file: its size, the export
+ids (laptrain.families.lora.gguf.llama_cpp_check). The first table gives, per file: its size, the export
 time, whether llama.cpp tokenizes the texts exactly as transformers does, the top-1 next-token
 agreement, the largest and mean absolute difference of log-probabilities, and each model's
 perplexity, with the ratio to the f16 file's. The second puts three greedy replies side by side
@@ -49,7 +49,7 @@ def main() -> None:
     from laptrain.commands.bench import machine_line
     from laptrain.commands.cli import main as laptrain
     from laptrain.console import no_transformers_bars, quiet_libraries
-    from laptrain.gguf_export.llama_cpp_check import (
+    from laptrain.families.lora.gguf.llama_cpp_check import (
         QUESTIONS,
         compare,
         greedy_replies,

@@ -14,7 +14,7 @@ default.yaml) except the progress bar, and TensorBoard logging every 10 steps; t
 tokens/s counts every input token of the timed steps (prompt and response). The ratio's goal is
 >= 0.95.
 
-Preflight: the code of ``laptrain preflight`` (laptrain.preflight.lora_sizing) on a LlamaConfig:
+Preflight: the code of ``laptrain preflight`` (laptrain.families.lora.sizing) on a LlamaConfig:
 parameter counts on the meta device (nothing downloaded), LoRA r 16 on all linear layers, gradient
 checkpointing on. Activations are measured on a 2-layer
 full-width copy on CPU at short lengths (laptrain.preflight.activations, fitted per length and
@@ -42,8 +42,8 @@ from typing import Any
 import psutil
 import torch
 
-from laptrain.model.lora.tiny_llama import masked_token_batches
-from laptrain.preflight.lora_sizing import LLAMA32_3B
+from laptrain.families.lora.sizing import LLAMA32_3B
+from laptrain.families.lora.tiny_llama import masked_token_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9  # decimal GB, as RAM sizes are quoted
@@ -155,7 +155,7 @@ def run_laptrain(args: argparse.Namespace, batches: list[dict[str, torch.Tensor]
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
+    from laptrain.families.lora.causal_lm import CausalLMLoRAModule
 
     ends: list[float] = []
     losses: list[float] = []
@@ -313,7 +313,7 @@ LENGTHS = (512, 1024, 2048)
 def preflight(args: argparse.Namespace) -> None:
     from transformers import LlamaConfig
 
-    from laptrain.preflight.lora_sizing import (
+    from laptrain.families.lora.sizing import (
         count_lora,
         lora_estimate,
         measure_lora_activations,
@@ -327,7 +327,7 @@ def preflight(args: argparse.Namespace) -> None:
 
     # Activations: a 2-layer copy at full width on CPU with checkpointing on, measured at short
     # lengths and fitted; the per-layer part is scaled from 2 to 28 layers (laptrain preflight's
-    # own code, laptrain.preflight.lora_sizing).
+    # own code, laptrain.families.lora.sizing).
     start = time.perf_counter()
     profile = measure_lora_activations(config, lora, args.preflight_seq)
     measured_s = time.perf_counter() - start

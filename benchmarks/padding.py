@@ -19,8 +19,8 @@ import torch
 import yaml
 
 from laptrain.data.stdlib_docstrings import build_stdlib_docstrings
-from laptrain.data.text_classification import TextClassificationDataModule
-from laptrain.model.classifier.text_classifier import TextClassifierModule
+from laptrain.families.classifier.text_classification import TextClassificationDataModule
+from laptrain.families.classifier.text_classifier import TextClassifierModule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -66,7 +66,7 @@ GiB = 1024**3
 
 def build(name: str):
     if name == "dpo":  # LoRA r 8 on the llama case's base, trained with the DPO loss
-        from laptrain.model.lora.dpo import DPOLoRAModule
+        from laptrain.families.lora.dpo import DPOLoRAModule
 
         backbone = {"model_type": "llama", **MODELS["llama"]}
         return DPOLoRAModule(backbone=backbone, lora={"r": 8})

@@ -202,7 +202,7 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, tor
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from laptrain.model.lora.causal_lm import load_base
+    from laptrain.families.lora.causal_lm import load_base
 
     cfg = compose(args, folder)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -214,7 +214,7 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, tor
     model = OmegaConf.to_container(cfg.model, resolve=True)
     pretrained = model.get("pretrained")
     if not pretrained and model.get("tiny_base"):
-        from laptrain.model.lora.tiny_llama import tiny_llama
+        from laptrain.families.lora.tiny_llama import tiny_llama
 
         pretrained = str(tiny_llama(datamodule.tokenizer, **model["tiny_base"]))
     base = load_base(pretrained, model.get("backbone"), torch.float32, model.get("revision"))

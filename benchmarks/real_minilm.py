@@ -24,7 +24,7 @@ credited laptrain with ~17 % more samples/s for nothing.
   TensorBoard logger, no validation (``laptrain.commands.bench.make_trainer``); the periodic checkpoint
   (every 250 steps) saves once in the epoch, as in a train.py run;
   laptrain's model computes its last encoder layer for the [CLS] position only, the one the head
-  reads (``model.last_layer_first_token``, laptrain.model.classifier.first_token); the other arms
+  reads (``model.last_layer_first_token``, laptrain.families.classifier.first_token); the other arms
   get the model as transformers builds it (``model.last_layer_first_token=false``), as their users
   would;
 - plain loop: the same weights and the same batches from laptrain's train loader (same order),
@@ -324,7 +324,7 @@ def child(spec: dict[str, Any]) -> None:
 
 def plain_model(spec: dict[str, Any]) -> list[str]:
     """The plain loop and HF train the model as transformers builds it: laptrain's first-token
-    last layer (laptrain.model.classifier.first_token) is part of the laptrain arm only."""
+    last layer (laptrain.families.classifier.first_token) is part of the laptrain arm only."""
     laptrain = spec["mode"] == "throughput" and spec["arm"] == "laptrain"
     return [] if laptrain else ["model.last_layer_first_token=false"]
 

@@ -24,8 +24,8 @@ import psutil
 import torch
 import yaml
 
-from laptrain.model.trm import TRMSudokuModule
-from laptrain.model.trm.loss import halt_loss, per_puzzle_answer_loss
+from laptrain.families.trm import TRMSudokuModule
+from laptrain.families.trm.loss import halt_loss, per_puzzle_answer_loss
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
     "sizes"

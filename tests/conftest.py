@@ -16,7 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from laptrain.model.classifier.tiny_bert import tiny_bert_backbone
+from laptrain.families.classifier.tiny_bert import tiny_bert_backbone
 from laptrain.run_folder.naming import register_resolvers
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ CONF_FIXTURES = ROOT / "tests" / "conf"  # test-only config options (callbacks=f
 TRAIN = ROOT / "train.py"
 register_resolvers()
 
-# A tiny BERT for in-process tests (laptrain.model.classifier.tiny_bert), and the same as train.py overrides for
+# A tiny BERT for in-process tests (laptrain.families.classifier.tiny_bert), and the same as train.py overrides for
 # end-to-end runs.
 TINY_BERT = tiny_bert_backbone()
 # The tiny offline LoRA job: a 1-layer Llama pretrained for 4 steps, adapters of rank 4 (seconds on

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from laptrain.model.lora.base_dtype import (
+from laptrain.families.lora.base_dtype import (
     DECIDED_ENV,
     GiB,
     base_parameter_count,
@@ -14,8 +14,8 @@ from laptrain.model.lora.base_dtype import (
     choose_base_dtype,
     resolve_auto_base_dtype,
 )
+from laptrain.families.lora.sizing import LLAMA32_3B
 from laptrain.preflight.budget import capacity_budget
-from laptrain.preflight.lora_sizing import LLAMA32_3B
 from laptrain.ranks.environment import started_together
 
 LLAMA_AUTO = {"base_dtype": "auto", "backbone": {"model_type": "llama", **LLAMA32_3B}}

@@ -13,10 +13,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from laptrain.data.chat_tokenizer import offline_tokenizer
-from laptrain.data.instructions import IGNORE, encode_chat
-from laptrain.model.lora.causal_lm import CausalLMLoRAModule, refuse_precision
-from laptrain.model.lora.tiny_llama import tiny_llama_config
+from laptrain.families.lora.causal_lm import CausalLMLoRAModule, refuse_precision
+from laptrain.families.lora.chat_tokenizer import offline_tokenizer
+from laptrain.families.lora.instructions import IGNORE, encode_chat
+from laptrain.families.lora.tiny_llama import tiny_llama_config
 
 PAIRS = [
     ("What does `json.dumps` do?", "Serialize obj to a JSON formatted str."),
@@ -140,7 +140,7 @@ def test_head_on_response_positions_gives_the_full_heads_loss_and_gradients(
 ):
     """The loss runs the output head on response positions only (response_head); the loss and every
     adapter gradient equal those of the full forward, which computes logits at every position."""
-    from laptrain.model.lora import causal_lm as causal_lm_lora
+    from laptrain.families.lora import causal_lm as causal_lm_lora
 
     batch = collate(tokenizer.pad_token_id)(examples(tokenizer)[:4])
     results = {}
@@ -167,7 +167,7 @@ def test_head_on_response_positions_gives_the_full_heads_loss_and_gradients(
 def test_architectures_that_change_logits_after_the_head_keep_the_full_forward():
     from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from laptrain.model.lora.causal_lm import response_head
+    from laptrain.families.lora.causal_lm import response_head
 
     small = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, vocab_size=64)
     small |= dict(num_attention_heads=2, num_key_value_heads=1, head_dim=8)
@@ -303,7 +303,7 @@ def test_reloaded_adapter_is_exact_and_merged_matches(tokenizer, calm_base, tmp_
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from laptrain.commands.lora_tools import export_merged
+    from laptrain.families.lora.tools import export_merged
 
     torch.manual_seed(0)
     module = CausalLMLoRAModule(tokenizer, pretrained=calm_base, lora={"r": 8, **variant}).eval()
@@ -373,7 +373,7 @@ def test_bfloat16_base_keeps_float32_adapters(tokenizer, base):
 
 
 def test_packed_4d_mask_runs_in_the_base_dtype(tokenizer, base):
-    from laptrain.data.instructions import block_causal_mask
+    from laptrain.families.lora.instructions import block_causal_mask
 
     module = CausalLMLoRAModule(tokenizer, pretrained=base, base_dtype="bfloat16").eval()
     rows = examples(tokenizer)[:2]

@@ -6,8 +6,8 @@ import time
 
 from transformers import PreTrainedTokenizerFast
 
-from laptrain.data import chat_tokenizer
-from laptrain.data.chat_tokenizer import (
+from laptrain.families.lora import chat_tokenizer
+from laptrain.families.lora.chat_tokenizer import (
     LLAMA3_CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     build_offline_tokenizer,

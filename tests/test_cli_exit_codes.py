@@ -12,7 +12,7 @@ from laptrain.callbacks.nonfinite_guard import NonFiniteLoss
 from laptrain.commands.bench import bench_main
 from laptrain.commands.doctor import Check, Report, _guard
 from laptrain.commands.exit_codes import error_exit_code
-from laptrain.commands.lora_tools import BaseTooLarge
+from laptrain.families.lora.tools import BaseTooLarge
 from laptrain.job.run import DOES_NOT_FIT_EXIT, NONFINITE_EXIT, PAUSED_EXIT
 from laptrain.preflight.batch import PreflightError
 from tests.conftest import ROOT, TINY, write_texts

@@ -19,7 +19,7 @@ from laptrain.console import (
     parameter_line,
     quiet_libraries,
 )
-from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
+from laptrain.families.classifier.tiny_bert import tiny_bert_classifier
 
 
 class Lines(logging.Handler):

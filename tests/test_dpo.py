@@ -13,10 +13,10 @@ from torch.utils.data import DataLoader
 
 from laptrain.commands.cli import main
 from laptrain.data.file_formats import DataError
-from laptrain.data.instructions import encode_chat
-from laptrain.data.preference_rows import read_preferences, row_preference
-from laptrain.data.preferences import PairCollator
-from laptrain.model.lora.dpo import DPOLoRAModule, dpo_terms
+from laptrain.families.lora.dpo import DPOLoRAModule, dpo_terms
+from laptrain.families.lora.instructions import encode_chat
+from laptrain.families.lora.preference_rows import read_preferences, row_preference
+from laptrain.families.lora.preferences import PairCollator
 from tests.conftest import TINY_LORA
 from tests.in_process import train_here
 from tests.test_causal_lm_lora import (
@@ -249,8 +249,8 @@ def test_train_py_refuses_a_bad_preference_file_in_one_line(tmp_path):
 
 
 def test_conversations_need_the_bases_own_chat_template(tmp_path):
-    from laptrain.data.chat_tokenizer import build_offline_tokenizer
-    from laptrain.data.preferences import PreferenceDataModule
+    from laptrain.families.lora.chat_tokenizer import build_offline_tokenizer
+    from laptrain.families.lora.preferences import PreferenceDataModule
 
     plain = build_offline_tokenizer([p for p, _ in PAIRS] * 20, vocab_size=300)
     plain.chat_template = None

@@ -1,72 +1,87 @@
-"""The family registry: every model preset of laptrain's own belongs to a family, and the launch,
-the preflight CLI, the doctor and the device smoke all ask it instead of comparing ``_target_``
-strings. A user's presets beside them (``laptrain new``) belong to none and break nothing."""
+"""The family contract: every model preset of laptrain's own belongs to a family found from its
+``_target_``, the launch, the preflight CLI, the doctor and the device smoke ask the family instead
+of comparing ``_target_`` strings, and a user's presets beside them (``laptrain new``) belong to
+none and break nothing."""
 
 from __future__ import annotations
 
-import importlib
+import subprocess
+import sys
 
-import lightning.pytorch as pl
 import pytest
 from omegaconf import OmegaConf
 
 from laptrain.commands import cli
 from laptrain.device_smoke.builds import SMOKE_BUILDS
-from laptrain.hardware.probe import FakeProbe
-from laptrain.hardware.profile import ProfileError
-from laptrain.launch.device import check_device
-from laptrain.model.families import (
-    FAMILIES,
+from laptrain.family import (
+    Family,
     family_of,
     family_of_module,
     family_of_preset,
     family_of_target,
+    installed_families,
 )
-from tests.conftest import CONF, compose_train
+from laptrain.hardware.probe import FakeProbe
+from laptrain.hardware.profile import ProfileError
+from laptrain.launch.device import check_device
+from tests.conftest import CONF, ROOT, compose_train
 from tests.new_project import laptrain_options, new_project
 
 PRESETS = laptrain_options(CONF, "model")
+FAMILIES = {f.name: f for f in installed_families()}
+
+
+def test_laptrain_s_three_wings_are_installed_families():
+    assert sorted(FAMILIES) == ["classifier", "lora", "trm"]
+    assert all(isinstance(f, Family) for f in FAMILIES.values())
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_model_preset_resolves_to_a_registry_entry(preset):
+def test_every_model_preset_belongs_to_the_family_of_its_wing(preset):
     family = family_of_preset(preset, CONF)
-    assert family is not None, f"conf/model/{preset}.yaml: its _target_ is in no registry entry"
+    assert family is not None, f"conf/model/{preset}.yaml: its _target_ is in no family's package"
     target = OmegaConf.load(CONF / "model" / f"{preset}.yaml")._target_
+    assert target.startswith(f"laptrain.families.{family.name}.")
     assert family_of({"_target_": target}) is family is family_of_target(target)
-
-
-@pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_each_entry_names_a_lightning_module_in_its_own_package(name):
-    family = FAMILIES[name]
-    module, _, cls = family.module.rpartition(".")
-    assert module.startswith(f"laptrain.model.{name}")  # laptrain/model/<family>/
-    assert issubclass(getattr(importlib.import_module(module), cls), pl.LightningModule)
     assert family.refusal("cpu", "32-true") is None  # every family trains in float32 on CPU
 
 
-def test_every_family_has_its_smoke_build_in_its_own_package():
-    assert set(SMOKE_BUILDS) == set(FAMILIES)
+def test_finding_a_family_imports_neither_torch_nor_the_module():
+    """The launch asks before torch is imported: only the wing's package is imported."""
+    code = (
+        "import sys\n"
+        "from laptrain.family import family_of_target\n"
+        "for t in ('laptrain.families.lora.causal_lm.CausalLMLoRAModule',\n"
+        "          'laptrain.families.trm.TRMSudokuModule', 'torch.nn.Linear',\n"
+        "          'laptrain.families.lora.instructions.InstructionDataModule'):\n"
+        "    family_of_target(t)\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'transformers',\n"
+        "      'laptrain.families.lora.causal_lm') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_every_family_with_a_smoke_hook_has_its_smoke_build():
+    assert set(SMOKE_BUILDS) == {n for n, f in FAMILIES.items() if f.smoke is not None}
     for name, family in FAMILIES.items():
-        assert family.smoke == f"laptrain.model.{name}.smoke"
-        smoke = importlib.import_module(family.smoke)
-        assert (
-            SMOKE_BUILDS[name].build is smoke.build and SMOKE_BUILDS[name].predict is smoke.predict
-        )
+        smoke = family.smoke()
+        assert smoke.__name__ == f"laptrain.families.{name}.smoke"
+        assert SMOKE_BUILDS[name].build is smoke.build
+        assert SMOKE_BUILDS[name].predict is smoke.predict
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_every_hook_an_entry_names_imports_and_its_commands_reach_the_cli(name):
-    """Entries name their hooks by string: each one imports and is a function, and the module of
-    the family's own commands is in the CLI's parser and command map, after one of its own."""
+def test_every_hook_is_callable_and_the_commands_reach_the_cli(name):
     family = FAMILIES[name]
-    for field in ("refuse_precision", "doctor_check", "auto_settings", "sizing"):
-        if getattr(family, field) is not None:
-            assert callable(family.hook(field)), field
-    if family.tools:
-        tools = importlib.import_module(family.tools)
-        assert tools.LISTED_AFTER in cli.PARSERS
-        assert tools.COMMANDS and all(cli.COMMANDS[c] is f for c, f in tools.COMMANDS.items())
+    for field in ("refuse_precision", "doctor_check", "auto_settings", "sizing", "file_rules"):
+        hook = getattr(family, field)
+        assert hook is None or callable(hook), field
+    if family.commands is not None:
+        commands = family.commands()
+        assert commands.COMMANDS
+        assert all(cli.COMMANDS[c] is f for c, f in commands.COMMANDS.items())
 
 
 def test_a_user_module_is_no_family_and_runs_without_family_rules():
@@ -85,10 +100,31 @@ def test_user_presets_beside_laptrain_s_own_are_no_family_and_the_own_ones_all_a
     assert family_of_preset("my_task", conf) is None
     assert family_of({"_target_": user_target}) is None
 
+    import lightning.pytorch as pl
+
     class MyTaskModule(pl.LightningModule):  # a user's class named like no family's
         pass
 
     assert family_of_module(MyTaskModule()) is None
+
+
+def test_a_user_package_declares_a_family_the_same_way(tmp_path, monkeypatch):
+    """``FAMILY`` in ``user/<task>/__init__.py``: found from the module's _target_, and its hooks
+    are asked like laptrain's own (here its precision rule, at the launch)."""
+    task = tmp_path / "user" / "fam_task"
+    task.mkdir(parents=True)
+    (task / "__init__.py").write_text(
+        "from laptrain.family import Family\n\n\n"
+        "def _no_half(kind, precision):\n"
+        "    return 'my model keeps float32: set hardware.precision=32-true' "
+        "if '16' in precision else None\n\n\n"
+        "FAMILY = Family(name='fam_task', summary='a user family', refuse_precision=_no_half)\n"
+    )
+    (task / "model.py").write_text("raise ImportError('the module itself is never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    family = family_of_target("user.fam_task.model.MyModule")
+    assert family is not None and family.name == "fam_task"
+    assert family.refusal("cpu", "bf16-mixed").startswith("my model keeps float32")
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ from transformers import (
     RobertaForSequenceClassification,
 )
 
-from laptrain.model.classifier.first_token import first_token_only, supports_first_token
-from laptrain.model.classifier.text_classifier import TextClassifierModule
+from laptrain.families.classifier.first_token import first_token_only, supports_first_token
+from laptrain.families.classifier.text_classifier import TextClassifierModule
 
 SMALL = dict(
     vocab_size=120,

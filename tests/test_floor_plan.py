@@ -14,7 +14,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "laptrain"
 
 # Bottom to top. A module imports only from its own floor or a lower one.
 FLOORS = [
-    {""},  # project, console, versions, files: the ground floor, importing no laptrain module
+    {
+        ""
+    },  # project, console, versions, files, family: the ground floor, importing no laptrain module
     {"config", "loggers", "checkpoints"},  # checkpoints: run_folder's readers find last.ckpt there
     {"hardware", "run_folder", "ranks"},
     {"pretrained"},
@@ -25,9 +27,10 @@ FLOORS = [
     {"device_smoke"},
     {"launch"},
     {"job"},
-    {"commands", "gguf_export"},
+    {"commands"},
+    {"families"},  # the wings: each imports any engine room, and no engine room imports one
 ]
-TOP_MODULES_MAX = 5
+TOP_MODULES_MAX = 6  # __init__ and the ground floor: console, family, files, project, versions
 
 
 def modules() -> dict[str, Path]:

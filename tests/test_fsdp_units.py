@@ -18,7 +18,8 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch import nn
 
-from laptrain.model.families import FAMILIES, family_of_module
+from laptrain.families.lora import FAMILY as LORA
+from laptrain.family import family_of_module, installed_families
 from laptrain.model.fsdp_units import (
     UnitRule,
     fsdp_strategy_for,
@@ -43,8 +44,8 @@ def _one_thread():
 
 def lora_bf16() -> nn.Module:
     """The LoRA smoke model (2-layer Llama, hidden 32) with its base in bfloat16."""
-    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
-    from laptrain.model.lora.smoke import BACKBONE
+    from laptrain.families.lora.causal_lm import CausalLMLoRAModule
+    from laptrain.families.lora.smoke import BACKBONE
 
     torch.manual_seed(0)
     return CausalLMLoRAModule(backbone=dict(BACKBONE), lora={"r": 4}, base_dtype="bfloat16")
@@ -81,7 +82,7 @@ def test_the_lora_policy_wraps_decoder_layers_and_adapters_with_one_dtype_each(l
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     rule = unit_rule(lora)
-    assert family_of_module(lora) is FAMILIES["lora"]
+    assert family_of_module(lora) is LORA
     assert rule.layers == (LlamaDecoderLayer,)  # the base's _no_split_modules
     assert units_with_mixed_dtypes(lora, rule) == []
     units = unit_params(lora, rule)
@@ -103,7 +104,7 @@ def test_the_lora_policy_wraps_decoder_layers_and_adapters_with_one_dtype_each(l
 def test_classifier_policy_names_the_bert_layer_and_each_layer_becomes_a_unit():
     from transformers.models.bert.modeling_bert import BertEmbeddings, BertLayer
 
-    from laptrain.model.classifier.smoke import build
+    from laptrain.families.classifier.smoke import build
 
     module, _ = build(0, 1)
     rule = unit_rule(module)
@@ -117,7 +118,7 @@ def test_classifier_policy_names_the_bert_layer_and_each_layer_becomes_a_unit():
 
 def test_trm_under_fsdp_is_refused_in_one_line_naming_ddp():
     """TRM back-propagates inside its training step; on 2 CPU ranks FSDP raised at step 1."""
-    from laptrain.model.trm.smoke import build
+    from laptrain.families.trm.smoke import build
 
     module, _ = build(0, 1)
     strategy = FSDPStrategy()
@@ -128,7 +129,7 @@ def test_trm_under_fsdp_is_refused_in_one_line_naming_ddp():
 
 
 def test_every_family_names_its_fsdp_layers_or_why_fsdp_cannot_train_it():
-    assert all(bool(f.fsdp_layers) != bool(f.fsdp_refusal) for f in FAMILIES.values())
+    assert all(bool(f.fsdp_layers) != bool(f.fsdp_refusal) for f in installed_families())
 
 
 def test_an_integer_parameter_is_reported_as_not_floating_point():
@@ -280,7 +281,7 @@ def test_one_root_unit_gathers_the_whole_model():
 
 
 def test_model_memory_counts_the_gathered_units_in_the_fsdp_precision():
-    from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
+    from laptrain.families.classifier.tiny_bert import tiny_bert_classifier
 
     torch.manual_seed(0)
     model = tiny_bert_classifier(vocab_size=100, num_hidden_layers=2, max_position_embeddings=64)
@@ -368,8 +369,8 @@ def test_rope_buffers_stay_float32_under_fsdp_mixed_precision(one_rank, precisio
     so RoPE's inv_freq was rounded under trainer=fsdp only; the parameters still gather in bf16."""
     from lightning.pytorch.plugins.precision import FSDPPrecision
 
-    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
-    from laptrain.model.lora.smoke import BACKBONE
+    from laptrain.families.lora.causal_lm import CausalLMLoRAModule
+    from laptrain.families.lora.smoke import BACKBONE
 
     torch.manual_seed(0)
     module = CausalLMLoRAModule(backbone=dict(BACKBONE), lora={"r": 4}, base_dtype="float32")
@@ -390,7 +391,7 @@ def test_rope_buffers_stay_float32_under_fsdp_mixed_precision(one_rank, precisio
 def test_a_classifier_exports_the_state_dict_it_is_given(tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from laptrain.model.classifier.text_classifier import TextClassifierModule
+    from laptrain.families.classifier.text_classifier import TextClassifierModule
 
     small = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
     module = TextClassifierModule(num_labels=2, backbone={"model_type": "bert", **small})

@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from laptrain.commands.cli import main
 from laptrain.console import no_transformers_bars
-from laptrain.data.chat_tokenizer import LLAMA3_CHAT_TEMPLATE
-from laptrain.gguf_export import llama_metadata, modelfile, vocab
-from laptrain.gguf_export.llama_tensors import encode, interleave_rope_rows
+from laptrain.families.lora.chat_tokenizer import LLAMA3_CHAT_TEMPLATE
+from laptrain.families.lora.gguf import llama_metadata, modelfile, vocab
+from laptrain.families.lora.gguf.llama_tensors import encode, interleave_rope_rows
 from tests.conftest import TINY_LORA
 from tests.in_process import train_here
 
@@ -201,7 +201,7 @@ def _go(template: str, system: str | None, messages: list[dict[str, str]]) -> st
 
 
 def _tokenizer_with(template: str):
-    from laptrain.data.chat_tokenizer import build_offline_tokenizer
+    from laptrain.families.lora.chat_tokenizer import build_offline_tokenizer
 
     tokenizer = build_offline_tokenizer(PROBE_TEXT * 20, vocab_size=300)
     tokenizer.chat_template = template
@@ -318,13 +318,13 @@ def _fake_run(tmp_path: Path, target: str) -> Path:
 
 
 def test_a_classifier_run_is_refused(tmp_path, capsys):
-    run = _fake_run(tmp_path, "laptrain.model.classifier.module.TextClassifier")
+    run = _fake_run(tmp_path, "laptrain.families.classifier.module.TextClassifier")
     _refused(capsys, ["export", str(run), "--format", "gguf"], "TextClassifier", "LoRA")
     assert sorted(p.name for p in run.iterdir()) == [".hydra"]
 
 
 def test_a_lora_run_without_adapters_is_refused(tmp_path, capsys):
-    run = _fake_run(tmp_path, "laptrain.model.lora.causal_lm.CausalLMLoRAModule")
+    run = _fake_run(tmp_path, "laptrain.families.lora.causal_lm.CausalLMLoRAModule")
     _refused(capsys, ["export", str(run), "--format", "gguf"], "adapter_config.json")
     assert sorted(p.name for p in run.iterdir()) == [".hydra"]
 
@@ -352,7 +352,7 @@ def test_a_base_of_another_architecture_is_refused_before_loading(lora_run, tmp_
 
 
 def test_not_enough_disk_is_refused_before_writing(lora_run, monkeypatch, capsys):
-    import laptrain.gguf_export.write as write
+    import laptrain.families.lora.gguf.write as write
 
     monkeypatch.setattr(
         write.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9, 1024)
@@ -371,7 +371,7 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from laptrain.gguf_export.write import write_gguf
+    from laptrain.families.lora.gguf.write import write_gguf
 
     tok = Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -389,7 +389,7 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
 def test_the_llama_cpp_check_without_its_extra_names_the_install(monkeypatch, tmp_path):
     import sys
 
-    from laptrain.gguf_export.llama_cpp_check import load_llama_cpp
+    from laptrain.families.lora.gguf.llama_cpp_check import load_llama_cpp
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as when not installed
     with pytest.raises(ValueError, match=r"\.\[llamacpp\]") as err:

@@ -19,7 +19,7 @@ from laptrain.console import no_transformers_bars
 from tests.in_process import train_here
 
 pytestmark = pytest.mark.slow
-llama_cpp_check = pytest.importorskip("laptrain.gguf_export.llama_cpp_check")
+llama_cpp_check = pytest.importorskip("laptrain.families.lora.gguf.llama_cpp_check")
 pytest.importorskip("llama_cpp", reason="pip install -e '.[llamacpp]'")
 
 JOB = [

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from laptrain.data.file_formats import MAX_TEXT_CHARS, DataError
-from laptrain.data.instruction_rows import check_instructions
 from laptrain.data.precheck import check_data_config
+from laptrain.families.lora.instruction_rows import check_instructions
 from tests.conftest import compose_train
 from tests.in_process import train_here
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from laptrain.data import instructions
-from laptrain.data.chat_tokenizer import build_offline_tokenizer
-from laptrain.data.instruction_rows import row_messages
-from laptrain.data.instructions import (
+from laptrain.families.lora import instructions
+from laptrain.families.lora.chat_tokenizer import build_offline_tokenizer
+from laptrain.families.lora.instruction_rows import row_messages
+from laptrain.families.lora.instructions import (
     CausalLMCollator,
     InstructionDataModule,
     encode_chat,
@@ -122,7 +122,7 @@ def test_truncation_cuts_the_prompt_from_the_left_keeps_the_response_and_is_coun
         "train": str(write_jsonl(tmp_path / "train.jsonl", short[:15] + long)),
         "validation": str(write_jsonl(tmp_path / "val.jsonl", short[15:])),
     }
-    with caplog.at_level(logging.INFO, logger="laptrain.data.instructions"):
+    with caplog.at_level(logging.INFO, logger="laptrain.families.lora.instructions"):
         dm = module(tmp_path, tokenizer_dir, files=files, max_length=128, test_fraction=0.0)
         dm.setup()
     assert dm.truncated["train"] == 3 and dm.truncated["val"] == 0

@@ -11,7 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from laptrain.commands.cli import main
-from laptrain.commands.lora_tools import (
+from laptrain.console import no_transformers_bars
+from laptrain.families.lora.causal_lm import CausalLMLoRAModule
+from laptrain.families.lora.instructions import render_prompt
+from laptrain.families.lora.tools import (
     BaseSize,
     BaseTooLarge,
     LoadPlan,
@@ -24,10 +27,7 @@ from laptrain.commands.lora_tools import (
     load_for_generation,
     plan_load,
 )
-from laptrain.console import no_transformers_bars
-from laptrain.data.instructions import render_prompt
 from laptrain.hardware.probe import FakeProbe, MemoryReading
-from laptrain.model.lora.causal_lm import CausalLMLoRAModule
 from tests.test_causal_lm_lora import (
     PAIRS,
     _one_thread,  # noqa: F401 - module fixture
@@ -227,7 +227,7 @@ def test_a_device_this_machine_lacks_falls_back_to_cpu_with_one_line(trained_run
 def test_export_refuses_a_base_over_the_budget_with_the_does_not_fit_exit_and_writes_nothing(
     trained_run, tmp_path, loads, monkeypatch, capsys
 ):
-    from laptrain.commands import lora_tools
+    from laptrain.families.lora import tools as lora_tools
 
     run = recorded_run(trained_run, tmp_path, "cpu", "float32")
     size = lora_tools.base_size(lora_tools.base_name_of(run / "adapter"), "")
@@ -277,7 +277,7 @@ def test_dtype_and_device_override_the_run_and_export_writes_the_dtype(
 ):
     from safetensors import safe_open
 
-    from laptrain.commands import lora_tools
+    from laptrain.families.lora import tools as lora_tools
 
     def written(folder):
         with safe_open(str(folder / "model.safetensors"), "pt") as f:
@@ -305,7 +305,7 @@ def test_dtype_and_device_override_the_run_and_export_writes_the_dtype(
 
 
 def test_4bit_runs_reload_4bit_on_cuda_and_fall_back_elsewhere_with_one_line(monkeypatch, capsys):
-    from laptrain.commands import lora_tools
+    from laptrain.families.lora import tools as lora_tools
 
     monkeypatch.setattr(lora_tools, "_has_bitsandbytes", lambda: True)
     record = RunRecord(device="cuda", base_dtype="bfloat16", quantization="4bit")

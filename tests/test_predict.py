@@ -1,4 +1,4 @@
-"""laptrain.commands.predict: a classifier run's exported model labels texts as transformers alone would."""
+"""laptrain.families.classifier.predict: a classifier run's exported model labels texts as transformers alone would."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from laptrain.commands.predict import Classifier, read_texts, write_predictions
 from laptrain.data.tokenizer import train_wordpiece
-from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
+from laptrain.families.classifier.predict import Classifier, read_texts, write_predictions
+from laptrain.families.classifier.tiny_bert import tiny_bert_classifier
 from tests.conftest import WORDS
 
 LABELS = sorted(WORDS)
@@ -114,7 +114,7 @@ def test_a_batch_size_below_one_is_one_line_exit_2_and_writes_nothing(tmp_path, 
 def test_the_batch_size_argparse_type_refuses_below_one_with_exit_2(capsys):
     import argparse
 
-    from laptrain.commands.predict import batch_size_arg
+    from laptrain.families.classifier.predict import batch_size_arg
 
     parser = argparse.ArgumentParser(prog="laptrain predict")
     parser.add_argument("--batch-size", type=batch_size_arg, default=32)

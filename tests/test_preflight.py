@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import BertForSequenceClassification
 
+from laptrain.families.classifier.tiny_bert import tiny_bert_classifier
 from laptrain.hardware.probe import FakeProbe, MemoryReading
-from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
 from laptrain.preflight.activations import (
     Quadratic,
     hf_batch_maker,

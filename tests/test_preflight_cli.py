@@ -4,7 +4,7 @@ import pytest
 from transformers import LlamaConfig
 
 from laptrain.commands.cli import main
-from laptrain.preflight.lora_sizing import LLAMA32_3B
+from laptrain.families.lora.sizing import LLAMA32_3B
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
-from laptrain.model.classifier.text_classifier import build_classifier
+from laptrain.families.classifier.text_classifier import build_classifier
 from laptrain.pretrained.loading import config_from_pretrained, load_pretrained_model
 from tests.test_model_sources import FakeIndex, make_wheel, wheel_spec, write_tiny_gguf
 

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from laptrain.config.check import ConfigError
+from laptrain.families.lora import causal_lm
 from laptrain.hardware.probe import FakeProbe, TorchProbe
 from laptrain.job import plan as plan_module
 from laptrain.job import run
 from laptrain.launch import device
-from laptrain.model.lora import causal_lm
 from laptrain.preflight import batch
 from laptrain.ranks.environment import local_rank
 from laptrain.ranks.processes import rank_cuda_index

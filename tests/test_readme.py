@@ -15,16 +15,14 @@ from pathlib import Path
 import pytest
 
 from laptrain.config.check import check_composed, compose_argv
-from laptrain.data.precheck import (
-    DATA_TARGET,
-    INSTRUCTIONS_TARGET,
-    PREFERENCES_TARGET,
-    check_data_config,
-)
+from laptrain.data.precheck import check_data_config
 from laptrain.launch.prepare import resolve_argv
 from tests.conftest import CONF, ROOT, write_texts
 
 README = (ROOT / "README.md").read_text()
+DATA_TARGET = "laptrain.families.classifier.text_classification.TextClassificationDataModule"
+INSTRUCTIONS_TARGET = "laptrain.families.lora.instructions.InstructionDataModule"
+PREFERENCES_TARGET = "laptrain.families.lora.preferences.PreferenceDataModule"
 
 
 def _expand(line: str) -> list[str]:

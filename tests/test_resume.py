@@ -9,8 +9,8 @@ import torch
 
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.rng_state import RNGState
-from laptrain.data.text_classification import TextClassificationDataModule
-from laptrain.model.classifier.text_classifier import TextClassifierModule
+from laptrain.families.classifier.text_classification import TextClassificationDataModule
+from laptrain.families.classifier.text_classifier import TextClassifierModule
 from tests.conftest import TINY_BERT as BACKBONE
 from tests.conftest import quiet_trainer, write_texts
 

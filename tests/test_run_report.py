@@ -21,7 +21,7 @@ from laptrain.callbacks.report_writer import PLOT_ALT, render_markdown, token_co
 from laptrain.callbacks.run_report import RunReport
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
-from laptrain.data.instructions import IGNORE, CausalLMCollator
+from laptrain.families.lora.instructions import IGNORE, CausalLMCollator
 from laptrain.hardware.probe import FakeProbe, MemoryReading
 from laptrain.hardware.thermal import FakeThermal, ThermalReading
 from laptrain.model.chunked_backward import ChunkedBackward

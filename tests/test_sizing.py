@@ -1,6 +1,6 @@
 """`model.size=auto` is resolved on the command line, like hardware=auto, so --cfg job shows it."""
 
-from laptrain.model.trm.sizing import resolve_size_argv
+from laptrain.families.trm.sizing import resolve_size_argv
 from tests.conftest import CONF
 
 YAML = str(CONF / "model" / "trm_sudoku.yaml")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from hydra.utils import instantiate
 
-from laptrain.data import stdlib_instructions
-from laptrain.data.chat_tokenizer import build_offline_tokenizer
-from laptrain.data.stdlib_instructions import build_stdlib_instructions, first_sentence
+from laptrain.families.lora import stdlib_instructions
+from laptrain.families.lora.chat_tokenizer import build_offline_tokenizer
+from laptrain.families.lora.stdlib_instructions import build_stdlib_instructions, first_sentence
 from tests.conftest import compose_train
 
 MODULES = ["textwrap", "shlex", "heapq", "bisect", "fnmatch", "glob", "getopt", "string", "json"]

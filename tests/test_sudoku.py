@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from laptrain.data.sudoku import SudokuDataModule, augment, generate_splits
-from laptrain.data.sudoku_extreme import SudokuExtremeDataModule
-from laptrain.data.sudoku_generator import (
+from laptrain.families.trm.sudoku import SudokuDataModule, augment, generate_splits
+from laptrain.families.trm.sudoku_extreme import SudokuExtremeDataModule
+from laptrain.families.trm.sudoku_generator import (
     count_solutions,
     generate_puzzle,
     geometry,
@@ -127,7 +127,7 @@ def test_stream_is_seeded_resumes_mid_epoch_and_augments(tmp_path: Path) -> None
 def test_ranks_take_their_share_of_the_puzzles_one_process_would_train_on(tmp_path: Path) -> None:
     """Under DDP rank r of 2 at batch 4 trains on its half of the batch 1 rank at batch 8 draws
     (the same puzzles and augmentations), and on its half of every validation batch."""
-    from laptrain.data.sudoku import SudokuStream
+    from laptrain.families.trm.sudoku import SudokuStream
 
     data = small_data(tmp_path)
     data.prepare_data()

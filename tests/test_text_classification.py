@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from laptrain.data import text_classification
-from laptrain.data.text_classification import TextClassificationDataModule
+from laptrain.families.classifier import text_classification
+from laptrain.families.classifier.text_classification import TextClassificationDataModule
 from tests.conftest import write_texts
 
 

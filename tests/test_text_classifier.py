@@ -4,9 +4,9 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from laptrain.data.text_classification import TextClassificationDataModule
-from laptrain.model.classifier.text_classifier import TextClassifierModule
-from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
+from laptrain.families.classifier.text_classification import TextClassificationDataModule
+from laptrain.families.classifier.text_classifier import TextClassifierModule
+from laptrain.families.classifier.tiny_bert import tiny_bert_classifier
 from tests.conftest import TINY_BERT as BACKBONE
 from tests.conftest import quiet_trainer, write_texts
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import laptrain.model.lora.tiny_llama as tiny
-from laptrain.model.lora.causal_lm import CausalLMLoRAModule
+import laptrain.families.lora.tiny_llama as tiny
+from laptrain.families.lora.causal_lm import CausalLMLoRAModule
 from tests.test_causal_lm_lora import _one_thread, tokenizer  # noqa: F401 - module fixtures
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "steps": 30, "seq_len": 64, "batch_size": 4}

@@ -9,12 +9,12 @@ import pytest
 import torch
 import yaml
 
-from laptrain.data.sudoku import SudokuDataModule
-from laptrain.model.trm import TinyRecursiveModel, TRMArch, TRMSudokuModule
-from laptrain.model.trm.carry import Carry
-from laptrain.model.trm.loss import per_puzzle_answer_loss, stablemax_log_probs
-from laptrain.model.trm.module import EagerFallback, check_precision
-from laptrain.model.trm.sizing import choose_size, parse_presets
+from laptrain.families.trm import TinyRecursiveModel, TRMArch, TRMSudokuModule
+from laptrain.families.trm.carry import Carry
+from laptrain.families.trm.loss import per_puzzle_answer_loss, stablemax_log_probs
+from laptrain.families.trm.module import EagerFallback, check_precision
+from laptrain.families.trm.sizing import choose_size, parse_presets
+from laptrain.families.trm.sudoku import SudokuDataModule
 from tests.conftest import quiet_trainer
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[
@@ -229,7 +229,7 @@ def test_half_precision_is_refused_off_cuda() -> None:
 
 
 def test_auto_dry_run_prints_estimates_and_choice(capsys: pytest.CaptureFixture[str]) -> None:
-    from laptrain.model.trm.sizing import main
+    from laptrain.families.trm.sizing import main
 
     config = str(Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml")
     main(["--config", config, "--memory-gb", "16", "--budget-min", "60"])
@@ -257,7 +257,7 @@ def test_steps_run_when_a_precision_plugin_changes_the_default_dtype(
     # Lightning's HalfPrecision sets the default dtype inside each step (plugins/precision/half.py
     # forward_context); TRM allocated halt_logit in it and index_put refused the float32 head.
     # TRM refuses these precisions (check_precision); bypassed here to test the mechanism on CPU.
-    monkeypatch.setattr("laptrain.model.trm.module.check_precision", lambda *a: None)
+    monkeypatch.setattr("laptrain.families.trm.module.check_precision", lambda *a: None)
     sizes = {"tiny": {**SIZES["tiny"], "hidden_size": 16, "n_sup": 2, "ema_decay": 0.0}}
     data = SudokuDataModule(
         board_size=4, givens=(6, 9), train_size=16, val_size=4, test_size=4, batch_size=8

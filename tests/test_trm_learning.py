@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from laptrain.data.sudoku import SudokuDataModule
-from laptrain.model.trm import TRMSudokuModule
-from laptrain.model.trm.metrics import BLANK_TOKEN
+from laptrain.families.trm import TRMSudokuModule
+from laptrain.families.trm.metrics import BLANK_TOKEN
+from laptrain.families.trm.sudoku import SudokuDataModule
 from tests.conftest import quiet_trainer
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[

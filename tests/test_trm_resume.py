@@ -14,8 +14,8 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from laptrain.callbacks.ema import EMA
-from laptrain.data.sudoku import SudokuDataModule
-from laptrain.model.trm import TRMSudokuModule
+from laptrain.families.trm import TRMSudokuModule
+from laptrain.families.trm.sudoku import SudokuDataModule
 from tests.conftest import quiet_trainer
 
 SIZES = yaml.safe_load((Path(__file__).parents[1] / "conf/model/trm_sudoku.yaml").read_text())[

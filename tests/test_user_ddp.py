@@ -49,7 +49,7 @@ def test_use_distributed_sampler_true_is_refused_only_for_laptrains_datamodules(
     assert user == []
     ours = check_trainer_values(
         {"use_distributed_sampler": True},
-        "laptrain.data.text_classification.TextClassificationDataModule",
+        "laptrain.families.classifier.text_classification.TextClassificationDataModule",
     )
     assert len(ours) == 1 and "leave it null" in ours[0]
 

@@ -588,7 +588,7 @@ def test_clipping_is_suggested_only_in_a_form_lightning_runs(
     )
     config = {
         "model": {
-            "_target_": "laptrain.model.classifier.text_classifier.TextClassifierModule",
+            "_target_": "laptrain.families.classifier.text_classifier.TextClassifierModule",
             "optimizer": {"_target_": "torch.optim.AdamW", "fused": fused},
         },
         "trainer": {"accelerator": "${hardware.accelerator}", **trainer},

@@ -2,7 +2,7 @@
 subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser`` declares
 their arguments (tests/test_cli.py keeps the two in step). A model family's own commands (``predict``
 for the classifier, ``export``/``generate``/``eval`` for LoRA) are not declared here: the family's
-registry entry names their module (``tools``), which brings its parsers and functions.
+``commands`` hook returns their module (laptrain.family), which brings its parsers and functions.
 
 - ``laptrain train [overrides]``: the repository's ``train.py``, exactly as ``python train.py``
   (``laptrain-train`` is the same).
@@ -32,7 +32,6 @@ Shared by all: a run is named as ``laptrain runs`` prints it or by its folder, u
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
@@ -40,7 +39,6 @@ import runpy
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from laptrain.commands.arguments import ROOT_HELP, RUN, add_run_argument
@@ -51,7 +49,7 @@ from laptrain.commands.fetch import fetch_command
 from laptrain.commands.new import add_arguments as add_new_arguments
 from laptrain.commands.new import new_command
 from laptrain.console import quiet_libraries
-from laptrain.model.families import FAMILIES, family_of_preset
+from laptrain.family import Commands, family_of_preset, installed_families
 from laptrain.project import ProjectNotFound, conf_dir, project_root, train_script
 from laptrain.run_folder.listing import RUNS_ROOT, resolve_run
 
@@ -350,7 +348,7 @@ def _add_preflight(commands: Any) -> None:
     )
 
 
-# laptrain's own commands, in `laptrain --help` order; a family's follow the one they name
+# laptrain's own commands, in `laptrain --help` order; the families' follow them
 PARSERS: dict[str, Callable[[Any], None]] = {
     "train": _add_train,
     "runs": _add_runs,
@@ -376,12 +374,11 @@ PARSERS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def family_tools() -> list[ModuleType]:
-    """The modules of the families' own commands (each registry entry's ``tools``: ``predict``
-    for the classifier, ``export``/``generate``/``eval`` for LoRA), in registry order. Each has
-    ``add_commands(commands)``, ``COMMANDS`` (name: function) and ``LISTED_AFTER``, the command
-    of ``PARSERS`` that ``laptrain --help`` lists them after."""
-    return [importlib.import_module(f.tools) for f in FAMILIES.values() if f.tools]
+def family_commands() -> list[Commands]:
+    """The modules of the installed families' own commands (each ``FAMILY.commands``: ``predict``
+    for the classifier, ``export``/``generate``/``eval`` for LoRA, or an installed package's), in
+    family-name order; ``laptrain --help`` lists them after laptrain's own."""
+    return [f.commands() for f in installed_families() if f.commands is not None]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -446,12 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="the command (required); `laptrain COMMAND --help`: its options",
     )
-    tools = family_tools()
-    for name, add in PARSERS.items():
+    for add in PARSERS.values():
         add(commands)
-        for tool in tools:  # a family's own commands, where `laptrain --help` lists them
-            if name == tool.LISTED_AFTER:
-                tool.add_commands(commands)
+    for family in family_commands():
+        family.add_commands(commands)
     return parser
 
 
@@ -465,7 +460,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": bench_command,
     "fetch": fetch_command,
     "new": new_command,
-    **{name: run for tool in family_tools() for name, run in tool.COMMANDS.items()},
+    **{name: run for family in family_commands() for name, run in family.COMMANDS.items()},
 }
 
 

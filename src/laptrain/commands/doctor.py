@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from laptrain.family import Family
 from laptrain.hardware.auto import (
     CUDA_TORCH_FIX,
     MPS_MIN_MACOS,
@@ -41,7 +42,6 @@ from laptrain.hardware.power import (
 )
 from laptrain.hardware.profile import ProfileError, load_profile, validate_precision
 from laptrain.model.doctor_check import Check, lightning_quiet, quiet_trainer
-from laptrain.model.families import ModelFamily
 from laptrain.versions import package_versions
 
 GiB = 1024**3
@@ -250,23 +250,30 @@ def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
     return params * 12.0 * kept + GiB, f"{kept} checkpoints of a {params / 1e6:.1f} M model + 1 GiB"
 
 
-def _tiny_bert() -> Any:
-    """A 2-layer BERT classifier as a LightningModule that keeps its training losses."""
+def _tiny_encoder() -> Any:
+    """A 2-layer transformer encoder classifier (torch's own layers: embedding, attention, layer
+    norm, feed-forward, a linear head) as a LightningModule that keeps its training losses."""
     import lightning.pytorch as pl
     import torch
-
-    from laptrain.model.classifier.tiny_bert import tiny_bert_classifier
+    import torch.nn.functional as F
+    from torch import nn
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = tiny_bert_classifier(
-                num_labels=2, num_hidden_layers=2, max_position_embeddings=64
-            )
+            self.embed = nn.Embedding(256, 64)
+            layer = nn.TransformerEncoderLayer(64, 2, 128, dropout=0.0, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(64, 2)
             self.losses: list[float] = []
 
+        def loss(self, batch: dict) -> torch.Tensor:
+            padding = batch["attention_mask"] == 0
+            hidden = self.encoder(self.embed(batch["input_ids"]), src_key_padding_mask=padding)
+            return F.cross_entropy(self.head(hidden[:, 0]), batch["labels"])
+
         def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-            loss = self.model(**batch).loss
+            loss = self.loss(batch)
             self.losses.append(float(loss.detach()))
             return loss
 
@@ -277,7 +284,8 @@ def _tiny_bert() -> Any:
 
 
 def check_training(profile: Mapping[str, Any]) -> Check:
-    """Three real optimizer steps of a tiny BERT classifier on the profile's device and precision."""
+    """Three real optimizer steps of a tiny transformer classifier on the profile's device and
+    precision."""
     import torch
 
     from laptrain.hardware.probe import TorchProbe
@@ -290,16 +298,27 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     except ProfileError as err:
         return Check("training", False, str(err), "fix hardware.precision in the profile")
     torch.manual_seed(0)
-    module = _tiny_bert()
-    plan = plan_batch(module, 32, {**profile, "batch_size": 4, "precision": precision}, probe)
-    data = [
-        {
-            "input_ids": torch.randint(0, 256, (32,)),
-            "attention_mask": torch.ones(32, dtype=torch.long),
-            "labels": torch.tensor(i % 2),
-        }
-        for i in range(12)
-    ]
+    module = _tiny_encoder()
+
+    def rows(count: int, length: int) -> list[dict[str, torch.Tensor]]:
+        return [
+            {
+                "input_ids": torch.randint(0, 256, (length,)),
+                "attention_mask": torch.ones(length, dtype=torch.long),
+                "labels": torch.tensor(i % 2),
+            }
+            for i in range(count)
+        ]
+
+    plan = plan_batch(
+        module,
+        32,
+        {**profile, "batch_size": 4, "precision": precision},
+        probe,
+        make_batch=lambda size, length: torch.utils.data.default_collate(rows(size, length)),
+        loss_fn=lambda model, batch: model.loss(batch),
+    )
+    data = rows(12, 32)
     with lightning_quiet():  # the Trainer's own "GPU available" lines too
         trainer = quiet_trainer(kind, precision)
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=plan.micro_batch))
@@ -346,7 +365,7 @@ def run_doctor(
     machine: MachineInfo | None = None,
     output_dir: Path | None = None,
     params: int | None = None,
-    family: ModelFamily | None = None,
+    family: Family | None = None,
     battery: BatterySource | None = None,
     pressure: PressureSource | None = None,
 ) -> Report:
@@ -378,7 +397,7 @@ def run_doctor(
     if all(c.ok for c in checks):
         checks.append(_guard("training", lambda: check_training(profile)))
         if own:
-            checks.append(_guard(own, lambda: family.hook("doctor_check")(profile)))
+            checks.append(_guard(own, lambda: family.doctor_check(profile)))
     else:
         checks.append(Check("training", False, "skipped: fix the failures above first"))
         if own:

@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from laptrain.family import family_of
 from laptrain.hardware.power import PRESSURE_WARNING, pressure_name
 from laptrain.hardware.thermal import LEVEL_NAMES
 from laptrain.ranks.processes import shards_model_state
@@ -102,8 +103,6 @@ HISTORY_TAGS = {
     "drift_pct": "thermal/drift_pct",
     "rss_mb": "memory/rss_mb",
 }
-# models trained with manual optimization, where Lightning refuses trainer.gradient_clip_val
-MANUAL_OPTIMIZATION = ("laptrain.model.trm.",)
 CLIP = "trainer.gradient_clip_val=1.0"
 # Lightning refuses to clip the gradients of an optimizer that unscales them itself (a fused
 # Adam/AdamW) under 16-mixed (lightning/pytorch/plugins/precision/amp.py, clip_gradients)
@@ -714,7 +713,8 @@ def clip_overrides(config: Mapping[str, Any], precision: str | None) -> str | No
     model = config.get("model") if isinstance(config.get("model"), dict) else {}
     trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
     hardware = config.get("hardware") if isinstance(config.get("hardware"), dict) else {}
-    if str(model.get("_target_", "")).startswith(MANUAL_OPTIMIZATION):
+    family = family_of(model)  # manual optimization: Lightning refuses trainer.gradient_clip_val
+    if family is not None and family.manual_optimization:
         return None
     if shards_model_state(trainer.get("strategy")):
         return None

@@ -51,6 +51,22 @@ from laptrain.data.splits import assign_splits
 
 SPLIT_ALIASES = {"train": "train", "validation": "val", "val": "val", "dev": "val", "test": "test"}
 INCOMPLETE_ROWS = ("error", "skip")
+# The datamodule arguments a file check reads, with their types (laptrain.data.precheck): a value of
+# another type is left to the config check, which names the argument.
+SPLIT_OPTIONS: dict[str, type | tuple[type, ...]] = {
+    "encoding": str,
+    "val_fraction": (int, float),
+    "test_fraction": (int, float),
+    "split_seed": int,
+}
+LABELLED_OPTIONS: dict[str, type | tuple[type, ...]] = {
+    **SPLIT_OPTIONS,
+    "text_column": str,
+    "label_column": str,
+    "group_column": (str, type(None)),
+    "label_names": (list, type(None)),
+    "incomplete_rows": str,
+}
 _INTEGER = re.compile(r"[+-]?\d+")
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 

@@ -1,61 +1,29 @@
 """The data check the launcher runs on the composed ``data`` config, before the run folder exists:
-the local files of a text-classification, instruction or preference config are read and checked by the rules
-their datamodule applies (:mod:`laptrain.data.labelled_files`, :mod:`laptrain.data.instruction_rows`),
-so a bad file is refused in about a second, before torch is imported."""
+the local files of a datamodule whose family gives ``file_rules`` (the classifier's labelled texts,
+LoRA's instructions and preferences, or a user family's own) are read and checked by the rules that
+datamodule applies, so a bad file is refused in about a second, before torch is imported."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laptrain.data.instruction_rows import check_instructions
-from laptrain.data.labelled_files import read_labelled, resolve_files
-from laptrain.data.preference_rows import check_preferences
+from laptrain.data.labelled_files import resolve_files
+from laptrain.family import FileRules, family_of_target
 from laptrain.files import file_digest
 
-DATA_TARGET = "laptrain.data.text_classification.TextClassificationDataModule"
 CHECK_VERSION = 2  # raise when the rules change: files stamped as checked are read again
 
-_NONE = type(None)
-_SPLIT_ARGS: dict[str, type | tuple[type, ...]] = {
-    "encoding": str,
-    "val_fraction": (int, float),
-    "test_fraction": (int, float),
-    "split_seed": int,
-}
-_LABELLED_ARGS = {
-    **_SPLIT_ARGS,
-    "text_column": str,
-    "label_column": str,
-    "group_column": (str, _NONE),
-    "label_names": (list, _NONE),
-    "incomplete_rows": str,
-}
-_INSTRUCTION_ARGS = {**_SPLIT_ARGS, "group_column": (str, _NONE), "system_prompt": (str, _NONE)}
-INSTRUCTIONS_TARGET = "laptrain.data.instructions.InstructionDataModule"
-PREFERENCES_TARGET = "laptrain.data.preferences.PreferenceDataModule"
 
-
-@dataclass(frozen=True)
-class FileRules:
-    """How one datamodule's local files are checked before the run."""
-
-    options: dict[str, type | tuple[type, ...]]  # the arguments its rules read, with their types
-    rules: Callable[..., Any]  # reads and checks them: rules(files, **options), raises one line
-
-
-def file_rules() -> dict[str, FileRules]:
-    """One row per datamodule (its ``_target_``) whose local files are checked here: a data kind of
-    its own adds a row. Built when asked, so a test that replaces a rule here is heard."""
-    return {
-        DATA_TARGET: FileRules(_LABELLED_ARGS, read_labelled),
-        INSTRUCTIONS_TARGET: FileRules(_INSTRUCTION_ARGS, check_instructions),
-        PREFERENCES_TARGET: FileRules(_INSTRUCTION_ARGS, check_preferences),
-    }
+def file_rules_of(target: str) -> FileRules | None:
+    """How the datamodule ``target`` (a ``_target_``) has its local files checked here: its
+    family's ``file_rules`` hook, or None (checked when the datamodule reads them)."""
+    family = family_of_target(target)
+    if family is None or family.file_rules is None:
+        return None
+    return family.file_rules(target.rpartition(".")[2])
 
 
 def check_data_config(data: Any) -> None:
@@ -72,7 +40,7 @@ def check_data_config(data: Any) -> None:
         return
     if not isinstance(plain, dict):
         return
-    found = file_rules().get(str(plain.get("_target_")))
+    found = file_rules_of(str(plain.get("_target_")))
     if found is None:
         return
     spec, check = found.options, found.rules

@@ -1,11 +1,12 @@
-"""Each model family's smoke build: the registry's entries (:mod:`laptrain.model.families`, the one
-registry of families) at smoke-test size, for the device smoke test and the device harness.
+"""Each model family's smoke build at smoke-test size, for the device smoke test and the device
+harness.
 
-This is no second registry: :data:`SMOKE_BUILDS` is derived from the family registry, one
-:class:`SmokeBuild` per entry, keyed by the family's name. A build is how to make a fresh module and
-datamodule and how to predict one batch, taken from the ``smoke`` module the entry names; which
-precisions the family refuses is asked of the same entry, the rule the launch applies. A new family
-is picked up by ``benchmarks/device_smoke.py`` from its registry entry alone.
+This is no second registry: :data:`SMOKE_BUILDS` is derived from the installed families
+(:func:`laptrain.family.installed_families`), one :class:`SmokeBuild` per family with a ``smoke``
+hook, keyed by the family's name. A build is how to make a fresh module and datamodule and how to
+predict one batch, taken from the module that hook returns; which precisions the family refuses is
+asked of the same family, the rule the launch applies. A new family is picked up by
+``benchmarks/device_smoke.py`` from its ``FAMILY`` alone.
 
 A smoke build may take the device and precision of the cell (``build(seed, steps, kind=...,
 precision=...)``: the registry's builds read their preset and decide from them whether AdamW is
@@ -15,7 +16,6 @@ legend that says what the cells run.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +24,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from laptrain.model.families import FAMILIES, ModelFamily
+from laptrain.family import Family, installed_families
 
 Build = Callable[..., tuple[pl.LightningModule, pl.LightningDataModule]]
 Predict = Callable[[pl.LightningModule, Any], torch.Tensor]
@@ -73,15 +73,17 @@ class SmokeBuild:
         registry does not know has no rule of its own unless ``refuse`` gives one)."""
         if self.refuse is not None:
             return self.refuse(kind, precision)
-        family = FAMILIES.get(self.name)
+        family = next((f for f in installed_families() if f.name == self.name), None)
         return family.refusal(kind, precision) if family else None
 
 
-def _from_registry(family: ModelFamily) -> SmokeBuild:
-    smoke = importlib.import_module(family.smoke)
+def _from_family(family: Family) -> SmokeBuild:
+    smoke = family.smoke()  # type: ignore[misc]
     return SmokeBuild(family.name, smoke.build, smoke.predict, note=getattr(smoke, "note", None))
 
 
-# One build per registry entry, by family name (what ``--families`` names); a test may add a
-# build of its own to this table for one run.
-SMOKE_BUILDS: dict[str, SmokeBuild] = {name: _from_registry(f) for name, f in FAMILIES.items()}
+# One build per installed family with a smoke hook, by family name (what ``--families`` names); a
+# test may add a build of its own to this table for one run.
+SMOKE_BUILDS: dict[str, SmokeBuild] = {
+    f.name: _from_family(f) for f in installed_families() if f.smoke is not None
+}

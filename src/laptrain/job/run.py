@@ -49,6 +49,7 @@ from laptrain.console import (
 )
 from laptrain.data.contracts import SavesArtifacts, SizesTheModel
 from laptrain.data.user_loaders import prepare_user_loaders
+from laptrain.family import family_of
 from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
@@ -61,7 +62,6 @@ from laptrain.loggers.tracking import remember as remember_tracking_runs
 from laptrain.loggers.tracking import runs_ended
 from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
-from laptrain.model.families import family_of
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.ranks.processes import shards_model_state
@@ -178,7 +178,7 @@ def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
     hw = cfg.hardware
     fraction, budget_gb = float(hw.get("memory_fraction", 0.8)), hw.get("memory_budget_gb")
     family = family_of(model_cfg)
-    auto = family.hook("auto_settings") if family is not None else None
+    auto = family.auto_settings if family is not None else None
     decided: dict[str, Any] = {}
     if auto is not None:  # the family's auto settings (LoRA: base_dtype=auto, fp32 if it fits)
         decided = auto(

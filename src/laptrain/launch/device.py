@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig
 
 from laptrain.config.check import ConfigError
+from laptrain.family import family_of
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.hardware.profile import (
     ProfileError,
@@ -26,7 +27,6 @@ from laptrain.hardware.profile import (
     precision_warning,
     validate_precision,
 )
-from laptrain.model.families import family_of
 from laptrain.ranks.processes import asked_devices, rank_cuda_index, requested_devices
 
 UNFUSED_ON_MPS_FP16 = (

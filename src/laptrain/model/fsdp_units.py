@@ -11,7 +11,7 @@ frozen bf16 base, fp32 adapters) fails at setup, and every step gathers the whol
 The units here (:func:`unit_rule`), after accelerate's and peft's FSDP policies:
 
 - the root, the module FSDP is given (always a unit);
-- every instance of the family's layer classes (``ModelFamily.fsdp_layers``; a transformers
+- every instance of the family's layer classes (``Family.fsdp_layers``; a transformers
   model's ``_no_split_modules`` classes, which accelerate's ``transformer_auto_wrap_policy``
   default and peft's ``fsdp_auto_wrap_policy`` wrap);
 - every leaf module whose own parameters differ in dtype or ``requires_grad`` from the bulk of the
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from laptrain.family import family_of_module
 from laptrain.model.contracts import KeepsTrainableOnly
-from laptrain.model.families import family_of_module
 
 UnitSpec = Callable[[nn.Module], bool] | Iterable[type[nn.Module]] | None
 """Which modules besides the root become units: a predicate, a set of classes (torch's
@@ -55,7 +55,7 @@ def layer_classes(module: nn.Module) -> set[type[nn.Module]]:
     classes its transformers models name (none: the root and the odd leaves are the units)."""
     family = family_of_module(module)
     if family is not None and family.fsdp_layers is not None:
-        return family.fsdp_layer_classes(module)
+        return set(family.fsdp_layers(module))
     return transformers_layers(module)
 
 
@@ -179,7 +179,7 @@ def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
     names a policy of its own, comes back untouched. For a module that keeps only its trainable
     parameters the checkpoints gather only those (:func:`keep_trainable_only`), whatever policy.
 
-    Raises ValueError (one line) for a family FSDP cannot train (``ModelFamily.fsdp_refusal``),
+    Raises ValueError (one line) for a family FSDP cannot train (``Family.fsdp_refusal``),
     and when a unit would still mix dtypes: FSDP would refuse it at setup on every rank.
     """
     from lightning.pytorch.strategies import FSDPStrategy

@@ -99,7 +99,7 @@ def capacity_budget(
 ) -> float:
     """The budget rule applied to the device's total memory rather than what is free now: the same
     number on every rank of identical devices, whatever else runs on them (torchrun and srun ranks
-    decide ``base_dtype: auto`` from it, laptrain.model.lora.base_dtype)."""
+    decide ``base_dtype: auto`` from it, laptrain.families.lora.base_dtype)."""
     if memory_budget_gb:
         return float(memory_budget_gb) * GiB
     reading = probe.memory()

@@ -2,10 +2,10 @@
 weights are downloaded or loaded (docs/cli.md, "laptrain preflight").
 
 Gap it fills: train.py's preflight measures the model it has built, which for a 3B base means
-downloading and loading 6-13 GB first. Only a family whose registry entry carries a ``sizing`` hook
-(``laptrain/model/families.py``) is estimated here: the LoRA family's, a causal LM's parameters
+downloading and loading 6-13 GB first. Only a family that gives a ``sizing`` hook
+(``laptrain.family.Family``) is estimated here: the LoRA family's, a causal LM's parameters
 counted on the meta device and its activations measured on a 2-layer copy
-(``laptrain/preflight/lora_sizing.py``). The other families are small enough that train.py's own
+(``laptrain/families/lora/sizing.py``). The other families are small enough that train.py's own
 preflight builds and measures them before training, and a model of another family is refused in
 one line naming those that are sized here. This module holds what any sizing shares: composing
 the config as ``train.py`` would and the memory budget of the hardware profile.
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from laptrain.model.families import FAMILIES, family_of
+from laptrain.family import family_of, installed_families
 
 GiB = 1024**3
 
@@ -86,10 +86,10 @@ def preflight_report(overrides: list[str]) -> tuple[list[str], bool]:
     family = family_of(model_cfg)
     if family is None or family.sizing is None:
         sized = ", ".join(
-            f"the {f.name} family ({f.summary})" for f in FAMILIES.values() if f.sizing
+            f"the {f.name} family ({f.summary})" for f in installed_families() if f.sizing
         )
         raise PreflightInputError(
             f"laptrain preflight estimates from the config only {sized}; model "
             f"{model_cfg.get('_target_')} is measured by train.py's own preflight before training"
         )
-    return family.hook("sizing")(cfg, model_cfg)
+    return family.sizing(cfg, model_cfg)

@@ -3,9 +3,8 @@
 A run of a text classifier leaves ``model/`` (``save_pretrained``), ``tokenizer/`` and
 ``labels.json``: transformers' Auto classes load them without laptrain. This module is that
 loading plus the run's truncation length, batching and one-line errors, for ``laptrain predict``,
-the classifier family's command (its registry entry's ``tools``): :func:`add_commands` declares
-its arguments, ``COMMANDS`` maps it to :func:`predict`, and ``laptrain/commands/cli.py`` adds it
-after the command ``LISTED_AFTER`` names.
+the classifier family's command (its ``FAMILY.commands``): :func:`add_commands` declares its
+arguments, ``COMMANDS`` maps it to :func:`predict`, and ``laptrain/commands/cli.py`` adds it.
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ from typing import Any
 
 from laptrain.commands.arguments import RUN, add_run_argument
 from laptrain.run_folder.listing import resolve_run, resume_command
-
-LISTED_AFTER = "train"  # in `laptrain --help`
 
 
 @dataclass(frozen=True)

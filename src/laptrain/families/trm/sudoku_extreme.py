@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from laptrain.data.sudoku import SudokuBoardsDataModule
+from laptrain.families.trm.sudoku import SudokuBoardsDataModule
 
 _LUT = np.zeros(256, dtype=np.uint8)
 _LUT[ord(".")] = _LUT[ord("0")] = 1

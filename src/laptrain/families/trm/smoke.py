@@ -10,7 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from laptrain.data.sudoku import SudokuDataModule
+from laptrain.families.trm.sudoku import SudokuDataModule
 from laptrain.model.smoke_data import build_preset, preset_config
 
 PRESET = "trm_sudoku"

@@ -30,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from laptrain.data.sampler import LengthGroupedBatchSampler, replicas_of
-from laptrain.data.sudoku_generator import (
+from laptrain.families.trm.sudoku_generator import (
     BOX_SHAPES,
     GENERATOR_VERSION,
     TECHNIQUES,

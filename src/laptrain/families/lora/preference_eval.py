@@ -1,7 +1,7 @@
 """``laptrain eval <run> --data pairs.jsonl``: a run's DPO metrics on a preference file.
 
 When the file's rows are preference pairs (``chosen`` and ``rejected``; the shapes of
-``laptrain.data.preference_rows``), ``laptrain eval`` reports what a DPO run logs, on that file:
+``laptrain.families.lora.preference_rows``), ``laptrain eval`` reports what a DPO run logs, on that file:
 the DPO loss, the reward accuracy and margin (rewards = ``beta`` x the adapter's log-probability
 of each answer minus the base's, ``beta`` as the run trained with it), and the mean log-probability
 of the chosen and rejected answers with and without the adapter. Each answer is encoded as in
@@ -17,15 +17,15 @@ from typing import Any
 
 import torch
 
-from laptrain.data.instructions import IGNORE, encode_chat, padded_examples
-from laptrain.model.lora.dpo import dpo_terms, summed_logps
+from laptrain.families.lora.dpo import dpo_terms, summed_logps
+from laptrain.families.lora.instructions import IGNORE, encode_chat, padded_examples
 
 DEFAULT_BETA = 0.1
 
 
 def is_preference_file(path: str | Path) -> bool:
     """Whether the file's first readable row holds ``chosen`` and ``rejected``."""
-    from laptrain.data.instruction_rows import read_rows
+    from laptrain.families.lora.instruction_rows import read_rows
 
     for _, row in read_rows(Path(path)):
         if isinstance(row, dict):
@@ -37,7 +37,7 @@ def read_pairs(
     tokenizer: Any, path: str | Path, max_length: int | None = None
 ) -> list[tuple[tuple[list[int], list[int]], tuple[list[int], list[int]]]]:
     """``((chosen ids, labels), (rejected ids, labels))`` per row, or one error naming bad rows."""
-    from laptrain.data.preference_rows import read_preferences
+    from laptrain.families.lora.preference_rows import read_preferences
 
     rows = read_preferences({"train": str(path)})["train"]
     pairs = []

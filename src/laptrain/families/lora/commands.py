@@ -1,11 +1,11 @@
-"""The LoRA family's ``laptrain`` commands (its registry entry's ``tools``): ``laptrain export``,
+"""The LoRA family's ``laptrain`` commands (its ``FAMILY.commands``): ``laptrain export``,
 ``generate`` and ``eval`` of a LoRA run or adapter folder. This module is their arguments and the
-one-line errors; the work is ``laptrain.commands.lora_tools`` (``preference_eval`` for DPO runs,
-``laptrain.gguf_export`` for ``--format gguf``), imported when a command runs, so that building
+one-line errors; the work is ``laptrain.families.lora.tools`` (``preference_eval`` for DPO runs,
+``laptrain.families.lora.gguf`` for ``--format gguf``), imported when a command runs, so that building
 the parser imports no torch.
 
-``laptrain/commands/cli.py`` adds the parsers (:func:`add_commands`) after the command
-``LISTED_AFTER`` names and maps each command to its function (``COMMANDS``).
+``laptrain/commands/cli.py`` adds the parsers (:func:`add_commands`) and maps each command to its
+function (``COMMANDS``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from laptrain.commands.exit_codes import error_exit_code
 from laptrain.console import quiet_libraries
 from laptrain.run_folder.listing import resolve_run
 
-LISTED_AFTER = "preflight"  # in `laptrain --help`
-
 
 def lora_command(args: argparse.Namespace) -> int:
-    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.commands.lora_tools)."""
-    from laptrain.commands import lora_tools
+    """``export``, ``generate`` and ``eval`` of a LoRA adapter (laptrain.families.lora.tools)."""
+    import laptrain.families.lora.tools as lora_tools
     from laptrain.console import no_transformers_bars
 
     quiet_libraries()
@@ -41,7 +39,7 @@ def lora_command(args: argparse.Namespace) -> int:
 def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
     where = {"device": args.device, "dtype": args.dtype}
     if args.command == "export" and args.format == "gguf":
-        from laptrain.gguf_export.write import export_gguf
+        from laptrain.families.lora.gguf.write import export_gguf
 
         if args.dtype is not None:
             raise ValueError(

@@ -117,7 +117,7 @@ def greedy_replies(
     from_cpp = done["choices"][0]["message"]["content"] or ""
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    from laptrain.commands.lora_tools import end_of_turn_ids
+    from laptrain.families.lora.tools import end_of_turn_ids
 
     with torch.no_grad():
         out = model.generate(
@@ -133,7 +133,7 @@ def greedy_replies(
 
 def held_out_texts(tokenizer, count: int) -> tuple[list[str], list[int]]:
     """Chat texts (question, answer) and, per text, the token count before its answer."""
-    from laptrain.data.stdlib_instructions import collect_pairs
+    from laptrain.families.lora.stdlib_instructions import collect_pairs
 
     texts, starts = [], []
     for pair in collect_pairs(HELD_OUT_MODULES)[:count]:

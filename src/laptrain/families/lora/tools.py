@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
+from laptrain.families.lora.adapter_folders import ADAPTER_CONFIG, find_adapter
 from laptrain.files import write_folder_atomic
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
-from laptrain.model.lora.adapter_folders import ADAPTER_CONFIG, find_adapter
 from laptrain.preflight.batch import PreflightError
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK
 from laptrain.pretrained.loading import from_pretrained
@@ -240,7 +240,7 @@ class BaseSize:
 def base_size(name: str, fix: str) -> BaseSize:
     """Parameters, embedding parameters and vocabulary of the model ``name`` (folder, hub name or
     GGUF) from its config; no weights are read."""
-    from laptrain.model.lora.base_dtype import base_parameter_count
+    from laptrain.families.lora.base_dtype import base_parameter_count
     from laptrain.pretrained.loading import config_from_pretrained
 
     config = config_from_pretrained(name, fix)
@@ -370,7 +370,7 @@ def load_base_for(adapter: Path, plan: LoadPlan | torch.dtype | str = torch.floa
     name = base_name_of(adapter)
     revision = _read_json(adapter / ADAPTER_CONFIG).get("revision")
     if plan.quantization == "4bit":  # exactly as training loaded it (nf4, double quantization)
-        from laptrain.model.lora.causal_lm import load_base
+        from laptrain.families.lora.causal_lm import load_base
 
         return load_base(name, None, plan.dtype, revision, "4bit")
     kwargs = plan.kwargs()
@@ -460,7 +460,7 @@ def export_merged(
 
 def end_of_turn_ids(tokenizer: Any) -> list[int]:
     """Ids that end an assistant turn: the template's end-of-turn token and EOS."""
-    from laptrain.data.instructions import end_of_turn
+    from laptrain.families.lora.instructions import end_of_turn
 
     ids = []
     for token in (end_of_turn(tokenizer), tokenizer.eos_token):
@@ -485,7 +485,7 @@ def generate(
     greedy unless ``temperature > 0``, streamed to stdout, stopped at end-of-turn."""
     from transformers import TextStreamer
 
-    from laptrain.data.instructions import render_prompt
+    from laptrain.families.lora.instructions import render_prompt
 
     ids = torch.tensor([render_prompt(tokenizer, prompt, system_prompt)], device=model.device)
     stop = end_of_turn_ids(tokenizer)
@@ -512,7 +512,7 @@ def masked_loss(
     model: Any, examples: list[tuple[list[int], list[int]]], batch_size: int = 8
 ) -> tuple[float, int]:
     """Mean cross-entropy over the response tokens of ``(input_ids, labels)`` examples."""
-    from laptrain.data.instructions import IGNORE, padded_examples
+    from laptrain.families.lora.instructions import IGNORE, padded_examples
 
     total, count = 0.0, 0
     device = model.device
@@ -537,8 +537,8 @@ def read_examples(
     tokenizer: Any, data: str | Path, max_length: int | None = None
 ) -> list[tuple[list[int], list[int]]]:
     """``(input_ids, labels)`` per row of a JSONL/CSV/Parquet file, encoded as in training."""
-    from laptrain.data.instruction_rows import bad_rows_error, read_rows, row_messages
-    from laptrain.data.instructions import encode_chat
+    from laptrain.families.lora.instruction_rows import bad_rows_error, read_rows, row_messages
+    from laptrain.families.lora.instructions import encode_chat
 
     rows = read_rows(Path(data))
     examples, bad = [], []
@@ -607,8 +607,8 @@ def evaluate(
 ) -> Any:
     """Masked loss of the base (adapter disabled) and of base + adapter on ``data``; the data is
     read first, so the memory check counts the logits of its longest batch. A file of preference
-    pairs gets the DPO metrics instead (``laptrain.commands.preference_eval``)."""
-    from laptrain.commands import preference_eval
+    pairs gets the DPO metrics instead (``laptrain.families.lora.preference_eval``)."""
+    import laptrain.families.lora.preference_eval as preference_eval
 
     adapter = find_adapter(path)
     name = base_name_of(adapter)

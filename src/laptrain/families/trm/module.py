@@ -22,12 +22,12 @@ import torch
 
 from laptrain.callbacks.ema import EMA
 from laptrain.callbacks.oom_backoff import is_oom
+from laptrain.families.trm.carry import Carry
+from laptrain.families.trm.loss import LOSSES, halt_loss, per_puzzle_answer_loss
+from laptrain.families.trm.metrics import SudokuMetrics
+from laptrain.families.trm.network import StepOutput, TinyRecursiveModel, TRMArch
+from laptrain.families.trm.sizing import SizePreset, parse_presets
 from laptrain.model.chunked_backward import ChunkedBackward
-from laptrain.model.trm.carry import Carry
-from laptrain.model.trm.loss import LOSSES, halt_loss, per_puzzle_answer_loss
-from laptrain.model.trm.metrics import SudokuMetrics
-from laptrain.model.trm.network import StepOutput, TinyRecursiveModel, TRMArch
-from laptrain.model.trm.sizing import SizePreset, parse_presets
 
 
 class EagerFallback:
@@ -60,7 +60,7 @@ class EagerFallback:
 
 def resolve_size(size: str, presets: Mapping[str, SizePreset]) -> str:
     """The preset name for ``size``. ``auto`` never reaches here from ``train.py``: the model
-    YAML's ``_argv_hook_`` (laptrain/model/trm/sizing.py) resolves it on the command line, the one
+    YAML's ``_argv_hook_`` (laptrain/families/trm/sizing.py) resolves it on the command line, the one
     place that decides it, so ``--cfg job`` shows the choice."""
     if size == "auto":
         raise ValueError(

@@ -21,9 +21,9 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
+from laptrain.families.classifier.first_token import first_token_only
 from laptrain.model.checkpointing import parse_setting, replay_device_rng, switch_on
 from laptrain.model.chunked_backward import ChunkedBackward
-from laptrain.model.classifier.first_token import first_token_only
 from laptrain.model.fsdp_units import inner_state_dict
 from laptrain.pretrained.loading import Source, load_pretrained_model
 
@@ -91,7 +91,7 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
             memory (the preflight's first fix for long sequences), about a third more compute;
             ``auto``: off unless the preflight finds the job does not fit without it.
         last_layer_first_token: compute the last encoder layer for the first token only, the one
-            the head reads (``laptrain.model.classifier.first_token``; same logits, less work).
+            the head reads (``laptrain.families.classifier.first_token``; same logits, less work).
             Models it does not apply to are left as they are.
     """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from laptrain.model.classifier.tiny_bert import tiny_bert_backbone
+from laptrain.families.classifier.tiny_bert import tiny_bert_backbone
 from laptrain.model.smoke_data import (
     RowsData,
     TokenRows,

@@ -9,7 +9,7 @@ depth (the per-layer parts times layers / 2). The sum follows ``laptrain.preflig
 frozen base in its own dtype, the adapters in fp32 with their gradients and AdamW state.
 ``benchmarks/lora_throughput.py --preflight`` uses this module too.
 
-It lives on the preflight's floor, not in ``laptrain/model/lora/``: it is built on the preflight's
+It lives on the preflight's floor, not in ``laptrain/families/lora/``: it is built on the preflight's
 estimator (``activations``, ``estimate``), a floor above ``model/``, so the registry names it by
 its dotted path and only ``laptrain preflight`` imports it.
 """
@@ -304,7 +304,7 @@ def _size_job(cfg: Any, model_cfg: Any, config: Any) -> _LoRAJob:
     import psutil
     from omegaconf import OmegaConf
 
-    from laptrain.model.lora.base_dtype import choose_base_dtype
+    from laptrain.families.lora.base_dtype import choose_base_dtype
 
     hw = OmegaConf.to_container(cfg.hardware, resolve=True)
     budget = choose_budget(hw)

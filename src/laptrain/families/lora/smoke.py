@@ -5,7 +5,7 @@ batch carries the 4-D block-causal mask and restarting ``position_ids``.
 
 The preset's ``base_dtype: auto`` is built as bfloat16 where the device has bfloat16 (what auto
 picks for the preset's 3B base: 12.85 GB of float32 weights, over half of a laptop's budget;
-``laptrain.model.lora.base_dtype``), float32 elsewhere; the adapters stay float32 (peft's
+``laptrain.families.lora.base_dtype``), float32 elsewhere; the adapters stay float32 (peft's
 ``autocast_adapter_dtype``).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from laptrain.data.instructions import CausalLMCollator, PackedRows, pack
+from laptrain.families.lora.instructions import CausalLMCollator, PackedRows, pack
 from laptrain.hardware.probe import TorchProbe
 from laptrain.model.smoke_data import RowsData, build_preset, preset_config, smoke_checkpointing
 

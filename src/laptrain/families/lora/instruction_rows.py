@@ -26,6 +26,7 @@ from laptrain.data.file_formats import (
 )
 from laptrain.data.labelled_files import (
     SPLIT_ALIASES,
+    SPLIT_OPTIONS,
     check_fractions,
     check_train_and_val,
     resolve_files,
@@ -33,6 +34,12 @@ from laptrain.data.labelled_files import (
 from laptrain.data.splits import assign_splits
 
 ROLES = ("system", "user", "assistant")
+# The arguments the file check before the run reads (laptrain.data.precheck), with their types.
+INSTRUCTION_OPTIONS: dict[str, type | tuple[type, ...]] = {
+    **SPLIT_OPTIONS,
+    "group_column": (str, type(None)),
+    "system_prompt": (str, type(None)),
+}
 Messages = list[dict[str, str]]
 Rows = dict[str, list[tuple[str, Messages, Any]]]  # split -> (file:line, messages, group)
 

@@ -18,7 +18,7 @@ def _tiny_lora() -> Any:
 
     import torch
 
-    from laptrain.model.lora.causal_lm import CausalLMLoRAModule
+    from laptrain.families.lora.causal_lm import CausalLMLoRAModule
 
     backbone = {
         "model_type": "llama",
@@ -61,9 +61,9 @@ def check_training(profile: Mapping[str, Any]) -> Check:
     """
     import torch
 
+    from laptrain.families.lora.causal_lm import refuse_precision
+    from laptrain.families.lora.tiny_llama import masked_token_batches
     from laptrain.hardware.probe import TorchProbe
-    from laptrain.model.lora.causal_lm import refuse_precision
-    from laptrain.model.lora.tiny_llama import masked_token_batches
 
     kind = str(profile.get("accelerator", "cpu"))
     try:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from laptrain.data.file_formats import DataError
-from laptrain.data.instruction_rows import (
+from laptrain.families.lora.instruction_rows import (
     ROLES,
     _too_long,
     check_instructions,

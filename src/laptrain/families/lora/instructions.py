@@ -33,26 +33,26 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
-from laptrain.data.chat_tokenizer import (
+from laptrain.data.collate import PadCollator, padded_length
+from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+from laptrain.families.classifier.text_classification import (
+    TextClassificationDataModule,
+    building,
+    publish_entry,
+)
+from laptrain.families.lora.chat_tokenizer import (
     LLAMA3_CHAT_TEMPLATE,
     offline_tokenizer,
     offline_tokenizer_path,
     prepare_chat_tokenizer,
 )
-from laptrain.data.collate import PadCollator, padded_length
-from laptrain.data.instruction_rows import (
+from laptrain.families.lora.instruction_rows import (
     Messages,
     bad_rows_error,
     read_instructions,
     split_instruction_rows,
     to_messages,
 )
-from laptrain.data.text_classification import (
-    TextClassificationDataModule,
-    building,
-    publish_entry,
-)
-from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from laptrain.files import file_digest
 
 IGNORE = -100  # the label cross-entropy skips (torch's default ignore_index)
@@ -286,7 +286,7 @@ class InstructionDataModule(TextClassificationDataModule):
         files: split name -> file (``train``, ``validation``/``val``, ``test``, or ``all`` to split).
         builder: a callable returning ``files`` (e.g. the offline stdlib instructions).
         tokenizer: hub name or ``save_pretrained`` folder; ``None`` = the offline byte-level BPE
-            (``laptrain.data.chat_tokenizer.offline_tokenizer``) of ``vocab_size`` tokens.
+            (``laptrain.families.lora.chat_tokenizer.offline_tokenizer``) of ``vocab_size`` tokens.
         max_length: longest example; longer ones lose prompt tokens from the left.
         group_column: rows sharing this field's value stay in one split (stdlib: the module).
         system_prompt: a system turn for rows that have none.
@@ -411,7 +411,7 @@ class InstructionDataModule(TextClassificationDataModule):
 
     def prepare_data(self) -> None:
         """Build the tokenized cache entry unless a complete one is there (tmp folder, sealed
-        with checksums, then renamed: ``laptrain.data.text_classification.publish_entry``)."""
+        with checksums, then renamed: ``laptrain.families.classifier.text_classification.publish_entry``)."""
         if self.entry is not None and self._ready == self.entry:
             return
         files = self._resolve_files()

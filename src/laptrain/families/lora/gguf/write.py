@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from laptrain.families.lora.gguf import llama_metadata, llama_tensors, modelfile, vocab
 from laptrain.files import fsync_file, write_folder_atomic
-from laptrain.gguf_export import llama_metadata, llama_tensors, modelfile, vocab
 
 GGUF_NAME = "model.gguf"
 MODELFILE = "Modelfile"
@@ -55,8 +55,8 @@ def check_quant(quant: str) -> None:
 
 def refuse_non_lora(path: Path) -> None:
     """A run folder of another family: one line saying what its export is."""
-    from laptrain.commands.lora_tools import _hydra_config, run_folder_of
-    from laptrain.model.lora.adapter_folders import find_adapter
+    from laptrain.families.lora.adapter_folders import find_adapter
+    from laptrain.families.lora.tools import _hydra_config, run_folder_of
 
     try:
         find_adapter(path)
@@ -98,7 +98,7 @@ def write_gguf(
     runs before anything is written."""
     import gguf
 
-    from laptrain.data.instructions import end_of_turn
+    from laptrain.families.lora.instructions import end_of_turn
 
     check_quant(quant)
     config = model.config
@@ -146,7 +146,7 @@ def export_gguf(
     free_check: Callable[[Path, int], None] = disk_check,
 ) -> GgufExport:
     """Merge the run's adapter into its base in float32 and write it as GGUF (see the module)."""
-    from laptrain.commands import lora_tools
+    import laptrain.families.lora.tools as lora_tools
 
     check_quant(quant)
     path = Path(path)
@@ -170,7 +170,7 @@ def export_gguf(
 
 def _check_base_config(base: str) -> None:
     """The architecture refusal from the base's config alone, before any weight is read."""
-    from laptrain.commands.lora_tools import BASE_FIX
+    from laptrain.families.lora.tools import BASE_FIX
     from laptrain.pretrained.loading import config_from_pretrained
 
     llama_metadata.check_config(config_from_pretrained(base, BASE_FIX))

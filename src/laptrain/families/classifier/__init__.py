@@ -1,0 +1,45 @@
+"""The text-classifier family: a transformers sequence classifier (``text_classifier``), the tiny
+BERT built from random weights for the default job (``tiny_bert``), the labelled-text datamodule
+(``text_classification``), ``laptrain predict`` (``predict``) and the smoke build (``smoke``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from laptrain.family import Family, FileRules
+
+
+def _file_rules(datamodule: str) -> FileRules | None:
+    if datamodule != "TextClassificationDataModule":
+        return None
+    from laptrain.data.labelled_files import LABELLED_OPTIONS, read_labelled
+
+    return FileRules(LABELLED_OPTIONS, read_labelled)
+
+
+def _fsdp_layers(module: Any) -> set[type]:
+    from laptrain.model.fsdp_units import transformers_layers
+
+    return transformers_layers(module)
+
+
+def _commands() -> Any:
+    from laptrain.families.classifier import predict
+
+    return predict
+
+
+def _smoke() -> Any:
+    from laptrain.families.classifier import smoke
+
+    return smoke
+
+
+FAMILY = Family(
+    name="classifier",
+    summary="a transformers encoder with a classification head (tiny BERT, MiniLM, SciBERT)",
+    file_rules=_file_rules,
+    fsdp_layers=_fsdp_layers,
+    commands=_commands,
+    smoke=_smoke,
+)

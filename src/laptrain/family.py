@@ -1,0 +1,212 @@
+"""The family contract: what a model family may give laptrain, and how laptrain finds it.
+
+A family is a package whose ``__init__.py`` defines ``FAMILY = Family(...)``. laptrain's own live
+in ``laptrain/families/<name>/`` (classifier, lora, trm); a user's project declares one the same
+way in ``user/<task>/__init__.py``. Nothing here names a family: a module's family is found from
+its ``_target_`` (the first package on its dotted path that defines ``FAMILY``), and the families
+that bring commands or smoke builds of their own are listed through the ``laptrain.families``
+entry point group (``pyproject.toml``), which an installed package of the user's can join too.
+
+Every field but ``name`` and ``summary`` is optional, and every hook is a plain callable. A family
+declares its hooks in its package's ``__init__.py`` as small functions that import the work when
+called, so asking "which family is this ``_target_``?" imports neither torch nor the family's
+module: the launch asks before torch is imported. Only packages on the path are imported, never
+the module that holds the class (docs/model_families.md walks through writing one).
+
+A module without a family (a plain LightningModule, ``laptrain new``'s) is trained with no family
+rule: every question here answers None for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+ENTRY_POINTS = "laptrain.families"
+# a package's __init__.py that declares a family: `FAMILY = ...` or `from .x import FAMILY`
+_DECLARES = re.compile(r"^(FAMILY\s*(:[^=\n]*)?=|from\s+\S+\s+import\s+[^#\n]*\bFAMILY\b)", re.M)
+
+
+@dataclass(frozen=True)
+class FileRules:
+    """How one datamodule's local files are checked before the run folder exists.
+
+    Attributes:
+        options: the datamodule arguments its rules read, with their types.
+        rules: ``rules(files, **options)`` reads and checks the files; raises one line at fault.
+    """
+
+    options: dict[str, type | tuple[type, ...]]
+    rules: Callable[..., Any]
+
+
+class Commands(Protocol):
+    """A family's own ``laptrain`` commands (the module its ``commands`` hook returns)."""
+
+    COMMANDS: Mapping[str, Callable[[Any], int]]  # command name -> run(args) -> exit code
+
+    def add_commands(self, commands: Any) -> None:
+        """Add the commands' parsers to ``laptrain``'s sub-parsers (argparse)."""
+
+
+class SmokeBuilds(Protocol):
+    """A family at smoke-test size (the module its ``smoke`` hook returns): ``build(seed, steps)``
+    (optional ``kind=``/``precision=`` keywords) returns a fresh (module, datamodule);
+    ``predict(module, batch)`` predicts one batch; an optional ``note(kind)`` says what runs."""
+
+    def build(self, seed: int, steps: int, **cell: Any) -> tuple[Any, Any]: ...
+
+    def predict(self, module: Any, batch: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """What one model family gives laptrain; all hooks optional.
+
+    Attributes:
+        name: the family's name (device smoke rows, ``laptrain doctor``'s ``<name> training``).
+        summary: one line saying what it trains (``laptrain preflight`` lists families by it).
+        refuse_precision: ``(device_kind, precision) -> reason | None``: why the family does not
+            train at that precision there; the launch refuses the run with that reason.
+        sizing: ``(cfg, model_cfg) -> (lines, fits)``: the memory forecast ``laptrain
+            preflight`` prints from the composed config alone (no weights loaded).
+        auto_settings: ``(model_cfg, budget_bytes, bf16_supported, say, capacity_bytes=) ->
+            kwargs``: constructor arguments that decide the model config's ``auto`` values on
+            this device, called before the module is built.
+        doctor_check: ``(profile) -> Check``: the check ``laptrain doctor model=<preset>`` runs
+            after its own (``laptrain.model.doctor_check.Check``).
+        file_rules: ``(datamodule_class_name) -> FileRules | None``: how the local files of one
+            of the family's datamodules are checked before the run folder exists.
+        fsdp_layers: ``(built_module) -> classes``: the layer classes ``trainer=fsdp`` wraps as
+            units of their own (None: the root alone).
+        fsdp_refusal: why ``trainer=fsdp`` cannot train the family (one line), or None.
+        manual_optimization: the family's modules step their optimizers themselves (``laptrain
+            why`` then never suggests ``trainer.gradient_clip_val``).
+        commands: ``() -> Commands``: the module of the family's own ``laptrain`` commands.
+        smoke: ``() -> SmokeBuilds``: the module of the family's device smoke build.
+    """
+
+    name: str
+    summary: str
+    refuse_precision: Callable[[str, str], str | None] | None = None
+    sizing: Callable[[Any, Any], tuple[list[str], bool]] | None = None
+    auto_settings: Callable[..., dict[str, Any]] | None = None
+    doctor_check: Callable[[Mapping[str, Any]], Any] | None = None
+    file_rules: Callable[[str], FileRules | None] | None = None
+    fsdp_layers: Callable[[Any], set[type]] | None = None
+    fsdp_refusal: str | None = None
+    manual_optimization: bool = False
+    commands: Callable[[], Commands] | None = None
+    smoke: Callable[[], SmokeBuilds] | None = None
+
+    def refusal(self, device_kind: str, precision: str) -> str | None:
+        """Why this family does not train at ``precision`` on ``device_kind`` (None: it does)."""
+        return (
+            None if self.refuse_precision is None else self.refuse_precision(device_kind, precision)
+        )
+
+
+def _declaring_package(parts: list[str]) -> str | None:
+    """The first package on the dotted path ``parts`` (the last part, the class, left out) whose
+    ``__init__.py`` assigns or imports ``FAMILY``, found on disk: nothing is imported to find it, so a
+    ``_target_`` in torch or any other library costs a file lookup, not an import."""
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: imports nothing
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    name, locations, init = (
+        parts[0],
+        [Path(p) for p in spec.submodule_search_locations],
+        spec.origin,
+    )
+    for part in parts[1:-1] + [None]:
+        if (
+            init
+            and init.endswith("__init__.py")
+            and _DECLARES.search(Path(init).read_text("utf-8"))
+        ):
+            return name
+        if part is None:
+            return None
+        locations = [loc / part for loc in locations if (loc / part).is_dir()]
+        if not locations:
+            return None
+        found = [loc / "__init__.py" for loc in locations if (loc / "__init__.py").is_file()]
+        name, init = f"{name}.{part}", str(found[0]) if found else None
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def family_of_target(target: object) -> Family | None:
+    """The family of a ``_target_`` (a module's or a datamodule's): the ``FAMILY`` of the first
+    package on its dotted path that defines one, or None. Only that package is imported, never the
+    module holding the class; a package that fails to import answers None (instantiating the
+    target reports the error in full)."""
+    package = _declaring_package(str(target).split("."))
+    if package is None:
+        return None
+    try:
+        found = getattr(importlib.import_module(package), "FAMILY", None)
+    except Exception:
+        return None
+    return found if isinstance(found, Family) else None
+
+
+def family_of(config: Mapping[str, Any] | None) -> Family | None:
+    """The family of a ``model`` (or ``data``) config, by its ``_target_``; None without one."""
+    if not isinstance(config, Mapping):
+        return None
+    target = config.get("_target_")
+    return None if target is None else family_of_target(str(target))
+
+
+def family_of_module(module: object) -> Family | None:
+    """The family of a built module: that of its class or of the nearest base class with one."""
+    for cls in type(module).__mro__:
+        found = family_of_target(f"{cls.__module__}.{cls.__qualname__}")
+        if found is not None:
+            return found
+    return None
+
+
+def family_of_preset(name: str | None, conf: Path) -> Family | None:
+    """The family of ``conf/model/<name>.yaml``, or None (no such preset, or no family)."""
+    if not name:
+        return None
+    path = conf / "model" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return family_of(OmegaConf.to_container(OmegaConf.load(path)))  # type: ignore[arg-type]
+
+
+def installed_families() -> list[Family]:
+    """The families installed packages list under the ``laptrain.families`` entry points
+    (laptrain's own, and any other package's), in name order; an entry that fails to load is
+    left out (its package is broken, which its own import reports)."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, Family] = {}
+    for point in entry_points(group=ENTRY_POINTS):
+        try:
+            family = point.load()
+        except Exception:
+            continue
+        if isinstance(family, Family):
+            found.setdefault(family.name, family)
+    return [found[name] for name in sorted(found)]
+
+
+def commands_of(families: list[Family]) -> list[ModuleType]:
+    """The modules of the families' own commands, imported now."""
+    return [f.commands() for f in families if f.commands is not None]  # type: ignore[misc]
