@@ -19,7 +19,6 @@ rule: every question here answers None for it.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import re
@@ -145,7 +144,6 @@ def _declaring_package(parts: list[str]) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=256)
 def family_of_target(target: object) -> Family | None:
     """The family of a ``_target_`` (a module's or a datamodule's): the ``FAMILY`` of the first
     package on its dotted path that defines one, or None. Only that package is imported, never the

@@ -24,13 +24,13 @@ def _fsdp_layers(module: Any) -> set[type]:
 
 
 def _commands() -> Any:
-    from laptrain.families.classifier import predict
+    from . import predict
 
     return predict
 
 
 def _smoke() -> Any:
-    from laptrain.families.classifier import smoke
+    from . import smoke
 
     return smoke
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from laptrain.families.classifier.tiny_bert import tiny_bert_backbone
 from laptrain.model.smoke_data import (
     RowsData,
     TokenRows,
@@ -16,6 +15,8 @@ from laptrain.model.smoke_data import (
     smoke_checkpointing,
     smoke_fused,
 )
+
+from .tiny_bert import tiny_bert_backbone
 
 PRESET = "tiny_classifier"
 BATCH, LENGTH, VOCAB = 8, 16, 64

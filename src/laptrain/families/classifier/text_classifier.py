@@ -21,11 +21,12 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from laptrain.families.classifier.first_token import first_token_only
 from laptrain.model.checkpointing import parse_setting, replay_device_rng, switch_on
 from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.model.fsdp_units import inner_state_dict
 from laptrain.pretrained.loading import Source, load_pretrained_model
+
+from .first_token import first_token_only
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
 
