@@ -105,3 +105,31 @@ def test_laptrain_bench_imports_user_code_from_the_clone(clone_as_project, capsy
     assert code == 0, out.err[-2000:]
     assert "laptrain bench (4 timed steps, cpu" in out.out
     assert sys.modules["user.my_task.model"].__file__.startswith(str(clone_as_project))
+
+
+def test_a_family_in_the_project_s_user_folder_brings_its_own_command(clone_as_project, capsys):
+    """``FAMILY.commands`` in ``user/<task>/__init__.py``: ``laptrain`` lists and runs the
+    command as it does laptrain's own families' (``predict``, ``export``)."""
+    greet = clone_as_project / "user" / "greet"
+    greet.mkdir()
+    (greet / "__init__.py").write_text(
+        "from laptrain.family import Family\n\n\n"
+        "def _commands():\n"
+        "    from . import commands\n\n"
+        "    return commands\n\n\n"
+        "FAMILY = Family(name='greet', summary='says hello', commands=_commands)\n"
+    )
+    (greet / "commands.py").write_text(
+        "def hello(args):\n"
+        "    print(f'hello {args.who}')\n"
+        "    return 0\n\n\n"
+        "def add_commands(commands):\n"
+        "    parser = commands.add_parser('hello', help='say hello to someone')\n"
+        "    parser.add_argument('who')\n\n\n"
+        "COMMANDS = {'hello': hello}\n"
+    )
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "say hello to someone" in capsys.readouterr().out
+    assert cli.main(["hello", "world"]) == 0
+    assert capsys.readouterr().out == "hello world\n"

@@ -11,7 +11,9 @@ Every field but ``name`` and ``summary`` is optional, and every hook is a plain 
 declares its hooks in its package's ``__init__.py`` as small functions that import the work when
 called, so asking "which family is this ``_target_``?" imports neither torch nor the family's
 module: the launch asks before torch is imported. Only packages on the path are imported, never
-the module that holds the class (docs/model_families.md walks through writing one).
+the module that holds the class (docs/model_families.md walks through writing one). A family's
+own commands reach ``laptrain`` from an installed package's entry point or from the project's
+``user/<task>/`` package.
 
 A module without a family (a plain LightningModule, ``laptrain new``'s) is trained with no family
 rule: every question here answers None for it.
@@ -25,7 +27,6 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Protocol
 
 ENTRY_POINTS = "laptrain.families"
@@ -188,23 +189,25 @@ def family_of_preset(name: str | None, conf: Path) -> Family | None:
     return family_of(OmegaConf.to_container(OmegaConf.load(path)))  # type: ignore[arg-type]
 
 
-def installed_families() -> list[Family]:
+def installed_families(project: Path | None = None) -> list[Family]:
     """The families installed packages list under the ``laptrain.families`` entry points
-    (laptrain's own, and any other package's), in name order; an entry that fails to load is
-    left out (its package is broken, which its own import reports)."""
+    (laptrain's own, and any other package's) and, given a project's root (on ``sys.path``), those
+    its ``user/<task>/__init__.py`` declare; in name order, the first of a name kept. One that
+    fails to load is left out (its package is broken, which its own import reports)."""
     from importlib.metadata import entry_points
 
+    loaders: list[Callable[[], Any]] = [point.load for point in entry_points(group=ENTRY_POINTS)]
+    if project is not None:
+        for init in sorted((project / "user").glob("*/__init__.py")):
+            if _DECLARES.search(init.read_text("utf-8")):
+                name = f"user.{init.parent.name}"
+                loaders.append(lambda name=name: importlib.import_module(name).FAMILY)
     found: dict[str, Family] = {}
-    for point in entry_points(group=ENTRY_POINTS):
+    for load in loaders:
         try:
-            family = point.load()
+            family = load()
         except Exception:
             continue
         if isinstance(family, Family):
             found.setdefault(family.name, family)
     return [found[name] for name in sorted(found)]
-
-
-def commands_of(families: list[Family]) -> list[ModuleType]:
-    """The modules of the families' own commands, imported now."""
-    return [f.commands() for f in families if f.commands is not None]  # type: ignore[misc]

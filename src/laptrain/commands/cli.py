@@ -374,11 +374,11 @@ PARSERS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def family_commands() -> list[Commands]:
-    """The modules of the installed families' own commands (each ``FAMILY.commands``: ``predict``
-    for the classifier, ``export``/``generate``/``eval`` for LoRA, or an installed package's), in
-    family-name order; ``laptrain --help`` lists them after laptrain's own."""
-    return [f.commands() for f in installed_families() if f.commands is not None]
+def family_commands(project: Path | None = None) -> list[Commands]:
+    """The modules of the families' own commands (each ``FAMILY.commands``: ``predict`` for the
+    classifier, ``export``/``generate``/``eval`` for LoRA, an installed package's, or one in the
+    project's ``user/``), in family-name order; ``laptrain --help`` lists them after laptrain's."""
+    return [f.commands() for f in installed_families(project) if f.commands is not None]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -426,8 +426,9 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Every subcommand's arguments; ``COMMANDS`` maps each name to its function."""
+def build_parser(families: list[Commands] | None = None) -> argparse.ArgumentParser:
+    """Every subcommand's arguments (``families``: whose commands to add; default: the installed
+    families'); ``COMMANDS`` maps each name to its function."""
     parser = Parser(
         prog="laptrain",
         description="laptrain: train, inspect and use runs (docs/cli.md)",
@@ -445,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for add in PARSERS.values():
         add(commands)
-    for family in family_commands():
+    for family in family_commands() if families is None else families:
         family.add_commands(commands)
     return parser
 
@@ -464,24 +465,27 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-def import_from_clone() -> None:
+def import_from_clone() -> Path | None:
     """Puts the clone's root first on ``sys.path``, where ``python train.py`` has it (Python adds
     a script's folder): a preset's ``_target_: user.<name>...`` then imports in ``laptrain train``,
     ``bench`` and ``doctor`` too, whose console script's folder is the venv's ``bin/``
-    (docs/your_model.md). Outside a clone nothing changes."""
+    (docs/your_model.md). Returns the clone's root, whose ``user/`` families may bring commands;
+    outside a clone nothing changes (None)."""
     try:
-        root = str(project_root())
+        root = project_root()
     except ProjectNotFound:
-        return
-    if root not in sys.path:
-        sys.path.insert(0, root)
+        return None
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return root
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    import_from_clone()
+    families = family_commands(import_from_clone())
+    args = build_parser(families).parse_args(argv)
+    commands = {**COMMANDS, **{n: run for f in families for n, run in f.COMMANDS.items()}}
     try:
-        return COMMANDS[args.command](args)
+        return commands[args.command](args)
     except ProjectNotFound as err:  # a plain `pip install .` run outside the clone
         print(f"error: {err}", file=sys.stderr)
         return 2
