@@ -1,5 +1,4 @@
-"""The ``laptrain`` command line and what its sub-commands do: ``doctor``, ``bench``, ``fetch``,
-``predict``, ``preflight``, ``runs`` (list, ``compare``, ``clean``), ``why``, and the LoRA tools
-(``lora_cli.py``, their arguments; ``lora_tools.py``, their work). ``predict.py`` and
-``lora_cli.py`` are the classifier's and the LoRA family's own commands: their registry entries
-name them (``tools``), and ``cli.py`` adds what they declare."""
+"""The ``laptrain`` command line and what its own sub-commands do: ``doctor``, ``bench``,
+``fetch``, ``preflight``, ``runs`` (list, ``compare``, ``clean``), ``why``, ``new``. A family's
+own commands (the classifier's ``predict``, LoRA's ``export``/``generate``/``eval``) live in its
+wing, and ``cli.py`` adds what its ``FAMILY.commands`` declares."""

@@ -1,7 +1,7 @@
 """The argument every ``laptrain`` command that reads a run declares: the run, by the name
 ``laptrain runs`` prints or by its folder, and ``--root``, where names are looked up
 (:func:`laptrain.run_folder.listing.resolve_run`). Shared by the CLI's own commands
-(``laptrain/commands/cli.py``) and the families' (their registry entry's ``tools``)."""
+(``laptrain/commands/cli.py``) and the families' (their ``FAMILY.commands``)."""
 
 from __future__ import annotations
 

@@ -370,8 +370,8 @@ def run_doctor(
     pressure: PressureSource | None = None,
 ) -> Report:
     """Run every check; nothing here raises. ``family``: the family of the model named
-    (``model=<preset>``), whose own check (its registry entry's ``doctor_check``, named
-    ``<family> training``) runs after the tiny classifier's. ``battery``, ``pressure``:
+    (``model=<preset>``), whose own check (its ``FAMILY.doctor_check``, named
+    ``<family> training``) runs after the generic training check. ``battery``, ``pressure``:
     injectable readers (None = the OS)."""
     environ = dict(os.environ if environ is None else environ)
     machine = machine or detect_machine()

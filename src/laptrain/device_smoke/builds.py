@@ -9,7 +9,7 @@ asked of the same family, the rule the launch applies. A new family is picked up
 ``benchmarks/device_smoke.py`` from its ``FAMILY`` alone.
 
 A smoke build may take the device and precision of the cell (``build(seed, steps, kind=...,
-precision=...)``: the registry's builds read their preset and decide from them whether AdamW is
+precision=...)``: laptrain's builds read their preset and decide from them whether AdamW is
 fused and the LoRA base bfloat16), and its module may have ``note(kind)``, the line of the table's
 legend that says what the cells run.
 """
@@ -32,7 +32,7 @@ Predict = Callable[[pl.LightningModule, Any], torch.Tensor]
 
 @dataclass(frozen=True)
 class SmokeBuild:
-    """One model family at smoke-test size (its registry entry's ``smoke`` module).
+    """One model family at smoke-test size (the module its ``FAMILY.smoke`` returns).
 
     Attributes:
         name: the row label in the table.
@@ -41,7 +41,7 @@ class SmokeBuild:
             that takes ``kind`` and ``precision`` keywords gets the cell's (see :meth:`make`).
         predict: ``predict(module, batch)`` -> predictions for one validation batch (on the device).
         refuse: ``refuse(device_kind, precision)`` -> why the family does not run there, or None
-            (default: the registry's rule for ``name``).
+            (default: the family's rule for ``name``).
         callbacks: extra callbacks the family trains with (its ``configure_callbacks`` are added
             by Lightning itself).
         note: ``note(device_kind)`` -> one line of what the cells run (preset, optimizer, dtypes,
@@ -70,7 +70,7 @@ class SmokeBuild:
 
     def refusal(self, kind: str, precision: str) -> str | None:
         """Why this family does not run at ``precision`` on ``kind``, or None (a family the
-        registry does not know has no rule of its own unless ``refuse`` gives one)."""
+        installed families do not list has no rule of its own unless ``refuse`` gives one)."""
         if self.refuse is not None:
             return self.refuse(kind, precision)
         family = next((f for f in installed_families() if f.name == self.name), None)

@@ -145,7 +145,7 @@ def check_device(
 ) -> str:
     """The first check of every run: the device the trainer is asked for exists here and can run
     the precision asked for (preflight on or off), ``trainer.devices`` is a value Lightning takes
-    on it, and the model's family trains at it (the family registry's rule). Returns the precision
+    on it, and the model's family trains at it (its FAMILY's rule). Returns the precision
     in Lightning's spelling; a precision that runs but is unmeasured gets one warning."""
     kind = device_kind(requested_accelerator(cfg))
     probe = probe or TorchProbe(kind)

@@ -1,7 +1,7 @@
 """What a ``laptrain doctor`` check returns (:class:`Check`) and the quiet few-step Trainer the
 training checks fit on: shared by the doctor's own checks (``laptrain/commands/doctor.py``) and a
-family's check, which the registry names (``ModelFamily.doctor_check``) and which lives in the
-family's package, on this floor."""
+family's own check (``Family.doctor_check``, laptrain.family), which lives in the family's
+package."""
 
 from __future__ import annotations
 

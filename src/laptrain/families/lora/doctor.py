@@ -1,5 +1,5 @@
-"""``laptrain doctor model=<a LoRA preset>``'s own check, ``lora training`` (the registry entry's
-``doctor_check``): three LoRA steps of a tiny Llama with gradient checkpointing on the profile's
+"""``laptrain doctor model=<a LoRA preset>``'s own check, ``lora training`` (its
+``FAMILY.doctor_check``): three LoRA steps of a tiny Llama with gradient checkpointing on the profile's
 device, after the doctor's own checks pass."""
 
 from __future__ import annotations

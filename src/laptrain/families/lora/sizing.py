@@ -1,5 +1,5 @@
 """The LoRA family's memory estimate from the base's ``config.json`` alone (no weights): its
-registry entry's ``sizing`` hook, which ``laptrain preflight`` (``laptrain/preflight/from_config.py``)
+``FAMILY.sizing`` hook, which ``laptrain preflight`` (``laptrain/preflight/from_config.py``)
 calls for a causal-LM LoRA config (``CausalLMLoRAModule``, DPO's too).
 
 Parameters are counted on the meta device, and the saved-for-backward bytes are measured on a
@@ -8,10 +8,7 @@ at short lengths on CPU, then extrapolated in length (``laptrain.preflight.activ
 depth (the per-layer parts times layers / 2). The sum follows ``laptrain.preflight.estimate``: the
 frozen base in its own dtype, the adapters in fp32 with their gradients and AdamW state.
 ``benchmarks/lora_throughput.py --preflight`` uses this module too.
-
-It lives on the preflight's floor, not in ``laptrain/families/lora/``: it is built on the preflight's
-estimator (``activations``, ``estimate``), a floor above ``model/``, so the registry names it by
-its dotted path and only ``laptrain preflight`` imports it.
+Only ``laptrain preflight`` and that benchmark import it.
 """
 
 from __future__ import annotations
