@@ -13,8 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from laptrain.data.file_formats import MAX_TEXT_CHARS, DataError
-from laptrain.data.labelled_files import Row, read_labelled, split_rows
 from laptrain.data.precheck import check_data_config
+from laptrain.families.classifier.labelled_files import Row, read_labelled, split_rows
 from tests.conftest import CONF, compose_train, run_train
 from tests.in_process import train_here
 
@@ -250,7 +250,7 @@ def test_train_py_data_check_reads_the_composed_config(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("read again")
 
-    monkeypatch.setattr("laptrain.data.labelled_files.read_labelled", boom)
+    monkeypatch.setattr("laptrain.families.classifier.labelled_files.read_labelled", boom)
     check_data_config(compose_train(good, tmp_path).data)  # stamped: not read again
     train.write_text(train.read_text() + "one more row,sports\n")
     with pytest.raises(AssertionError, match="read again"):  # changed: read again

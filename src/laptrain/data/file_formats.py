@@ -1,7 +1,7 @@
 """Data files by suffix: the one place that knows which suffixes laptrain reads and how each kind of
-file is opened, streamed and parsed, for every kind of row (labelled texts:
-:mod:`laptrain.data.labelled_files`; instruction and preference rows:
-:mod:`laptrain.families.lora.instruction_rows`, :mod:`laptrain.families.lora.preference_rows`).
+file is opened, streamed and parsed, for every kind of row (records as tables:
+:mod:`laptrain.data.tables`, which the classifier's labelled texts read; LoRA's instruction and
+preference rows: ``laptrain/families/lora/instruction_rows.py``, ``preference_rows.py``).
 
 :data:`FORMATS` maps a suffix to its kind (delimited text, JSON, Parquet) and that kind's options;
 :func:`read_by_suffix` calls the reader a kind of rows gives for that kind. A new suffix of a kind

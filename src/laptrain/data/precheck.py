@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from laptrain.data.labelled_files import resolve_files
+from laptrain.data.tables import resolve_files
 from laptrain.family import FileRules, family_of_target
 from laptrain.files import file_digest
 

@@ -12,7 +12,7 @@ from laptrain.family import Family, FileRules
 def _file_rules(datamodule: str) -> FileRules | None:
     if datamodule != "TextClassificationDataModule":
         return None
-    from laptrain.data.labelled_files import LABELLED_OPTIONS, read_labelled
+    from .labelled_files import LABELLED_OPTIONS, read_labelled
 
     return FileRules(LABELLED_OPTIONS, read_labelled)
 

@@ -153,8 +153,8 @@ class Classifier:
 def read_texts(path: str | Path, column: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of a data file and the texts in ``column``; one-line errors. Every format
     training reads (CSV, TSV, JSON, JSONL, Parquet, by suffix), through the data module's own
-    reader (:func:`laptrain.data.labelled_files.read_table`)."""
-    from laptrain.data.labelled_files import read_table
+    reader (:func:`laptrain.data.tables.read_table`)."""
+    from laptrain.data.tables import read_table
 
     path = Path(path)
     if not path.is_file():

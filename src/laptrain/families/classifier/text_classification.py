@@ -28,20 +28,16 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from laptrain.data.collate import PadCollator, padded_length
-from laptrain.data.labelled_files import (
-    LabelledSplits,
-    Table,
-    check_fractions,
-    read_labelled,
-    resolve_files,
-)
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader, replicas_of
 from laptrain.data.splits import check_train_fraction, train_subset
+from laptrain.data.tables import Table, check_fractions, resolve_files
 from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_wordpiece
 from laptrain.data.workers import WorkerInit, worker_context
 from laptrain.files import file_digest, fsync_dir, fsync_file, pid_alive
 
-CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.data.labelled_files
+from .labelled_files import LabelledSplits, read_labelled
+
+CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.families.classifier.labelled_files
 
 
 META = "meta.json"
@@ -183,7 +179,7 @@ def _check_reading(
 class TextClassificationDataModule(pl.LightningDataModule):
     """Texts with one label each, split into train / val / test.
 
-    Rows are read and checked by ``laptrain.data.labelled_files`` (the same rules train.py applies
+    Rows are read and checked by ``laptrain.families.classifier.labelled_files`` (the same rules train.py applies
     before the run folder exists), so bad data is one line naming the file, the row and the fix.
 
     Args:
@@ -314,7 +310,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         }
 
     def read_splits(self, files: dict[str, Path] | None) -> LabelledSplits:
-        """Texts and label ids per split, checked (``laptrain.data.labelled_files``)."""
+        """Texts and label ids per split, checked (``laptrain.families.classifier.labelled_files``)."""
         return read_labelled(
             files,
             text_column=self.text_column,

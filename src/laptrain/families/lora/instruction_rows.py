@@ -24,14 +24,14 @@ from laptrain.data.file_formats import (
     read_parquet,
     read_text,
 )
-from laptrain.data.labelled_files import (
+from laptrain.data.splits import assign_splits
+from laptrain.data.tables import (
     SPLIT_ALIASES,
     SPLIT_OPTIONS,
     check_fractions,
     check_train_and_val,
     resolve_files,
 )
-from laptrain.data.splits import assign_splits
 
 ROLES = ("system", "user", "assistant")
 # The arguments the file check before the run reads (laptrain.data.precheck), with their types.
