@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from laptrain.device_smoke.builds import SMOKE_BUILDS
-from laptrain.device_smoke.smoke import (
+from laptrain.device_smoke.cells import (
     detect_device,
     header_lines,
     legend_lines,

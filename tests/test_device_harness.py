@@ -17,8 +17,8 @@ import torch
 
 from laptrain.callbacks.ema import EMA
 from laptrain.device_smoke.builds import SMOKE_BUILDS
+from laptrain.device_smoke.cells import smoke_fit
 from laptrain.device_smoke.placement import PlacementCheck, placement_errors
-from laptrain.device_smoke.smoke import smoke_fit
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE_BUILDS))

@@ -17,7 +17,7 @@ from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.device_smoke import builds
 from laptrain.device_smoke.builds import SMOKE_BUILDS, SmokeBuild
-from laptrain.device_smoke.smoke import PRECISIONS_BY_DEVICE, run_cell, smoke_fit
+from laptrain.device_smoke.cells import PRECISIONS_BY_DEVICE, run_cell, smoke_fit
 from laptrain.hardware.probe import TorchProbe
 from laptrain.launch.device import without_unsafe_fused
 from laptrain.model import smoke_data

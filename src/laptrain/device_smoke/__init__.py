@@ -6,6 +6,6 @@ package imports it, the benchmark and the tests do).
   ``laptrain/families/<family>/smoke.py``), with its precision rule.
 - :mod:`laptrain.device_smoke.placement`: every tensor a module or callback keeps must sit on the
   parameters' device, in a dtype consistent with theirs.
-- :mod:`laptrain.device_smoke.smoke`: a few steps, save, resume and predict per family and
+- :mod:`laptrain.device_smoke.cells`: a few steps, save, resume and predict per family and
   precision, as a markdown table.
 """
