@@ -92,6 +92,13 @@ def run_rank(
                 cb.on_train_batch_end(trainer, None, None, None, batch_idx)
 
 
+def end_fit(trainer: RankTrainer) -> None:
+    """The callbacks' ``on_train_end`` then ``on_fit_end``, as Lightning calls them after a fit."""
+    for hook in ("on_train_end", "on_fit_end"):
+        for cb in list(trainer.callbacks):
+            getattr(cb, hook)(trainer, None)
+
+
 def two_ranks(
     make: Callable[[int], Callback],
     batches: int,

@@ -100,6 +100,8 @@ def put_stop_in_place(trainer: pl.Trainer) -> None:
         return
     if stop.pending and trainer.is_global_zero and stop.path:
         move_into_place(stop.side_path, stop.path)
+    if stop.pending:  # the other ranks exit only once it is in place (rank 0 then requeues)
+        trainer.strategy.barrier("stop checkpoint in place")
     stop.pending = False
 
 
