@@ -93,8 +93,12 @@ def test_submitits_signal_stops_at_a_step_boundary_then_submitit_requeues(tmp_pa
     ``last.ckpt``. Now the step finishes, ``last.ckpt`` is written, fit ends, and only then is
     the signal handed to submitit's handler, which pickles the job again and requeues it."""
     handler, paths, calls = submitit_job
-    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"))
-    trainer = quiet_trainer(max_steps=50, callbacks=[stop, SignalAtStep(5, signum=signal.SIGUSR2)])
+    stop = GracefulStop()
+    trainer = quiet_trainer(
+        last_ckpt=tmp_path / "ckpt" / "last.ckpt",
+        max_steps=50,
+        callbacks=[stop, SignalAtStep(5, signum=signal.SIGUSR2)],
+    )
     trainer.fit(BoringModel())
     assert calls == []  # nothing requeued from inside the step
     assert stop.signal_received == signal.SIGUSR2 and trainer.global_step == 6
@@ -116,9 +120,7 @@ def test_the_other_ranks_leave_fit_only_after_rank_0_put_the_stop_in_place(tmp_p
 
     clock = iter(float(s) for s in range(0, 10**6, 10))
     trainers, _ = two_ranks(
-        lambda rank: SessionBudget(
-            max_minutes=1, ckpt_path=str(tmp_path / "last.ckpt"), clock=lambda: next(clock)
-        ),
+        lambda rank: SessionBudget(max_minutes=1, clock=lambda: next(clock)),
         batches=10,
     )
 
