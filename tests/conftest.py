@@ -154,10 +154,13 @@ def run_train(
     )
 
 
-def quiet_trainer(**overrides: Any) -> pl.Trainer:
+def quiet_trainer(last_ckpt: str | Path | None = None, **overrides: Any) -> pl.Trainer:
     """A Trainer that prints and writes nothing of its own: no progress bar, model summary, logger
-    or checkpoints. Each test passes what it exercises (``enable_checkpointing=True``, a logger)."""
+    or checkpoints. Each test passes what it exercises (``enable_checkpointing=True``, a logger);
+    ``last_ckpt``: where its stops and saves write ``last.ckpt``, as the job's ``paths.last_ckpt``."""
     import lightning.pytorch as pl
+
+    from laptrain.checkpoints.stop import use_last_checkpoint
 
     quiet = {
         "logger": False,
@@ -165,4 +168,6 @@ def quiet_trainer(**overrides: Any) -> pl.Trainer:
         "enable_model_summary": False,
         "enable_checkpointing": False,
     }
-    return pl.Trainer(**{**quiet, **overrides})
+    trainer = pl.Trainer(**{**quiet, **overrides})
+    use_last_checkpoint(trainer, last_ckpt)
+    return trainer

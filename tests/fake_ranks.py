@@ -18,6 +18,8 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
+from laptrain.checkpoints.stop import use_last_checkpoint
+
 Collective = tuple[int, str]
 
 
@@ -61,6 +63,7 @@ class RankTrainer:
         self.callbacks = list(callbacks)
         self.fit_loop = SimpleNamespace(_data_fetcher=None)
         self.strategy = RankStrategy(rank, wire, self)
+        use_last_checkpoint(self, "unused/last.ckpt")  # as the job does; nothing is written
 
     def save_checkpoint(self, filepath: str, weights_only: bool = False) -> None:
         """Lightning's ends in ``strategy.barrier`` (lightning/pytorch/trainer/trainer.py:1465)."""
@@ -90,6 +93,13 @@ def run_rank(
                 before_batch_end(trainer)
             for cb in trainer.callbacks:
                 cb.on_train_batch_end(trainer, None, None, None, batch_idx)
+
+
+def end_fit(trainer: RankTrainer) -> None:
+    """The callbacks' ``on_train_end`` then ``on_fit_end``, as Lightning calls them after a fit."""
+    for hook in ("on_train_end", "on_fit_end"):
+        for cb in list(trainer.callbacks):
+            getattr(cb, hook)(trainer, None)
 
 
 def two_ranks(

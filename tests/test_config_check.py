@@ -146,23 +146,3 @@ def test_train_py_refuses_bad_input_in_one_line_before_any_work_and_writes_no_ru
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
     assert not (tmp_path / "escaped").exists()  # run_name=../escaped: nothing beside outputs/
-
-
-def test_a_guard_checkpoint_path_of_the_old_configs_is_refused_naming_the_key_to_delete(tmp_path):
-    """Every stop writes paths.last_ckpt (laptrain/checkpoints/last.py): a guard's own path key,
-    from a user's YAML or from argv, is one line naming it, exit 2, before any work."""
-    from laptrain.checkpoints.last import refuse_guard_paths
-    from laptrain.config.check import compose_argv
-
-    conf = tmp_path / "conf"
-    shutil.copytree(CONF, conf)
-    path = conf / "callbacks" / "session_budget.yaml"
-    path.write_text(path.read_text() + "  ckpt_path: ${paths.last_ckpt}\n")
-    with pytest.raises(ConfigError, match=r"^callbacks.session_budget.ckpt_path: delete this key"):
-        refuse_guard_paths(compose_argv(["train.py"], str(conf)).callbacks)
-
-    result = train_here(["hardware=cpu", "+callbacks.graceful_stop.dirpath=elsewhere"], tmp_path)
-    assert result.returncode == 2, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "callbacks.graceful_stop.dirpath: delete this key" in errors[0]
-    assert not (tmp_path / "outputs").exists()

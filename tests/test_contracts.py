@@ -50,7 +50,7 @@ class Pauses:
 
 def test_the_laptrain_callbacks_meet_their_contracts(tmp_path):
     assert isinstance(SessionBudget(), StopsRun) and isinstance(MemoryMonitor(), StopsRun)
-    assert isinstance(GracefulStop(str(tmp_path)), StopsOnSignal)
+    assert isinstance(GracefulStop(), StopsOnSignal)
     for guard, section in ((MemoryMonitor(), "memory"), (ThermalGuard(), "thermal")):
         assert isinstance(guard, Reports) and isinstance(guard, PlotsPoints)
         assert guard.report_section == section
@@ -59,7 +59,7 @@ def test_the_laptrain_callbacks_meet_their_contracts(tmp_path):
 
 
 def test_stop_reason_and_signal_read_any_callback_with_the_attribute(tmp_path):
-    guard, stop = Pauses(), GracefulStop(str(tmp_path))
+    guard, stop = Pauses(), GracefulStop()
     callbacks = [object(), guard, stop]
     assert stop_reason(callbacks) is None and signal_stop(callbacks) is None
     guard.stop_reason, stop.signal_received = "swap", signal.SIGTERM

@@ -40,9 +40,10 @@ class Saves(pl.Callback):
 
 
 def test_signal_stops_at_a_batch_boundary_with_a_checkpoint(tmp_path):
-    stop = GracefulStop(dirpath=str(tmp_path))
+    stop = GracefulStop()
     before = signal.getsignal(signal.SIGTERM)
     trainer = quiet_trainer(
+        last_ckpt=tmp_path / "last.ckpt",
         max_steps=50,
         callbacks=[stop, SignalAtStep(5)],
     )
@@ -54,8 +55,9 @@ def test_signal_stops_at_a_batch_boundary_with_a_checkpoint(tmp_path):
 
 
 def test_fit_end_leaves_last_ckpt_even_between_periodic_saves(tmp_path):
-    stop = GracefulStop(dirpath=str(tmp_path))
+    stop = GracefulStop()
     trainer = quiet_trainer(
+        last_ckpt=tmp_path / "last.ckpt",
         max_steps=7,
         callbacks=[stop],
     )
@@ -82,49 +84,51 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     assert (torch.rand(1).item(), random.random(), np.random.rand()) == expected
 
 
-def fit_with(stop, *callbacks, max_steps=12):
+def fit_with(folder, stop, *callbacks, max_steps=12):
     saves = Saves()
     before = signal.getsignal(signal.SIGINT)
-    trainer = quiet_trainer(max_steps=max_steps, callbacks=[stop, *callbacks, saves])
+    trainer = quiet_trainer(
+        last_ckpt=folder / "last.ckpt", max_steps=max_steps, callbacks=[stop, *callbacks, saves]
+    )
     trainer.fit(BoringModel())
     assert signal.getsignal(signal.SIGINT) == before
     return trainer, saves.steps
 
 
 def test_first_ctrl_c_saves_at_the_boundary_and_training_goes_on(tmp_path, capsys):
-    stop = GracefulStop(dirpath=str(tmp_path))
-    trainer, saves = fit_with(stop, SignalAtStep(4, signum=signal.SIGINT))
+    stop = GracefulStop()
+    trainer, saves = fit_with(tmp_path, stop, SignalAtStep(4, signum=signal.SIGINT))
     assert stop.signal_received is None and trainer.global_step == 12
     assert stop.saved_on_request == [5] and saves == [5, 12]  # that batch's end, then fit's end
     assert "Ctrl-C: saved step 5 to" in capsys.readouterr().out
 
 
 def test_a_double_ctrl_c_stops_at_that_batch_as_before(tmp_path):
-    stop = GracefulStop(dirpath=str(tmp_path))
-    trainer, saves = fit_with(stop, SignalAtStep(4, signum=signal.SIGINT, times=2))
+    stop = GracefulStop()
+    trainer, saves = fit_with(tmp_path, stop, SignalAtStep(4, signum=signal.SIGINT, times=2))
     assert stop.signal_received == signal.SIGINT and trainer.global_step == 5
     assert stop.saved_on_request == [] and saves == [5]
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 5
 
 
 def test_a_second_ctrl_c_stops_within_the_window_and_checkpoints_again_after_it(tmp_path):
-    stop = GracefulStop(dirpath=str(tmp_path), second_ctrl_c_s=60)
-    trainer, _ = fit_with(stop, SignalAtStep(3, 7, signum=signal.SIGINT))
+    stop = GracefulStop(second_ctrl_c_s=60)
+    trainer, _ = fit_with(tmp_path, stop, SignalAtStep(3, 7, signum=signal.SIGINT))
     assert stop.saved_on_request == [4] and stop.signal_received == signal.SIGINT
     assert trainer.global_step == 8
 
-    stop = GracefulStop(dirpath=str(tmp_path), second_ctrl_c_s=0)
-    trainer, _ = fit_with(stop, SignalAtStep(3, 7, signum=signal.SIGINT))
+    stop = GracefulStop(second_ctrl_c_s=0)
+    trainer, _ = fit_with(tmp_path, stop, SignalAtStep(3, 7, signum=signal.SIGINT))
     assert stop.saved_on_request == [4, 8] and stop.signal_received is None
     assert trainer.global_step == 12
 
 
 def test_first_ctrl_c_stop_keeps_the_old_behaviour(tmp_path):
-    stop = GracefulStop(dirpath=str(tmp_path), first_ctrl_c="stop")
-    trainer, _ = fit_with(stop, SignalAtStep(4, signum=signal.SIGINT))
+    stop = GracefulStop(first_ctrl_c="stop")
+    trainer, _ = fit_with(tmp_path, stop, SignalAtStep(4, signum=signal.SIGINT))
     assert stop.signal_received == signal.SIGINT and trainer.global_step == 5
     with pytest.raises(ValueError, match="first_ctrl_c='ask': choose checkpoint or stop"):
-        GracefulStop(dirpath=str(tmp_path), first_ctrl_c="ask")
+        GracefulStop(first_ctrl_c="ask")
 
 
 class Request(pl.Callback):
@@ -142,8 +146,8 @@ def test_the_request_file_saves_answers_and_goes_on(tmp_path):
     stale = checkpoint_request.request_file(run)
     stale.write_text("{}")  # left by an earlier process: dropped
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    stop = GracefulStop(dirpath=str(run / "checkpoints"), run_dir=str(run), check_every_s=0)
-    trainer, saves = fit_with(stop, Request(run, 6))
+    stop = GracefulStop(run_dir=str(run), check_every_s=0)
+    trainer, saves = fit_with(run / "checkpoints", stop, Request(run, 6))
     assert trainer.global_step == 12 and stop.signal_received is None
     assert saves == [7, 12] and stop.saved_on_request == [7]
     answer = json.loads(checkpoint_request.answer_file(run).read_text())
@@ -154,11 +158,14 @@ def test_the_request_file_saves_answers_and_goes_on(tmp_path):
 def test_a_request_waits_for_the_end_of_a_gradient_accumulation(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    stop = GracefulStop(dirpath=str(run), run_dir=str(run), check_every_s=0)
+    stop = GracefulStop(run_dir=str(run), check_every_s=0)
     saves = Saves()
     request = Request(run, 2)
     trainer = quiet_trainer(
-        max_steps=6, accumulate_grad_batches=3, callbacks=[stop, request, saves]
+        last_ckpt=run / "last.ckpt",
+        max_steps=6,
+        accumulate_grad_batches=3,
+        callbacks=[stop, request, saves],
     )
     trainer.fit(BoringModel())
     # asked in the first batch of step 3's accumulation: saved once step 3 is taken
@@ -191,8 +198,8 @@ def test_the_question_comes_on_a_terminal_only(tmp_path, monkeypatch, capsys):
         "laptrain.callbacks.graceful_stop.ask_to_stop",
         lambda stream, seconds, stopped: asked.append(seconds) or True,
     )
-    stop = GracefulStop(dirpath=str(tmp_path), second_ctrl_c_s=3)
-    trainer, saves = fit_with(stop, SignalAtStep(4, signum=signal.SIGINT))
+    stop = GracefulStop(second_ctrl_c_s=3)
+    trainer, saves = fit_with(tmp_path, stop, SignalAtStep(4, signum=signal.SIGINT))
     assert asked == [3] and "Stop now? (y/N)" in capsys.readouterr().out
     # "y": stopped at that boundary, the checkpoint on request is the stop's (written once)
     assert stop.signal_received == signal.SIGINT and trainer.global_step == 5 and saves == [5]
@@ -218,8 +225,10 @@ def test_no_question_without_a_terminal_or_from_the_background():
 def test_a_request_in_the_batch_of_a_signal_is_answered_by_its_save(tmp_path, signum, steps):
     run = tmp_path / "run"
     run.mkdir()
-    stop = GracefulStop(dirpath=str(run / "checkpoints"), run_dir=str(run), check_every_s=0)
-    trainer, saves = fit_with(stop, Request(run, 6), SignalAtStep(6, signum=signum))
+    stop = GracefulStop(run_dir=str(run), check_every_s=0)
+    trainer, saves = fit_with(
+        run / "checkpoints", stop, Request(run, 6), SignalAtStep(6, signum=signum)
+    )
     assert trainer.global_step == steps and saves[0] == 7
     assert checkpoint_request.read_answer(run)["step"] == 7
     assert not checkpoint_request.request_file(run).exists()

@@ -45,6 +45,7 @@ def fit(
     logger = Mock()
     logger.save_dir = str(tmp_path)
     trainer = quiet_trainer(
+        last_ckpt=tmp_path / "last.ckpt",
         accelerator="cpu",
         max_steps=steps,
         max_epochs=epochs,
@@ -163,7 +164,6 @@ def test_swap_stop_ends_the_run_at_that_step(tmp_path):
         cleanup_on_epoch_end=False,
         on_swap="stop",
         swap_growth_mb=256,
-        ckpt_path=str(tmp_path / "last.ckpt"),
         probe=probe,
     )
     with pytest.warns(UserWarning, match="stopping with a checkpoint"):
@@ -250,7 +250,6 @@ def pressure_monitor(levels, tmp_path, **kwargs) -> MemoryMonitor:
         probe=FakeProbe(kind="mps", readings=[reading()]),
         pressure=FakePressure(levels),
         top_consumers=lambda: TOP,
-        ckpt_path=str(tmp_path / "last.ckpt"),
         **kwargs,
     )
 
@@ -304,7 +303,6 @@ def test_swap_alarm_on_one_rank_makes_the_same_collectives_on_both(swapping_rank
             cleanup_on_epoch_end=False,
             on_swap="stop",
             swap_growth_mb=256,
-            ckpt_path=str(tmp_path / "last.ckpt"),
             probe=FakeProbe(readings=swapping if rank == swapping_rank else quiet),
             use_os_pressure=False,
         )
@@ -338,7 +336,6 @@ def test_pressure_unread_on_rank_0_and_critical_on_rank_1_keeps_the_ranks_togeth
             probe=FakeProbe(readings=[reading()]),
             pressure=FakePressure([None] if rank == 0 else [1, 4]),
             top_consumers=lambda: TOP,
-            ckpt_path=str(tmp_path / "last.ckpt"),
         )
 
     trainers, monitors = two_ranks(make, batches=6)

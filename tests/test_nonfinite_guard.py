@@ -64,9 +64,9 @@ def test_a_nan_loss_stops_before_the_update_and_names_step_checkpoint_and_causes
         max_steps=20,
         enable_checkpointing=True,
         callbacks=[
-            NonFiniteGuard(last_ckpt=str(ckpt / "last.ckpt")),
+            NonFiniteGuard(),
             ModelCheckpoint(dirpath=ckpt, every_n_train_steps=2, save_top_k=0, save_last=True),
-            GracefulStop(dirpath=str(ckpt)),
+            GracefulStop(),
         ],
     )
     with pytest.raises(NonFiniteLoss) as err:

@@ -77,6 +77,7 @@ def fit(guard, tmp_path, steps=6, model=None, callbacks=(), ckpt=None, **kwargs)
     logger = Mock()
     logger.save_dir = str(tmp_path)
     trainer = quiet_trainer(
+        last_ckpt=tmp_path / "ckpt" / "last.ckpt",
         accelerator="cpu",
         max_steps=steps,
         limit_val_batches=0,
@@ -120,7 +121,7 @@ def test_caffeinate_is_ended_after_ctrl_c_graceful_and_abrupt(tmp_path):
     # holder lasts until then
     guard = guard_with()
     seen = HolderSeen(guard)
-    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"), first_ctrl_c="stop")
+    stop = GracefulStop(first_ctrl_c="stop")
 
     def ctrl_c(step):
         if step == 2:
@@ -192,8 +193,8 @@ def test_plugged_in_or_no_battery_stays_quiet(tmp_path, recwarn, caplog):
 def test_low_battery_checkpoints_at_the_boundary_stops_and_the_rerun_continues(tmp_path):
     ckpt = tmp_path / "ckpt"
     script = [HALF, HALF, BatteryReading(30.0, False), BatteryReading(19.0, False)]
-    guard = guard_with(script, check_every_n_steps=2, ckpt_path=str(ckpt / "last.ckpt"))
-    stop = GracefulStop(dirpath=str(ckpt))
+    guard = guard_with(script, check_every_n_steps=2)
+    stop = GracefulStop()
     with pytest.warns(UserWarning, match="Plug in and rerun the same command to resume"):
         trainer, _ = fit(guard, tmp_path, steps=10, callbacks=[stop])
     assert guard.stop_reason == "battery" and trainer.global_step == 4
@@ -203,12 +204,12 @@ def test_low_battery_checkpoints_at_the_boundary_stops_and_the_rerun_continues(t
     assert guard.summary()["stopped_on_battery"] is True
     assert guard.summary()["lowest_percent_on_battery"] == 19.0
 
-    again = guard_with([PLUGGED], ckpt_path=str(ckpt / "last.ckpt"))
+    again = guard_with([PLUGGED])
     trainer, _ = fit(
         again,
         tmp_path,
         steps=10,
-        callbacks=[GracefulStop(dirpath=str(ckpt))],
+        callbacks=[GracefulStop()],
         ckpt=str(ckpt / "last.ckpt"),
     )
     assert again.stop_reason is None and trainer.global_step == 10
@@ -260,13 +261,12 @@ def test_pause_that_drains_the_battery_ends_in_the_battery_stop(tmp_path):
         check_every_n_steps=1,
         pause_on_battery=True,
         pause_check_seconds=60,
-        ckpt_path=str(tmp_path / "last.ckpt"),
     )
     with pytest.warns(UserWarning, match="battery at 15 %"):
         trainer, _ = fit(guard, tmp_path, steps=5)
     assert trainer.global_step == 1 and guard.stop_reason == "battery"
     assert [e["kind"] for e in guard.events] == ["stop", "pause"] and guard.paused_s == 120.0
-    assert (tmp_path / "last.ckpt").exists()
+    assert (tmp_path / "ckpt" / "last.ckpt").exists()
 
 
 def test_report_has_a_power_section_and_battery_points(tmp_path):
@@ -356,7 +356,7 @@ def test_a_battery_probe_failing_on_one_rank_keeps_the_collectives_together(rank
 
     def make(rank: int) -> PowerGuard:
         script = [HALF, HALF, low] if rank == 0 else rank1_script
-        return guard_with(script, check_every_n_steps=2, ckpt_path="unused/last.ckpt")
+        return guard_with(script, check_every_n_steps=2)
 
     trainers, guards = two_ranks(make, batches=6)
     assert trainers[0].strategy.calls == trainers[1].strategy.calls
@@ -383,7 +383,6 @@ def test_a_pause_ends_on_rank_0s_verdict_on_every_rank():
             check_every_n_steps=1,
             pause_on_battery=True,
             pause_check_seconds=10,
-            ckpt_path="unused/last.ckpt",
         )
 
     trainers, guards = two_ranks(make, batches=6)

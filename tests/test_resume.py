@@ -36,9 +36,10 @@ def fit(tmp_path, ckpt_dir, extra=(), ckpt_path=None):
     dm.setup()
     model = TextClassifierModule(backbone=BACKBONE, **dm.model_kwargs())
     trainer = quiet_trainer(
+        last_ckpt=ckpt_dir / "last.ckpt",
         max_steps=30,
         limit_val_batches=0,
-        callbacks=[GracefulStop(dirpath=str(ckpt_dir)), RNGState(), *extra],
+        callbacks=[GracefulStop(), RNGState(), *extra],
     )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return trainer, model

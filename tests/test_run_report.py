@@ -97,8 +97,8 @@ def guards(clock: FakeClock, tmp_path, **budget) -> list:
             sleep=clock.sleep,
         ),
         OOMBackoff(probe=probe),
-        SessionBudget(**budget, ckpt_path=str(tmp_path / "checkpoints" / "last.ckpt"), clock=clock),
-        GracefulStop(dirpath=str(tmp_path / "checkpoints")),
+        SessionBudget(**budget, clock=clock),
+        GracefulStop(),
         # as conf/callbacks/periodic_checkpoint.yaml (it rewrites last.ckpt at train end)
         ModelCheckpoint(
             dirpath=tmp_path / "checkpoints", every_n_train_steps=250, save_top_k=0, save_last=True

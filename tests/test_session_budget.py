@@ -46,7 +46,7 @@ def session(tmp_path, budget, *, max_epochs=3, max_steps=-1, resume=False, clock
     """One process' worth of training with the callbacks run.train uses to save last.ckpt."""
     seed_everything(1)
     model = LoggedModel(clock)
-    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"))  # the run's last.ckpt, for every stop
+    stop = GracefulStop()  # the run's last.ckpt, for every stop
     last = tmp_path / "ckpt" / "last.ckpt"
     # as conf/callbacks/periodic_checkpoint.yaml: its on_train_end rewrites last.ckpt (lightning 2.6)
     periodic = ModelCheckpoint(
@@ -144,7 +144,7 @@ def test_both_ranks_broadcast_every_batch_and_stop_on_rank_0s_clock_and_flag():
             trainer.should_stop = True
 
     def make(rank: int) -> SessionBudget:
-        return SessionBudget(max_minutes=1, ckpt_path="unused/last.ckpt", clock=clocks[rank])
+        return SessionBudget(max_minutes=1, clock=clocks[rank])
 
     trainers, budgets = two_ranks(make, batches=10, before_batch_end=before_batch_end)
     assert trainers[0].strategy.calls == trainers[1].strategy.calls

@@ -20,6 +20,7 @@ from laptrain.callbacks.graceful_stop import (
     submitit_preempt_signal,
 )
 from tests.conftest import quiet_trainer, run_train, tiny_classifier_job
+from tests.fake_ranks import end_fit, two_ranks
 from tests.same_state import assert_same
 from tests.test_graceful_stop import SignalAtStep
 
@@ -92,8 +93,12 @@ def test_submitits_signal_stops_at_a_step_boundary_then_submitit_requeues(tmp_pa
     ``last.ckpt``. Now the step finishes, ``last.ckpt`` is written, fit ends, and only then is
     the signal handed to submitit's handler, which pickles the job again and requeues it."""
     handler, paths, calls = submitit_job
-    stop = GracefulStop(dirpath=str(tmp_path / "ckpt"))
-    trainer = quiet_trainer(max_steps=50, callbacks=[stop, SignalAtStep(5, signum=signal.SIGUSR2)])
+    stop = GracefulStop()
+    trainer = quiet_trainer(
+        last_ckpt=tmp_path / "ckpt" / "last.ckpt",
+        max_steps=50,
+        callbacks=[stop, SignalAtStep(5, signum=signal.SIGUSR2)],
+    )
     trainer.fit(BoringModel())
     assert calls == []  # nothing requeued from inside the step
     assert stop.signal_received == signal.SIGUSR2 and trainer.global_step == 6
@@ -103,6 +108,31 @@ def test_submitits_signal_stops_at_a_step_boundary_then_submitit_requeues(tmp_pa
     hand_over_to_submitit(128 + signal.SIGUSR2)  # what train.py does with the run's exit code
     assert calls == ["requeue 3", "exit"]
     assert paths.submitted_pickle.is_file()  # the job submitit starts again
+
+
+def test_the_other_ranks_leave_fit_only_after_rank_0_put_the_stop_in_place(tmp_path, monkeypatch):
+    """After a stop the ranks leave fit and exit; rank 0 then requeues. A rank that exits before
+    rank 0 has moved the stop's checkpoint over ``last.ckpt`` gets rank 0 killed where the cluster
+    kills a job's other tasks at a bad exit (``KillOnBadExit=1``), with ``last.ckpt`` not in place.
+    So every rank meets rank 0 at a barrier after the move."""
+    from laptrain.callbacks.session_budget import SessionBudget
+    from laptrain.checkpoints import stop as stop_module
+
+    clock = iter(float(s) for s in range(0, 10**6, 10))
+    trainers, _ = two_ranks(
+        lambda rank: SessionBudget(max_minutes=1, clock=lambda: next(clock)),
+        batches=10,
+    )
+
+    def move(source, target) -> None:
+        trainers[0].strategy.calls.append((trainers[0].global_step, "move"))
+
+    monkeypatch.setattr(stop_module, "move_into_place", move)
+    for trainer in trainers:
+        end_fit(trainer)
+    step = trainers[0].global_step
+    assert trainers[0].strategy.calls[-2:] == [(step, "move"), (step, "barrier")]
+    assert trainers[1].strategy.calls[-1] == (step, "barrier")  # waits there for rank 0's move
 
 
 def test_other_stops_are_not_handed_over(submitit_job, monkeypatch):

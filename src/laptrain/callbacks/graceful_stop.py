@@ -37,7 +37,6 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -46,13 +45,14 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from laptrain.checkpoints.last import LAST, last_checkpoint_of
-from laptrain.checkpoints.saves import queue_save, save_last, save_last_unless_current
 from laptrain.checkpoints.stop import (
+    Stops,
     at_clean_boundary,
     end_fit_now,
-    put_stop_in_place,
+    last_checkpoint_of,
+    queue_save,
     request_stop,
+    save_last,
 )
 from laptrain.console import ask_to_stop, relative
 from laptrain.run_folder import checkpoint_request
@@ -106,10 +106,6 @@ class GracefulStop(Callback):
     """Stop at a batch boundary on a signal; checkpoint and go on at a first Ctrl-C or on request.
 
     Args:
-        dirpath, filename: for a Trainer laptrain's job did not build, the run's last checkpoint,
-            ``<dirpath>/<filename>.ckpt`` (ModelCheckpoint's folder, so a rerun resumes from it);
-            the job's runs save to ``paths.last_ckpt`` and refuse these keys in a config
-            (laptrain/checkpoints/last.py).
         run_dir: the run folder, where ``laptrain checkpoint`` leaves its request (None: no
             requests from outside).
         first_ctrl_c: ``checkpoint`` (save, ask, go on) or ``stop``.
@@ -120,21 +116,16 @@ class GracefulStop(Callback):
 
     def __init__(
         self,
-        dirpath: str | None = None,
-        filename: str = LAST,
         run_dir: str | None = None,
         first_ctrl_c: str = "checkpoint",
         second_ctrl_c_s: float = 5.0,
         check_every_s: float = 1.0,
     ) -> None:
-        if not filename:
-            raise ValueError("callbacks.graceful_stop.filename must not be empty")
         if first_ctrl_c not in FIRST_CTRL_C:
             raise ValueError(
                 f"callbacks.graceful_stop.first_ctrl_c={first_ctrl_c!r}: choose "
                 f"{' or '.join(FIRST_CTRL_C)}"
             )
-        self.last_ckpt = str(Path(dirpath) / f"{filename}.ckpt") if dirpath else None
         self.run_dir = run_dir
         self.first_ctrl_c = first_ctrl_c
         self.second_ctrl_c_s = second_ctrl_c_s
@@ -145,7 +136,6 @@ class GracefulStop(Callback):
         self._pending = NO_REQUEST  # agreed by every rank, waiting for a clean boundary
         self._ctrl_c_stops_until = -math.inf  # a Ctrl-C before this monotonic time stops
         self._next_file_check = 0.0
-        self._saved_step: int | None = None
         self._previous: dict[int, Any] = {}
         self._preempt = submitit_preempt_signal()
 
@@ -173,6 +163,7 @@ class GracefulStop(Callback):
         )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        Stops.of(trainer).joined(trainer)  # it counts the saves, for the end-of-fit one
         if self.run_dir and trainer.is_global_zero:
             checkpoint_request.drop_stale_request(self.run_dir)
         # Installed here, after Lightning registered its own SIGTERM handler, so ours is the one used.
@@ -188,12 +179,6 @@ class GracefulStop(Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
-
-    def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict
-    ) -> None:
-        # Every ModelCheckpoint here keeps save_last=True, so any save means last.ckpt is current.
-        self._saved_step = trainer.global_step
 
     def _look_for_request_file(self, trainer: pl.Trainer) -> None:
         """Rank 0 only (another node may not see the run folder), at most every ``check_every_s``."""
@@ -234,7 +219,7 @@ class GracefulStop(Callback):
             return
         if signum is not None:
             self.signal_received = signum
-            # saved beside last.ckpt, moved over it in on_fit_end (laptrain/checkpoints/stop.py)
+            # saved beside last.ckpt, moved over it at the end of fit (laptrain/checkpoints/stop.py)
             if request_stop(trainer, "signal"):  # the stop saves; a Ctrl-C's save is dropped
                 if self._pending == FILE_REQUEST:  # answered once the stop's save is written
                     queue_save(trainer, _SaveOnRequest(self, FILE_REQUEST, trainer))
@@ -297,13 +282,10 @@ class GracefulStop(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.signal_received, request = self._shared(trainer)
         if self.signal_received is None:  # last.ckpt even between two periodic saves
-            save_last_unless_current(trainer, self._saved_step)
+            Stops.of(trainer).save_last_unless_current(trainer)
             if FILE_REQUEST in (request, self._pending):  # fit ended before a clean boundary
                 self._answer(trainer)
         self._restore()
-
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        put_stop_in_place(trainer)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore()

@@ -14,7 +14,7 @@ from typing_extensions import override
 from laptrain.callbacks.contracts import VersionedState
 from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
-from laptrain.checkpoints.stop import put_stop_in_place, request_stop, retry_stop
+from laptrain.checkpoints.stop import request_stop
 from laptrain.hardware.power import (
     PRESSURE_COLOURS,
     PRESSURE_CRITICAL,
@@ -68,9 +68,6 @@ class MemoryMonitor(VersionedState, Callback):
         cleanup_cooldown_steps: at least this many steps between two pressure cleanups.
         on_swap: ``"warn"`` or ``"stop"`` when swap grows by ``swap_growth_mb`` during training.
         on_pressure: ``"warn"`` or ``"stop"`` when the macOS pressure level reaches critical.
-        ckpt_path: for a Trainer laptrain's job did not build, the run's ``last.ckpt``, written at
-            a swap or pressure stop; the job's runs save to ``paths.last_ckpt`` and refuse this
-            key in a config (laptrain/checkpoints/last.py).
         leak_window_steps, leak_mb_per_100_steps: see ``GrowthTrend``.
         probe: device probe; None = the real one for ``trainer.strategy.root_device``.
         pressure: memory-pressure source; None = macOS ``sysctl`` when ``use_os_pressure`` (none
@@ -98,7 +95,6 @@ class MemoryMonitor(VersionedState, Callback):
         swap_growth_mb: float = 256.0,
         leak_window_steps: int = 200,
         leak_mb_per_100_steps: float = 50.0,
-        ckpt_path: str | None = None,
         probe: DeviceProbe | None = None,
         on_pressure: str = "warn",
         pressure: PressureSource | None = None,
@@ -117,7 +113,6 @@ class MemoryMonitor(VersionedState, Callback):
         self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
         self.cleanup_on_epoch_end, self.cleanup_above = cleanup_on_epoch_end, cleanup_above_percent
         self.cooldown, self.on_swap = cleanup_cooldown_steps, on_swap
-        self.last_ckpt = ckpt_path
         self.swap = SwapWatch(swap_growth_mb)
         self.trend = GrowthTrend(leak_window_steps, leak_mb_per_100_steps)
         self.stop_reason: str | None = None
@@ -144,7 +139,6 @@ class MemoryMonitor(VersionedState, Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        retry_stop(trainer, self.stop_reason)  # a stop deferred past a validation happens here
         step = trainer.global_step
         every_n = self.every_n or trainer.log_every_n_steps
         if not self.enabled or step == self._last_step or step % every_n:
@@ -181,10 +175,6 @@ class MemoryMonitor(VersionedState, Callback):
             freed = self.cleanup("epoch end", announce=False)
             for logger in trainer.loggers:
                 logger.log_metrics({"memory/cleanup_freed_mb": freed}, step=trainer.global_step)
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        put_stop_in_place(trainer)
 
     def metrics(self, r: MemoryReading) -> dict[str, float]:
         """The scalars of one reading, named by device kind."""

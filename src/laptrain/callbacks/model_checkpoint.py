@@ -12,12 +12,9 @@ Every other behaviour, option and state key is Lightning's.
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
-from laptrain.checkpoints.saves import save_queued_stops
 from laptrain.checkpoints.stop import ended_at_batch_boundary
 
 
@@ -27,15 +24,7 @@ def stopping_on_purpose(trainer: pl.Trainer) -> bool:
 
 
 class ModelCheckpoint(LightningModelCheckpoint):
-    """``lightning.pytorch.callbacks.ModelCheckpoint`` that skips saving during a laptrain stop,
-    and writes the stop checkpoints asked for in the batch (it runs after every other callback)."""
-
-    def save_queued_stops(self, trainer: pl.Trainer) -> None:
-        save_queued_stops(trainer)
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
-        save_queued_stops(trainer)
-        super().on_train_batch_end(trainer, *args, **kwargs)
+    """``lightning.pytorch.callbacks.ModelCheckpoint`` that skips saving during a laptrain stop."""
 
     def _should_skip_saving_checkpoint(self, trainer: pl.Trainer) -> bool:
         return stopping_on_purpose(trainer) or super()._should_skip_saving_checkpoint(trainer)

@@ -44,7 +44,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from laptrain.callbacks.contracts import VersionedState
 from laptrain.checkpoints.files import checkpoint_step
-from laptrain.checkpoints.last import last_checkpoint_of
+from laptrain.checkpoints.stop import last_checkpoint_of
 
 ACTIONS = ("stop", "skip")
 
@@ -56,9 +56,6 @@ class NonFiniteLoss(ValueError):
 class NonFiniteGuard(VersionedState, Callback):
     """Args:
     action: "stop" or "skip" (see the module doc).
-    last_ckpt: for a Trainer laptrain's job did not build, the run's resume checkpoint, named in
-        the error as the last good state; the job's runs name ``paths.last_ckpt`` and refuse this
-        key in a config (laptrain/checkpoints/last.py).
     check_grads: also check the gradients before each optimizer step (one device sync per step).
     """
 
@@ -67,15 +64,12 @@ class NonFiniteGuard(VersionedState, Callback):
     STATE_RESETS = "the skip count"
     report_section = "nonfinite"
 
-    def __init__(
-        self, action: str = "stop", last_ckpt: str | None = None, check_grads: bool = True
-    ):
+    def __init__(self, action: str = "stop", check_grads: bool = True):
         if action not in ACTIONS:
             raise ValueError(
                 f"callbacks.nonfinite_guard.action={action!r}: choose one of {', '.join(ACTIONS)}"
             )
         self.action = action
-        self.last_ckpt = last_ckpt
         self.check_grads = check_grads
         self.skipped: list[dict[str, Any]] = []
         self.stopped: dict[str, Any] | None = None  # the report's ``stop`` record (module doc)

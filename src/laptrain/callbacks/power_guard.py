@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from laptrain.callbacks.contracts import VersionedState, cooling_s, stop_requested
 from laptrain.callbacks.idle_hooks import skip_hooks
-from laptrain.checkpoints.stop import put_stop_in_place, request_stop, retry_stop
+from laptrain.checkpoints.stop import request_stop
 from laptrain.hardware.power import BatteryReading, BatterySource, KeepAwake, PsutilBattery
 
 # below this many timed steps per power state, a step-time comparison is noise
@@ -62,9 +62,6 @@ class PowerGuard(VersionedState, Callback):
         pause_on_battery: pause between steps while on battery instead of training on it.
         check_every_n_steps: how often the battery is read (also on the first step).
         pause_check_seconds: while paused, how often the battery is read again.
-        ckpt_path: for a Trainer laptrain's job did not build, the run's ``last.ckpt``, written
-            at a battery stop; the job's runs save to ``paths.last_ckpt`` and refuse this key in a
-            config (laptrain/checkpoints/last.py).
         awake: the sleep holder; None = ``KeepAwake()`` for this machine.
         clock, sleep: injectable ``time.monotonic`` and ``time.sleep``.
 
@@ -92,7 +89,6 @@ class PowerGuard(VersionedState, Callback):
         pause_on_battery: bool = False,
         check_every_n_steps: int = 10,
         pause_check_seconds: float = 30.0,
-        ckpt_path: str | None = None,
         awake: KeepAwake | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -107,7 +103,6 @@ class PowerGuard(VersionedState, Callback):
         self.use_os_battery, self.warn_on_battery = use_os_battery, warn_on_battery
         self.min_percent, self.pause_on_battery = min_percent, pause_on_battery
         self.every_n, self.pause_check_seconds = check_every_n_steps, pause_check_seconds
-        self.last_ckpt = ckpt_path
         self.awake, self.clock, self.sleep = awake, clock, sleep
         self.stop_reason: str | None = None
         self.awake_line = "off"
@@ -168,7 +163,6 @@ class PowerGuard(VersionedState, Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        retry_stop(trainer, self.stop_reason)  # a stop deferred past a validation happens here
         if not self.enabled or self.battery is None:
             return
         spent = self.clock() - self._t0 - (cooling_s(trainer.callbacks) - self._cooling0)
@@ -187,10 +181,6 @@ class PowerGuard(VersionedState, Callback):
             self._stop(trainer, reading)
         elif reading.on_battery and self.pause_on_battery:
             self._pause(trainer, reading)
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        put_stop_in_place(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from laptrain.callbacks.idle_hooks import skip_hooks
-from laptrain.checkpoints.stop import put_stop_in_place, request_stop
+from laptrain.checkpoints.stop import request_stop
 
 
 class SessionBudget(Callback):
@@ -22,7 +22,8 @@ class SessionBudget(Callback):
     so its budget is cumulative over resumes (docs/lightning.md, "Timer and max_time") and a resumed run would stop at once.
     This budget is per process: "train 2-3 epochs at a time, then let the machine rest" (field note 000, docs/field_notes.md).
     When it runs out it sets ``trainer.should_stop`` and ``stop_reason = "session"`` (saving
-    the run's ``last.ckpt`` at that batch boundary: ``laptrain.checkpoints.stop.request_stop``);
+    the run's ``last.ckpt`` at that batch boundary: ``laptrain.checkpoints.stop.request_stop``; an
+    epoch-end stop needs no save of its own, the end-of-fit save is right there);
     ``run.train`` then exits 75 (paused) with "resume with the same command". A run that would
     end anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.
 
@@ -36,11 +37,6 @@ class SessionBudget(Callback):
     Args:
         max_minutes: wall-clock minutes of training per process; None = no limit.
         max_epochs: training epochs per process; None = no limit.
-        ckpt_path: for a Trainer laptrain's job did not build, the run's ``last.ckpt``, where a
-            stop in the middle of an epoch is saved (so the resumed run finishes that epoch); the
-            job's runs save to ``paths.last_ckpt`` and refuse this key in a config
-            (laptrain/checkpoints/last.py). An epoch-end stop needs no save of its own: any
-            end-of-fit save is right there.
         clock: injectable ``time.monotonic``.
 
     Raises:
@@ -55,7 +51,6 @@ class SessionBudget(Callback):
         self,
         max_minutes: float | None = None,
         max_epochs: int | None = None,
-        ckpt_path: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_minutes is not None and max_minutes <= 0:
@@ -63,7 +58,6 @@ class SessionBudget(Callback):
         if max_epochs is not None and max_epochs < 1:
             raise ValueError("session_budget.max_epochs must be >= 1, or null for no epoch limit")
         self.max_minutes, self.max_epochs, self.clock = max_minutes, max_epochs, clock
-        self.last_ckpt = ckpt_path
         self.stop_reason: str | None = None
         self._start, self._first_epoch = 0.0, 0
 
@@ -112,10 +106,6 @@ class SessionBudget(Callback):
         )
         if done >= self.max_epochs and not last_epoch and not self._steps_done(trainer):
             self._stop(trainer, f"{self.max_epochs} epoch(s)")
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        put_stop_in_place(trainer)
 
     @staticmethod
     def _steps_done(trainer: pl.Trainer) -> bool:

@@ -1,13 +1,15 @@
-"""The stop every guard asks for: :func:`request_stop` ends the fit at a batch boundary that a
-resume starts from exactly, with ``last.ckpt`` saved there.
+"""The stop every guard asks for, and every save of ``last.ckpt`` during a fit, owned by one
+:class:`Stops` per trainer. A guard makes one call, :func:`request_stop`: the fit ends at a batch
+boundary that a resume starts from exactly, with ``last.ckpt`` saved there.
 
 After ``trainer.should_stop`` is set mid-epoch, Lightning ends the epoch loop and counts the epoch as
 done, and ``ModelCheckpoint(save_last=True).on_train_end`` (lightning 2.6) then rewrites
 ``last.ckpt`` whenever that instance has not written it in this process (the 250-step periodic one,
 say), with the epoch already counted. Resuming from that file skips the rest of the epoch. So the
-stop saves at the batch boundary into a side file, and :func:`put_stop_in_place` (every stopping
-guard's ``on_fit_end``, which Lightning calls after every ``on_train_end``) moves it over the run's
-``last.ckpt``.
+stop saves at the batch boundary into a side file, and :class:`Stops` moves it over the run's
+``last.ckpt`` in its ``on_train_end``, after every ModelCheckpoint's; then every rank waits at a
+barrier, so that no rank exits (and under submitit gets rank 0 killed before it requeues) before
+the file is in place.
 
 ``should_stop`` set mid-epoch also makes Lightning run a validation pass right away
 (``_should_check_val_fx``, lightning/pytorch/loops/training_epoch_loop.py:540 in 2.6.6), and
@@ -21,98 +23,189 @@ laptrain's ModelCheckpoint saves nothing while such a stop is under way
 A stop asked for on a batch that a validation follows (the epoch's last batch, or every
 ``val_check_interval`` batches) waits: the validation and its checkpoints are part of the
 uninterrupted run, and Lightning resumes a checkpoint taken just before them as if they had run
-(``FitLoop.reset``, fit_loop.py:397-411: the epoch is counted done, its validation never runs). The
-stop then happens at the next batch boundary (:func:`retry_stop`), one batch later. Likewise in the
-middle of a gradient accumulation: the gradients summed so far are not in any checkpoint, so the
-stop waits for the optimizer step (at most ``accumulate_grad_batches - 1`` batches).
+(``FitLoop.reset``, fit_loop.py:397-411: the epoch is counted done, its validation never runs).
+:class:`Stops` asks again at the next batch boundary, one batch later. Likewise in the middle of a
+gradient accumulation: the gradients summed so far are not in any checkpoint, so the stop waits for
+the optimizer step (at most ``accumulate_grad_batches - 1`` batches).
 
-The save itself is queued to the end of the batch's hooks (:mod:`.saves`).
+A save asked for in a callback's ``on_train_batch_end`` (a stop, a checkpoint on request) waits
+until every callback has run its hook for that batch (:func:`queue_save`): :class:`Stops` joins the
+end of ``trainer.callbacks`` when first needed in a fit, after every ModelCheckpoint and any
+callback a model adds (the EMA of TRM, which would otherwise be saved one update behind: measured
+through ``train.py``, 13 of TRM's 15 tensors then differed after the resume).
+
+Where ``last.ckpt`` is: the job's ``paths.last_ckpt`` (:func:`use_last_checkpoint`), else, for a
+Trainer the job did not build, where its first ``ModelCheckpoint(save_last=True)`` writes it.
 """
 
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from laptrain.checkpoints.files import move_into_place
-from laptrain.checkpoints.last import last_checkpoint_of
-from laptrain.checkpoints.saves import queue_save
 
-_ENDED: weakref.WeakSet[pl.Trainer] = weakref.WeakSet()
-_STOPS: weakref.WeakKeyDictionary[pl.Trainer, _StopSave] = weakref.WeakKeyDictionary()
+
+class QueuedSave(Protocol):
+    """A checkpoint to write at this batch boundary, after every callback's hook."""
+
+    path: str | None
+
+    def save(self, trainer: pl.Trainer) -> None: ...
+
+    def saved_by_another(self, trainer: pl.Trainer) -> None:
+        """An earlier save of this batch wrote ``path`` already (this one is skipped)."""
+
+
+class Stops(Callback):
+    """A trainer's stops and saves of ``last.ckpt``: the queued saves, the deferred stops, the stop's
+    side file and the end-of-fit save. One per trainer (:meth:`of`); in ``trainer.callbacks`` only
+    from its first use in a fit to the fit's end."""
+
+    _OF: ClassVar[weakref.WeakKeyDictionary[Any, Stops]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, last: Path | None = None) -> None:
+        self.last = last  # the job's paths.last_ckpt
+        self.queued: list[QueuedSave] = []
+        self.deferred: set[str] = set()  # reasons waiting for a clean boundary
+        self.ended = False  # end_fit_now stopped this fit
+        self.stop_saved: str | None = None  # the side file, until it is put in place
+        self.saved_step: int | None = None
+
+    @classmethod
+    def of(cls, trainer: Any) -> Stops:
+        if trainer not in cls._OF:
+            cls._OF[trainer] = cls()
+        return cls._OF[trainer]
+
+    def joined(self, trainer: pl.Trainer) -> Stops:
+        """This object, at the end of ``trainer.callbacks`` (Lightning's hook loop iterates that
+        list, so joining in a batch's hook still runs this batch's ``on_train_batch_end``)."""
+        if not any(cb is self for cb in trainer.callbacks):
+            trainer.callbacks.append(self)
+        return self
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        for reason in sorted(self.deferred):
+            request_stop(trainer, reason)
+        done: set[str | None] = set()
+        queued, self.queued = self.queued, []
+        for save in queued:
+            if save.path not in done:
+                save.save(trainer)
+                done.add(save.path)
+            else:  # e.g. a checkpoint on request in the batch where another callback stops the run
+                save.saved_by_another(trainer)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, *args: Any) -> None:
+        # every ModelCheckpoint of a run keeps save_last=True: any save means last.ckpt is current
+        self.saved_step = trainer.global_step
+
+    def save_last_unless_current(self, trainer: pl.Trainer) -> None:
+        """At the end of fit, ``last.ckpt`` unless a save at this step already wrote it. Rank 0's
+        view decides for all: saving is a collective (a barrier), and another node may not see the
+        file rank 0 wrote."""
+        path = last_checkpoint_of(trainer)
+        if path is None:
+            return
+        current = self.saved_step == trainer.global_step and path.exists()
+        if not trainer.strategy.broadcast(current):
+            trainer.save_checkpoint(str(path), weights_only=False)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.stop_saved is None:
+            return
+        path = last_checkpoint_of(trainer)
+        if trainer.is_global_zero and path is not None:
+            move_into_place(self.stop_saved, path)
+        trainer.strategy.barrier("stop checkpoint in place")  # the other ranks exit after it
+        self.stop_saved = None
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._leave(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._leave(trainer)
+
+    def _leave(self, trainer: pl.Trainer) -> None:
+        """Out of ``trainer.callbacks``; a next fit of ``trainer`` starts with a fresh one."""
+        trainer.callbacks[:] = [cb for cb in trainer.callbacks if cb is not self]
+        Stops._OF[trainer] = Stops(self.last)
+
+
+def use_last_checkpoint(trainer: pl.Trainer, path: str | Path | None) -> None:
+    """Make ``path`` (the job's ``paths.last_ckpt``) where every stop and save of ``trainer``'s
+    fit writes ``last.ckpt``."""
+    Stops.of(trainer).last = Path(path) if path else None
+
+
+def last_checkpoint_of(trainer: Any) -> Path | None:
+    """``trainer``'s ``last.ckpt``: the job's, else where its first ModelCheckpoint with
+    ``save_last`` writes it (a Trainer the job did not build), else None (no saves)."""
+    last = Stops.of(trainer).last
+    if last is not None:
+        return last
+    for cb in getattr(trainer, "callbacks", ()):
+        if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath:
+            return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
+    return None
+
+
+def queue_save(trainer: pl.Trainer, save: QueuedSave) -> None:
+    """Have ``save`` written at the end of this batch's hooks, after every callback's."""
+    Stops.of(trainer).joined(trainer).queued.append(save)
+
+
+def save_last(trainer: pl.Trainer) -> None:
+    """Write the run's ``last.ckpt`` now (a collective: every rank calls it); nothing without one."""
+    path = last_checkpoint_of(trainer)
+    if path is not None:
+        trainer.save_checkpoint(str(path), weights_only=False)
 
 
 class _StopSave:
-    """A trainer's stop checkpoint: saved beside ``last.ckpt``, moved over it at the end of fit."""
+    """The stop's checkpoint, saved beside ``last.ckpt`` and moved over it at the end of fit."""
 
-    def __init__(self) -> None:
-        self.path: str | None = None
-        self.pending = False
-        self.deferred: set[str] = set()  # reasons waiting for a clean boundary
-
-    @property
-    def side_path(self) -> str:
-        return f"{self.path}.stop"
+    def __init__(self, path: Path | None) -> None:
+        self.path = str(path) if path is not None else None
 
     def save(self, trainer: pl.Trainer) -> None:
         if self.path:
-            trainer.save_checkpoint(self.side_path, weights_only=False)
-            self.pending = True
+            trainer.save_checkpoint(f"{self.path}.stop", weights_only=False)
+            Stops.of(trainer).stop_saved = f"{self.path}.stop"
 
     def saved_by_another(self, trainer: pl.Trainer) -> None:
         """Nothing to put in place: the other save wrote ``path``'s state of this very batch."""
 
 
-def _stop_of(trainer: pl.Trainer) -> _StopSave:
-    if trainer not in _STOPS:
-        _STOPS[trainer] = _StopSave()
-    return _STOPS[trainer]
-
-
 def request_stop(trainer: pl.Trainer, reason: str) -> bool:
     """Save ``last.ckpt`` and end fit at this batch boundary, with no validation pass and no
-    ranking; False when a validation or the rest of an accumulation follows this batch: then
-    :func:`retry_stop` with the same ``reason`` stops at the next boundary."""
-    stop = _stop_of(trainer)
+    ranking; False when a validation or the rest of an accumulation follows this batch: the stop
+    for ``reason`` then happens at the next clean boundary, with nothing more to call."""
+    stops = Stops.of(trainer).joined(trainer)
     if not at_clean_boundary(trainer):
-        stop.deferred.add(reason)
+        stops.deferred.add(reason)
         return False
-    stop.deferred.discard(reason)
-    path = last_checkpoint_of(trainer)
-    stop.path = str(path) if path is not None else None
+    stops.deferred.discard(reason)
     end_fit_now(trainer)
-    queue_save(trainer, stop)
+    queue_save(trainer, _StopSave(last_checkpoint_of(trainer)))
     return True
-
-
-def retry_stop(trainer: pl.Trainer, reason: str | None) -> bool:
-    """Call at every ``on_train_batch_end``: carries out a stop for ``reason`` that
-    :func:`request_stop` deferred; True once stopped."""
-    stop = _STOPS.get(trainer)
-    return bool(stop and reason in stop.deferred) and request_stop(trainer, str(reason))
-
-
-def put_stop_in_place(trainer: pl.Trainer) -> None:
-    """In ``on_fit_end``: the stop's side file over ``last.ckpt`` (rank 0), once per fit."""
-    stop = _STOPS.get(trainer)
-    if stop is None:
-        return
-    if stop.pending and trainer.is_global_zero and stop.path:
-        move_into_place(stop.side_path, stop.path)
-    stop.pending = False
 
 
 def end_fit_now(trainer: pl.Trainer) -> None:
     """Stop at this batch boundary without the validation Lightning adds to a mid-epoch stop."""
     trainer.limit_val_batches = 0
     trainer.should_stop = True
-    _ENDED.add(trainer)
+    Stops.of(trainer).ended = True
 
 
 def ended_at_batch_boundary(trainer: pl.Trainer) -> bool:
     """Whether :func:`end_fit_now` stopped this trainer's fit."""
-    return trainer in _ENDED
+    return Stops.of(trainer).ended
 
 
 def at_clean_boundary(trainer: pl.Trainer) -> bool:

@@ -51,10 +51,10 @@ PRECISIONS_BY_DEVICE = {
 
 # The default callbacks (conf/callbacks/default.yaml) that call the device during a fit, read from
 # their conf/callbacks/<name>.yaml with these overrides: on (the Apple profiles' hardware.guards),
-# acting at every step, no stop checkpoint of their own, and no cooling break (a break changes
+# acting at every step, and no cooling break (a break changes
 # timing only; the thermal guard still synchronises, reads its source and times every step).
 GUARDS: dict[str, dict[str, Any]] = {
-    "memory_monitor": {"enabled": True, "every_n_steps": 1, "ckpt_path": None},
+    "memory_monitor": {"enabled": True, "every_n_steps": 1},
     "thermal_guard": {
         "enabled": True,
         "check_every_n_steps": 1,
@@ -63,7 +63,7 @@ GUARDS: dict[str, dict[str, Any]] = {
         "window_steps": 1,
         "max_break_seconds_per_hour": 0,
     },
-    "nonfinite_guard": {"last_ckpt": None},
+    "nonfinite_guard": {},
     "oom_backoff": {"every_n_steps": 1},
 }
 

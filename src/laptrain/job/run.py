@@ -29,13 +29,13 @@ from laptrain.callbacks.contracts import signal_stop, stop_reason
 from laptrain.callbacks.idle_hooks import skip_idle_hooks
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.checkpoints.files import checkpoint_plugins
-from laptrain.checkpoints.last import use_last_checkpoint
 from laptrain.checkpoints.resume import (
     checked_resume_checkpoint,
     final_step,
     resuming_line,
     written_last,
 )
+from laptrain.checkpoints.stop import use_last_checkpoint
 from laptrain.config.batch_request import batch_request
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
 from laptrain.config.tree import print_config

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from omegaconf import DictConfig
 
-from laptrain.checkpoints.last import refuse_guard_paths
 from laptrain.config.check import check_composed, compose_argv
 from laptrain.config.overrides import run_argv_hook
 from laptrain.data.precheck import check_data_config
@@ -58,10 +57,8 @@ def compose_checked(
 ) -> tuple[DictConfig, EnvReport]:
     """The composed config, its data files checked (no torch yet: a bad file is refused in about
     a second), the profile's env exported, then every ``_target_`` checked against its
-    constructor (and no guard given a checkpoint path of its own: every stop writes
-    ``paths.last_ckpt``). Raises ValueError/OSError with one line on bad input."""
+    constructor. Raises ValueError/OSError with one line on bad input."""
     cfg = compose_argv(argv, str(conf))
-    refuse_guard_paths(cfg.get("callbacks"))
     if check_data:
         check_data_config(cfg.get("data"))
     env = apply_profile_env(cfg, say)
