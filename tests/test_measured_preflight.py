@@ -246,6 +246,69 @@ def test_a_template_style_configure_optimizers_reading_self_trainer_is_measured(
     assert model._trainer is None  # the stand-in was given to the copy only
 
 
+class OneCycle(Tiny):
+    """Lightning's docs' scheduler: OneCycleLR over the Trainer's estimated stepping batches."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=0.1, total_steps=self.trainer.estimated_stepping_batches
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+
+class ReadsProfiler(Tiny):
+    """A module reading something of its Trainer that exists only once the Trainer does."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=0.1)
+        every = self.trainer.check_val_every_n_epoch
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=every)
+        return [optimizer], [scheduler]
+
+
+def test_a_one_cycle_scheduler_over_the_estimated_stepping_batches_is_measured():
+    batches_run.clear()
+    model, dm = OneCycle(), data()
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
+    length = measured.RunLength(max_epochs=3, accumulation=2)
+    plan = measured_preflight_for_run(
+        model, dm, hardware(budget_gb=0.6), counter=counter, length=length
+    )
+    assert 0 < plan.micro_batch <= 102
+    assert not any("without the learning-rate scheduler" in note for note in plan.notes)
+
+
+def test_the_stand_in_says_what_lightnings_trainer_says_of_the_run():
+    class Records(OneCycle):
+        def configure_optimizers(self):
+            trainer = self.trainer
+            self.said = (trainer.estimated_stepping_batches, trainer.max_epochs, trainer.max_steps)
+            return super().configure_optimizers()
+
+    model, dm = Records(), Rows(64, batch_size=8)  # 8 batches an epoch
+    quiet_trainer(max_epochs=3, accumulate_grad_batches=2, limit_val_batches=0).fit(model, dm)
+    said_by_lightning = model.said
+    model._trainer = measured.RunLength(max_epochs=3, accumulation=2).stand_in(model, dm, 8)
+    model.configure_optimizers()
+    assert model.said == said_by_lightning == (12, 3, -1)
+    assert measured.RunLength().stand_in(model, dm, 8).max_epochs == 1000  # Lightning's default
+
+
+def test_a_trainer_property_the_stand_in_cannot_answer_measures_without_the_scheduler():
+    model, dm = ReadsProfiler(), data()
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
+    plan = measured_preflight_for_run(model, dm, hardware(budget_gb=0.6), counter=counter)
+    assert 0 < plan.micro_batch <= 102
+    assert (
+        "measured without the learning-rate scheduler: configure_optimizers() reads "
+        "trainer.check_val_every_n_epoch" in "\n".join(plan.summary_lines())
+    )
+
+
 @pytest.mark.parametrize(
     ("model", "reason"),
     [

@@ -390,7 +390,7 @@ def _checked_batch(
             run_preflight, strategy, profile["accelerator"], profile["device_index"]
         )
     if found is None:
-        run_measured = partial(_measured, model, datamodule, asked, profile, shared)
+        run_measured = partial(_measured, cfg, model, datamodule, asked, profile, shared)
         found = _or_not_measured(
             lambda: plan_on_rank_0(
                 run_measured, strategy, profile["accelerator"], profile["device_index"]
@@ -402,14 +402,29 @@ def _checked_batch(
 
 
 def _measured(
-    model: Any, datamodule: Any, asked: _Asked, profile: dict[Any, Any], shared: dict[str, Any]
+    cfg: DictConfig,
+    model: Any,
+    datamodule: Any,
+    asked: _Asked,
+    profile: dict[Any, Any],
+    shared: dict[str, Any],
 ) -> Any:
     """The measured preflight's plan (laptrain.preflight.measured): real training steps of a copy
     of the module, where the estimate sizes nothing."""
-    from laptrain.preflight.measured import measured_preflight_for_run
+    from laptrain.preflight.measured import RunLength, measured_preflight_for_run
 
     option = "hardware.batch_size" if asked.follows else "data.batch_size"
-    return measured_preflight_for_run(model, datamodule, profile, option=option, **shared)
+    trainer = cfg.trainer
+    length = RunLength(
+        trainer.get("max_epochs"),
+        int(trainer.get("max_steps", -1)),
+        asked.accumulation,
+        asked.devices,
+        int(trainer.get("num_nodes") or 1),
+    )
+    return measured_preflight_for_run(
+        model, datamodule, profile, option=option, length=length, **shared
+    )
 
 
 def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> Any:

@@ -204,25 +204,76 @@ class BatchSearch:
 
 @dataclass
 class TrainerStandIn:
-    """What a module's ``training_step`` and ``configure_optimizers`` commonly read of its Trainer
-    (the lightning-hydra-template's ``self.trainer.model.parameters()``), for the copy the
-    preflight trains: ``barebones`` makes ``self.log`` a no-op (lightning/pytorch/core/module.py,
-    ``LightningModule.log``). Anything else a module reads of it fails, and the module is not
-    measured (the reason is printed)."""
+    """What a module's ``training_step`` and ``configure_optimizers`` commonly read of its Trainer,
+    answered as Lightning's Trainer answers them for the planned run: ``model`` (the
+    lightning-hydra-template's ``self.trainer.model.parameters()``), ``datamodule``, the run's
+    length (``max_epochs``, ``max_steps``, ``estimated_stepping_batches``: the total steps
+    Lightning's docs give ``OneCycleLR``), ``world_size``, ``num_devices``,
+    ``accumulate_grad_batches``; ``barebones`` makes ``self.log`` a no-op
+    (lightning/pytorch/core/module.py, ``LightningModule.log``). What else a module reads of it
+    raises AttributeError (:func:`_optimizers` then measures without that module's scheduler)."""
 
     model: nn.Module
+    datamodule: Any = None
+    max_epochs: int | None = None
+    max_steps: int = -1
+    estimated_stepping_batches: float = math.inf
+    accumulate_grad_batches: int = 1
+    num_devices: int = 1
+    world_size: int = 1
     barebones: bool = True
     global_step: int = 0
     current_epoch: int = 0
     logger: Any = None
     loggers: list[Any] = field(default_factory=list)
-    world_size: int = 1
     global_rank: int = 0
     local_rank: int = 0
 
     @property
     def lightning_module(self) -> nn.Module:
         return self.model
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """What the stand-in answers of the planned run: the Trainer's ``max_epochs``, ``max_steps``,
+    ``accumulate_grad_batches``, devices per node and nodes."""
+
+    max_epochs: int | None = None
+    max_steps: int = -1
+    accumulation: int = 1
+    devices: int = 1
+    nodes: int = 1
+
+    @property
+    def epochs(self) -> int:
+        """``max_epochs`` as Lightning parses it (lightning/pytorch/loops/utilities.py:71-80)."""
+        if self.max_epochs is not None:
+            return self.max_epochs
+        return 1000 if self.max_steps == -1 else -1
+
+    def stepping_batches(self, loader_batches: float) -> float:
+        """Lightning's ``Trainer.estimated_stepping_batches`` for ``loader_batches`` batches an
+        epoch (lightning/pytorch/trainer/trainer.py:1768-1786), each rank its sampler's share."""
+        if self.epochs == -1:
+            return math.inf if self.max_steps == -1 else self.max_steps
+        if loader_batches == math.inf:
+            return self.max_steps
+        per_rank = math.ceil(loader_batches / (self.devices * self.nodes))
+        steps = math.ceil(per_rank / self.accumulation) * max(self.epochs, 1)
+        return min(steps, self.max_steps) if self.max_steps != -1 else steps
+
+    def stand_in(self, model: nn.Module, datamodule: Any, loader_batches: float) -> TrainerStandIn:
+        return TrainerStandIn(
+            model,
+            datamodule,
+            self.epochs,
+            self.max_steps,
+            self.stepping_batches(loader_batches),
+            self.accumulation,
+            self.devices,
+            self.devices * self.nodes,
+        )
 
 
 class TrainingRows:
@@ -238,7 +289,8 @@ class TrainingRows:
                 f"the datamodule's train_dataloader() returns a {type(loader).__name__}, "
                 "not one torch DataLoader"
             )
-        self.dataset = loader.dataset
+        self.datamodule, self.dataset = datamodule, loader.dataset
+        self.loader_batches = float(_length(loader) or math.inf)
         # a loader made with batch_size=None converts rows without stacking them
         custom = loader.collate_fn is not default_convert
         self.collate = loader.collate_fn if custom else default_collate
@@ -274,20 +326,41 @@ def _said(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
 
 
-def _optimizers(module: Any) -> list[torch.optim.Optimizer]:
-    """The optimizers of the module's own ``configure_optimizers``, in any form Lightning takes."""
+def _optimizers(module: Any) -> tuple[list[torch.optim.Optimizer], str | None]:
+    """The optimizers of the module's own ``configure_optimizers``, in any form Lightning takes,
+    and a note when they were taken without its scheduler: where it reads something of the
+    Trainer the stand-in cannot answer, the optimizers it had made when it stopped."""
     from lightning.pytorch.core.optimizer import _configure_optimizers
 
+    note = None
     try:
         configured = module.configure_optimizers()
-        optimizers, _, _ = _configure_optimizers(configured)
     except Exception as err:
-        raise NotMeasured(
-            f"configure_optimizers() failed outside a Trainer ({_said(err)})"
-        ) from err
+        if not (isinstance(err, AttributeError) and isinstance(err.obj, TrainerStandIn)):
+            raise NotMeasured(
+                f"configure_optimizers() failed outside a Trainer ({_said(err)})"
+            ) from err
+        configured = _made_before(err)
+        note = (
+            f"measured without the learning-rate scheduler: configure_optimizers() reads "
+            f"trainer.{err.name}, which the preflight cannot answer before the Trainer exists"
+        )
+    optimizers = _configure_optimizers(configured)[0] if configured else []
     if not optimizers:
         raise NotMeasured("configure_optimizers() returned no optimizer")
-    return list(optimizers)
+    return list(optimizers), note
+
+
+def _made_before(err: BaseException) -> list[torch.optim.Optimizer]:
+    """The optimizers the frames of ``err``'s traceback hold (made before it was raised)."""
+    found: dict[int, torch.optim.Optimizer] = {}
+    trace = err.__traceback__
+    while trace is not None:
+        for value in trace.tb_frame.f_locals.values():
+            if isinstance(value, torch.optim.Optimizer):
+                found[id(value)] = value
+        trace = trace.tb_next
+    return list(found.values())
 
 
 def _state_bytes(module: nn.Module) -> int:
@@ -321,6 +394,7 @@ class StepMeasurer:
         device: torch.device,
         precision: str,
         counter: PeakCounter,
+        length: RunLength | None = None,
     ) -> None:
         self.rows, self.device, self.precision, self.counter = rows, device, precision, counter
         before = counter.level()
@@ -334,8 +408,9 @@ class StepMeasurer:
         if dtype is not None:  # Lightning's true precisions convert the module (HalfPrecision)
             self.copy.to(dtype)
         self.copy.train()
-        self.copy._trainer = TrainerStandIn(self.copy)
-        self.optimizers = _optimizers(self.copy)
+        length = length or RunLength()
+        self.copy._trainer = length.stand_in(self.copy, rows.datamodule, rows.loader_batches)
+        self.optimizers, self.note = _optimizers(self.copy)
         self.weights = float(_state_bytes(self.copy))
         self.grads = float(
             sum(p.numel() * p.element_size() for p in self.copy.parameters() if p.requires_grad)
@@ -564,13 +639,15 @@ def measured_preflight_for_run(
     cache_dir: Path | None = None,
     option: str = "hardware.batch_size",
     counter: PeakCounter | None = None,
+    length: RunLength | None = None,
 ) -> Plan:
     """The measured plan of a run, as batch.py's ``preflight_for_run`` gives the estimated one.
 
     ``hardware`` is the profile as the run plan passes it (``batch_size`` a number or ``auto``,
     ``accelerator``, ``device_index``, ``precision``, the budget settings); ``option`` the setting
     that fixed the batch, named when it does not fit; ``counter`` the memory reader (the device's
-    own, peak_memory.py, when None). A rank other than 0 takes rank 0's recorded plan, a resumed
+    own, peak_memory.py, when None); ``length`` what the module's stand-in Trainer says of the
+    run's length (Lightning's defaults when None). A rank other than 0 takes rank 0's recorded plan, a resumed
     ``auto`` run keeps its earlier batch while it fits, and the plan is written to
     ``preflight.json``, as for the estimate.
 
@@ -601,7 +678,7 @@ def measured_preflight_for_run(
     with kept_rng(device), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log outside a Trainer; the run shows the rest
         measurer = StepMeasurer(
-            model, rows, device, request.precision, counter or counter_for(kind, index)
+            model, rows, device, request.precision, counter or counter_for(kind, index), length
         )
         try:
             search = BatchSearch(measurer, budget.bytes)
@@ -613,6 +690,7 @@ def measured_preflight_for_run(
         f"measured: {STEPS_PER_TRIAL} training steps of a copy of the module at each batch tried, "
         f"on its own training rows; peak GiB by batch {search.line()}",
         *sizing.notes,
+        *([measurer.note] if measurer.note else []),
     ]
     if request.shards > 1:
         notes.append("measured unsharded: FSDP holds less of the model state on each rank")
