@@ -411,20 +411,19 @@ def _measured(
 ) -> Any:
     """The measured preflight's plan (laptrain.preflight.measured): real training steps of a copy
     of the module, where the estimate sizes nothing."""
-    from laptrain.preflight.measured import RunLength, measured_preflight_for_run
+    from laptrain.preflight.measured import PlannedRun, measured_preflight_for_run
 
     option = "hardware.batch_size" if asked.follows else "data.batch_size"
     trainer = cfg.trainer
-    length = RunLength(
+    run = PlannedRun(
         trainer.get("max_epochs"),
         int(trainer.get("max_steps", -1)),
         asked.accumulation,
         asked.devices,
         int(trainer.get("num_nodes") or 1),
+        shards_model_state(trainer.get("strategy")),
     )
-    return measured_preflight_for_run(
-        model, datamodule, profile, option=option, length=length, **shared
-    )
+    return measured_preflight_for_run(model, datamodule, profile, option=option, run=run, **shared)
 
 
 def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> Any:

@@ -32,7 +32,7 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,15 +235,21 @@ class TrainerStandIn:
 
 
 @dataclass(frozen=True)
-class RunLength:
-    """What the stand-in answers of the planned run: the Trainer's ``max_epochs``, ``max_steps``,
-    ``accumulate_grad_batches``, devices per node and nodes."""
+class PlannedRun:
+    """The run as its Trainer will have it: ``max_epochs``, ``max_steps``,
+    ``accumulate_grad_batches``, devices per node, nodes, and whether the strategy shards the
+    model state (FSDP; with several ranks and no sharding it is DDP)."""
 
     max_epochs: int | None = None
     max_steps: int = -1
     accumulation: int = 1
     devices: int = 1
     nodes: int = 1
+    sharded: bool = False
+
+    @property
+    def ranks(self) -> int:
+        return self.devices * self.nodes
 
     @property
     def epochs(self) -> int:
@@ -259,7 +265,7 @@ class RunLength:
             return math.inf if self.max_steps == -1 else self.max_steps
         if loader_batches == math.inf:
             return self.max_steps
-        per_rank = math.ceil(loader_batches / (self.devices * self.nodes))
+        per_rank = math.ceil(loader_batches / self.ranks)
         steps = math.ceil(per_rank / self.accumulation) * max(self.epochs, 1)
         return min(steps, self.max_steps) if self.max_steps != -1 else steps
 
@@ -272,7 +278,7 @@ class RunLength:
             self.stepping_batches(loader_batches),
             self.accumulation,
             self.devices,
-            self.devices * self.nodes,
+            self.ranks,
         )
 
 
@@ -372,7 +378,7 @@ def _state_bytes(module: nn.Module) -> int:
     return sum(seen.values())
 
 
-def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
+def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> float:
     return sum(
         value.nbytes
         for optimizer in optimizers
@@ -384,8 +390,9 @@ def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
 
 class StepMeasurer:
     """Trains a deep copy of ``module`` on ``rows`` for the steps each call asks and returns the
-    run's peak at that batch: the counter's peak less what the copy adds (on CPU its weights; on
-    a device the level before it moved there)."""
+    run's peak at that batch on each rank: the counter's peak less what the copy adds (on CPU its
+    weights; on a device the level before it moved there), with what the run's strategy changes
+    of it (:meth:`_strategy_bytes`)."""
 
     def __init__(
         self,
@@ -394,22 +401,19 @@ class StepMeasurer:
         device: torch.device,
         precision: str,
         counter: PeakCounter,
-        length: RunLength | None = None,
+        run: PlannedRun | None = None,
     ) -> None:
         self.rows, self.device, self.precision, self.counter = rows, device, precision, counter
+        self.run = run = run or PlannedRun()
         before = counter.level()
         try:
             self.copy = copy.deepcopy(module)
         except Exception as err:
             raise NotMeasured(f"the module cannot be deep-copied ({_said(err)})") from err
         self.copy_bytes = _state_bytes(self.copy)
-        self.copy.to(device)
-        dtype = TRUE_DTYPES.get(precision)
-        if dtype is not None:  # Lightning's true precisions convert the module (HalfPrecision)
-            self.copy.to(dtype)
+        self._move()
         self.copy.train()
-        length = length or RunLength()
-        self.copy._trainer = length.stand_in(self.copy, rows.datamodule, rows.loader_batches)
+        self.copy._trainer = run.stand_in(self.copy, rows.datamodule, rows.loader_batches)
         self.optimizers, self.note = _optimizers(self.copy)
         self.weights = float(_state_bytes(self.copy))
         self.grads = float(
@@ -417,7 +421,45 @@ class StepMeasurer:
         )
         # on CPU the whole process counts (budget.py), less the copy; on a device, this job's share
         self.offset = float(self.copy_bytes) if counter.kind == "cpu" else before
-        self.baseline = before - self.weights if counter.kind == "cpu" else 0.0
+
+    def _move(self) -> None:
+        """The copy on the device, in a true precision's dtype (Lightning's HalfPrecision converts
+        the module); running out of memory on the way is the job's refusal."""
+        from laptrain.callbacks.oom_backoff import is_oom
+
+        dtype = TRUE_DTYPES.get(self.precision)
+        try:
+            self.copy.to(self.device)
+            if dtype is not None:
+                self.copy.to(dtype)
+        except Exception as err:
+            if not is_oom(err):
+                raise
+            del self.copy
+            release_freed(self.counter.kind)
+            raise PreflightError(
+                f"this job does not fit even at micro batch 1: a copy of the module "
+                f"({self.copy_bytes / GiB:.2f} GiB) ran out of memory moving to {self.device}: "
+                "free memory on it or make the model smaller"
+            ) from None
+
+    def _strategy_bytes(self) -> float:
+        """What the run's strategy adds to (DDP) or takes off (FSDP) the peak measured here,
+        in one process holding the whole module.
+
+        DDP: its Reducer copies every gradient into allreduce buckets that together cover all
+        the parameters (``bucket_cap_mb``, 25 MiB by default, sets only how they are split,
+        torch/nn/parallel/distributed.py:86-109), one gradient-sized buffer more on each rank;
+        ``gradient_as_bucket_view=True`` would save exactly that (distributed.py:731-736), and
+        Lightning's DDPStrategy leaves it False (it passes only the user's ``**kwargs``,
+        lightning/pytorch/strategies/ddp.py:196). FSDP: each rank keeps 1/ranks of the weights,
+        gradients and optimizer state (FULL_SHARD); the rest is not on it."""
+        if self.run.ranks == 1:
+            return 0.0
+        if not self.run.sharded:
+            return self.grads
+        state = self.weights + self.grads + _optimizer_bytes(self.optimizers)
+        return -state * (1 - 1 / self.run.ranks)
 
     def _input(self, batch: Any) -> Any:
         from lightning.fabric.utilities.apply_func import apply_to_collection
@@ -475,22 +517,26 @@ class StepMeasurer:
             peak = self.counter.peak()
             del batch
             release_freed(self.counter.kind)
-        return Trial(size, peak - self.offset, rise=max(0.0, peak - start), steps=steps)
+        run_peak = peak - self.offset + self._strategy_bytes()
+        return Trial(size, run_peak, rise=max(0.0, peak - start), steps=steps)
 
     def estimate(self, trial: Trial) -> Estimate:
-        """The run's peak at ``trial`` by part, as batch.py's plan records it."""
-        optimizer = float(_optimizer_bytes(self.optimizers))
+        """The run's peak at ``trial`` on each rank by part, as batch.py's plan records it (DDP's
+        buckets count as gradients; under FSDP each rank's share of the state)."""
+        share = 1 / self.run.ranks if self.run.sharded else 1.0
+        weights, optimizer = self.weights * share, _optimizer_bytes(self.optimizers) * share
+        buckets = self.grads if self.run.ranks > 1 and not self.run.sharded else 0.0
+        grads = self.grads * share + buckets
         activations = max(0.0, trial.rise - self.grads)
-        overhead = trial.peak - self.weights - self.grads - optimizer - activations
         return Estimate(
             micro_batch=trial.batch,
             seq_len=0,
-            weights=self.weights,
-            grads=self.grads,
+            weights=weights,
+            grads=grads,
             optimizer=optimizer,
             activations=activations,
             transient=0.0,
-            overhead=overhead,
+            overhead=trial.peak - weights - grads - optimizer - activations,
         )
 
     def close(self) -> None:
@@ -639,15 +685,15 @@ def measured_preflight_for_run(
     cache_dir: Path | None = None,
     option: str = "hardware.batch_size",
     counter: PeakCounter | None = None,
-    length: RunLength | None = None,
+    run: PlannedRun | None = None,
 ) -> Plan:
     """The measured plan of a run, as batch.py's ``preflight_for_run`` gives the estimated one.
 
     ``hardware`` is the profile as the run plan passes it (``batch_size`` a number or ``auto``,
     ``accelerator``, ``device_index``, ``precision``, the budget settings); ``option`` the setting
     that fixed the batch, named when it does not fit; ``counter`` the memory reader (the device's
-    own, peak_memory.py, when None); ``length`` what the module's stand-in Trainer says of the
-    run's length (Lightning's defaults when None). A rank other than 0 takes rank 0's recorded plan, a resumed
+    own, peak_memory.py, when None); ``run`` the Trainer's length and ranks (when None:
+    Lightning's defaults, the profile's devices and ``shards``). A rank other than 0 takes rank 0's recorded plan, a resumed
     ``auto`` run keeps its earlier batch while it fits, and the plan is written to
     ``preflight.json``, as for the estimate.
 
@@ -674,11 +720,14 @@ def measured_preflight_for_run(
     workers = _loader_workers(datamodule, hardware, cache_dir)
     budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)
     rows = TrainingRows(datamodule)
+    run = run or PlannedRun(accumulation=accumulation, devices=request.devices)
+    if request.shards > 1:
+        run = replace(run, sharded=True)
     device = torch.device(kind, index) if index is not None else torch.device(kind)
     with kept_rng(device), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log outside a Trainer; the run shows the rest
         measurer = StepMeasurer(
-            model, rows, device, request.precision, counter or counter_for(kind, index), length
+            model, rows, device, request.precision, counter or counter_for(kind, index), run
         )
         try:
             search = BatchSearch(measurer, budget.bytes)
@@ -692,8 +741,11 @@ def measured_preflight_for_run(
         *sizing.notes,
         *([measurer.note] if measurer.note else []),
     ]
-    if request.shards > 1:
-        notes.append("measured unsharded: FSDP holds less of the model state on each rank")
+    if run.ranks > 1:
+        notes.append(
+            f"per rank of {run.ranks}: "
+            + ("1/N of the model state (FSDP)" if run.sharded else "with DDP's gradient buckets")
+        )
     plan = Plan(
         micro_batch=sizing.micro,
         accumulation=sizing.accumulation,
