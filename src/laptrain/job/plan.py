@@ -16,9 +16,8 @@ keeps it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from laptrain.job.datamodule_settings import (
 )
 from laptrain.launch.device import device_count, device_kind, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
+from laptrain.preflight.planner import BatchPlanner
 from laptrain.ranks.processes import asked_devices, shards_model_state
 
 
@@ -163,7 +163,7 @@ def build_run_plan(
     precision: str,
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
-    preflight: Any = None,
+    preflight: BatchPlanner | None = None,
     device_index: int | None = None,
     batch: BatchRequest | None = None,
 ) -> RunPlan:
@@ -171,8 +171,8 @@ def build_run_plan(
 
     ``precision`` and ``device_index`` (this rank's GPU, the preflight measures it; None off CUDA)
     are the launch's decision (laptrain.launch.device.RunDevice); ``batch`` the run's parsed
-    request (read from the config when not given). ``preflight`` is
-    ``laptrain.preflight.batch.preflight_for_run`` (injectable for tests). With
+    request (read from the config when not given). ``preflight`` is the batch planner
+    (laptrain.preflight.planner; chosen for the model when None, injectable for tests). With
     ``hardware.batch_size: auto`` the preflight must run; a fixed batch is still checked by it.
 
     Raises:
@@ -182,9 +182,9 @@ def build_run_plan(
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
     asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg))
-    measured_on = partial(_preflight_profile, cfg, asked, precision, device_index)
+    profile = _preflight_profile(cfg, asked, precision, device_index)
     checked = _checked_batch(
-        cfg, model, datamodule, asked, measured_on, reasons, preflight, output_dir, cache_dir
+        cfg, model, datamodule, asked, profile, reasons, preflight, output_dir, cache_dir
     )
     loading = _loading(cfg, model, datamodule, asked.follows, checked.loader_batch, reasons)
     set_on = {**asked.set_on, **loading.set_on}
@@ -331,91 +331,67 @@ def _checked_batch(
     model: Any,
     datamodule: Any,
     asked: _Asked,
-    measured_on: Callable[[], dict[Any, Any]],
+    profile: dict[Any, Any],
     reasons: dict[str, str],
-    preflight: Any,
+    planner: BatchPlanner | None,
     output_dir: Path | None,
     cache_dir: Path | None,
 ) -> _Batch:
     """The batch the preflight picks (``auto``) or checks (fixed), or as asked when it is off;
-    ``measured_on()`` is the hardware the preflight measures."""
+    ``profile`` is the hardware it measures, ``planner`` the one that sizes (chosen when None)."""
     options = cfg.get("preflight") or {}
     asked_batch = _Batch(
         asked.loader_batch, asked.accumulation, None, False if asked.auto_checkpointing else None
     )
     if not options.get("enabled", True):
-        if asked.auto:
-            raise ValueError(
-                "hardware.batch_size=auto needs preflight.enabled=true (or set hardware.batch_size=<n>)"
-            )
-        if asked.auto_checkpointing:
-            reasons["checkpointing"] = (
-                "model.gradient_checkpointing=auto with the preflight off: set it to true to force it"
-            )
-        return asked_batch
-    from laptrain.preflight.measured import estimated_by_transformers
+        return _unchecked(asked, asked_batch, reasons)
+    from laptrain.preflight.planner import choose_planner, plan_settings
     from laptrain.preflight.shared_plan import plan_on_rank_0
 
-    # auto on a module the estimate cannot size goes straight to the measured preflight
-    estimate = preflight is not None or not asked.auto
-    estimate = estimate or estimated_by_transformers(model, datamodule)
-    if preflight is None:
-        from laptrain.preflight.batch import preflight_for_run as preflight
-
-    profile = measured_on()
-    # what both preflights (the estimate and the measured one) are given
-    shared = {
-        "accumulation": asked.accumulation,
-        "effective_batch": options.get("effective_batch_size"),
-        "max_batch": int(options.get("max_batch_size") or 256),
-        "output_dir": output_dir,
-        "cache_dir": cache_dir,
-    }
-    run_preflight = partial(
-        preflight,
-        model,
-        datamodule,
-        profile,
-        verify=bool(options.get("verify", False)),
-        **shared,
-        **({"checkpointing": AUTO} if asked.auto_checkpointing else {}),
+    planner = planner or choose_planner(model, datamodule)
+    option = "hardware.batch_size" if asked.follows else "data.batch_size"
+    settings = plan_settings(
+        options,
+        asked.accumulation,
+        output_dir,
+        cache_dir,
+        asked.auto_checkpointing,
+        option,
+        _planned_run(cfg.trainer, asked),
     )
     # torchrun / srun ranks start together: rank 0 plans and every rank takes its plan
     strategy = cfg.trainer.get("strategy")
     if OmegaConf.is_config(strategy):
         strategy = OmegaConf.to_container(strategy, resolve=True)
-    found = None
-    if estimate:
-        found = plan_on_rank_0(
-            run_preflight, strategy, profile["accelerator"], profile["device_index"]
-        )
-    if found is None:
-        run_measured = partial(_measured, cfg, model, datamodule, asked, profile, shared)
-        found = _or_not_measured(
-            lambda: plan_on_rank_0(
-                run_measured, strategy, profile["accelerator"], profile["device_index"]
-            ),
-            asked,
-            reasons,
-        )
+    kind, index = profile["accelerator"], profile["device_index"]
+    found = _or_not_measured(
+        lambda: plan_on_rank_0(
+            lambda: planner(model, datamodule, profile, **settings), strategy, kind, index
+        ),
+        asked,
+        reasons,
+    )
     return _answered(found, asked, asked_batch, reasons)
 
 
-def _measured(
-    cfg: DictConfig,
-    model: Any,
-    datamodule: Any,
-    asked: _Asked,
-    profile: dict[Any, Any],
-    shared: dict[str, Any],
-) -> Any:
-    """The measured preflight's plan (laptrain.preflight.measured): real training steps of a copy
-    of the module, where the estimate sizes nothing."""
-    from laptrain.preflight.measured import PlannedRun, measured_preflight_for_run
+def _unchecked(asked: _Asked, asked_batch: _Batch, reasons: dict[str, str]) -> _Batch:
+    """The batch as asked, with the preflight off (``auto`` refused)."""
+    if asked.auto:
+        raise ValueError(
+            "hardware.batch_size=auto needs preflight.enabled=true (or set hardware.batch_size=<n>)"
+        )
+    if asked.auto_checkpointing:
+        reasons["checkpointing"] = (
+            "model.gradient_checkpointing=auto with the preflight off: set it to true to force it"
+        )
+    return asked_batch
 
-    option = "hardware.batch_size" if asked.follows else "data.batch_size"
-    trainer = cfg.trainer
-    run = PlannedRun(
+
+def _planned_run(trainer: DictConfig, asked: _Asked) -> Any:
+    """The run as its Trainer will have it, for the measured preflight's stand-in."""
+    from laptrain.preflight.measured import PlannedRun
+
+    return PlannedRun(
         trainer.get("max_epochs"),
         int(trainer.get("max_steps", -1)),
         asked.accumulation,
@@ -423,7 +399,6 @@ def _measured(
         int(trainer.get("num_nodes") or 1),
         shards_model_state(trainer.get("strategy")),
     )
-    return measured_preflight_for_run(model, datamodule, profile, option=option, run=run, **shared)
 
 
 def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> Any:

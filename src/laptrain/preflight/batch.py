@@ -583,14 +583,9 @@ def preflight_for_run(
     Sequence length = the longest tokenized training example (``KnowsLengths``: data tokenized
     before the plan, so a set of short pairs is not sized at ``max_length``), else the datamodule's
     ``max_length`` (or ``seq_len``); ``hardware["batch_size"]`` is the batch to check (or ``auto``);
-    ``checkpointing`` as in :func:`plan_batch` (``"auto"`` for ``model.gradient_checkpointing:
-    auto``). A resumed run keeps the batch recorded in its ``preflight.json`` while it fits. The
-    caller (laptrain/job/plan.py) passes the answer on.
-    Returns None (nothing measured) for a model without a transformers model inside when the
-    batch is fixed.
-
-    Raises:
-        PreflightError: nothing fits, or ``auto`` was asked for a model the preflight cannot measure.
+    ``checkpointing`` as in :func:`plan_batch`. A resumed run keeps the batch recorded in its
+    ``preflight.json`` while it fits. None (nothing measured): no transformers model inside and a
+    fixed batch. Raises PreflightError: nothing fits, or ``auto`` on a model it cannot measure.
     """
     auto = is_auto(hardware.get("batch_size"))
     kind = str(hardware.get("accelerator", "cpu"))

@@ -689,17 +689,11 @@ def measured_preflight_for_run(
 ) -> Plan:
     """The measured plan of a run, as batch.py's ``preflight_for_run`` gives the estimated one.
 
-    ``hardware`` is the profile as the run plan passes it (``batch_size`` a number or ``auto``,
-    ``accelerator``, ``device_index``, ``precision``, the budget settings); ``option`` the setting
-    that fixed the batch, named when it does not fit; ``counter`` the memory reader (the device's
-    own, peak_memory.py, when None); ``run`` the Trainer's length and ranks (when None:
-    Lightning's defaults, the profile's devices and ``shards``). A rank other than 0 takes rank 0's recorded plan, a resumed
-    ``auto`` run keeps its earlier batch while it fits, and the plan is written to
-    ``preflight.json``, as for the estimate.
-
-    Raises:
-        NotMeasured: the module or its loader cannot be measured (the reason in one line).
-        PreflightError: the job does not fit the budget (at batch 1, or at the fixed batch).
+    ``option`` is the setting that fixed the batch, named when it does not fit; ``counter`` the
+    memory reader (the device's own when None); ``run`` the Trainer's length and ranks (None:
+    Lightning's defaults, the profile's devices and ``shards``). Rank 0's record, a resumed run's
+    batch and ``preflight.json`` as for the estimate. Raises NotMeasured (the module or its loader
+    cannot be measured) or PreflightError (the job does not fit), each in one line.
     """
     kind = str(hardware.get("accelerator", "cpu"))
     index = hardware.get("device_index") if kind == "cuda" else None
@@ -709,32 +703,37 @@ def measured_preflight_for_run(
         return shared
     _checked_module(model)
     probe = TorchProbe(kind, index)
-    request = _Request.read(
-        hardware,
-        probe,
-        effective_batch,
-        accumulation,
-        max_batch,
-        _previous_batch(record) if is_auto(hardware.get("batch_size")) else None,
-    )
+    previous = _previous_batch(record) if is_auto(hardware.get("batch_size")) else None
+    request = _Request.read(hardware, probe, effective_batch, accumulation, max_batch, previous)
     workers = _loader_workers(datamodule, hardware, cache_dir)
     budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)
-    rows = TrainingRows(datamodule)
     run = run or PlannedRun(accumulation=accumulation, devices=request.devices)
-    if request.shards > 1:
-        run = replace(run, sharded=True)
+    run = replace(run, sharded=run.sharded or request.shards > 1)
     device = torch.device(kind, index) if index is not None else torch.device(kind)
-    with kept_rng(device), warnings.catch_warnings():
+    measurer = StepMeasurer(
+        model,
+        TrainingRows(datamodule),
+        device,
+        request.precision,
+        counter or counter_for(kind, index),
+        run,
+    )
+    plan = _measured_plan(measurer, request, option, budget)
+    _record(plan, record, None)
+    return plan
+
+
+def _measured_plan(measurer: StepMeasurer, request: _Request, option: str, budget: Budget) -> Plan:
+    """The batch the search finds with ``measurer`` (closed afterwards), as a plan."""
+    with kept_rng(measurer.device), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log outside a Trainer; the run shows the rest
-        measurer = StepMeasurer(
-            model, rows, device, request.precision, counter or counter_for(kind, index), run
-        )
         try:
             search = BatchSearch(measurer, budget.bytes)
-            sizing = _size(search, request, rows.rows, option, budget)
+            sizing = _size(search, request, measurer.rows.rows, option, budget)
             estimate = measurer.estimate(sizing.trial)
         finally:
             measurer.close()
+    run = measurer.run
     notes = [
         f"measured: {STEPS_PER_TRIAL} training steps of a copy of the module at each batch tried, "
         f"on its own training rows; peak GiB by batch {search.line()}",
@@ -746,13 +745,13 @@ def measured_preflight_for_run(
             f"per rank of {run.ranks}: "
             + ("1/N of the model state (FSDP)" if run.sharded else "with DDP's gradient buckets")
         )
-    plan = Plan(
+    return Plan(
         micro_batch=sizing.micro,
         accumulation=sizing.accumulation,
         devices=request.devices,
         seq_len=0,
         precision=request.precision,
-        device=kind,
+        device=measurer.device.type,
         budget=budget,
         estimate=estimate,
         requested_batch=request.requested if request.auto else int(request.requested),
@@ -760,5 +759,3 @@ def measured_preflight_for_run(
         checkpointing=False,
         notes=notes,
     )
-    _record(plan, record, None)
-    return plan
