@@ -166,11 +166,13 @@ def build_run_plan(
     preflight: BatchPlanner | None = None,
     device_index: int | None = None,
     batch: BatchRequest | None = None,
+    kind: str | None = None,
 ) -> RunPlan:
     """Decide the run's batch, accumulation, device and loader settings once.
 
     ``precision`` and ``device_index`` (this rank's GPU, the preflight measures it; None off CUDA)
-    are the launch's decision (laptrain.launch.device.RunDevice); ``batch`` the run's parsed
+    and ``kind`` (cpu, cuda, mps; derived from the config when None) are the launch's decision
+    (laptrain.launch.device.RunDevice); ``batch`` the run's parsed
     request (read from the config when not given). ``preflight`` is the batch planner
     (laptrain.preflight.planner; chosen for the model when None, injectable for tests). With
     ``hardware.batch_size: auto`` the preflight must run; a fixed batch is still checked by it.
@@ -181,7 +183,7 @@ def build_run_plan(
     """
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
-    asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg))
+    asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg), kind)
     profile = _preflight_profile(cfg, asked, precision, device_index)
     checked = _checked_batch(
         cfg, model, datamodule, asked, profile, reasons, preflight, output_dir, cache_dir
@@ -190,7 +192,7 @@ def build_run_plan(
     set_on = {**asked.set_on, **loading.set_on}
     return RunPlan(
         profile=str(hw.get("name")),
-        device=device_kind(asked.accelerator),
+        device=asked.kind,
         accelerator=asked.accelerator,
         devices=asked.devices,
         devices_asked=asked.devices_asked,
@@ -228,6 +230,7 @@ class _Asked:
     """What the config asks before the preflight: device, devices, batch and accumulation."""
 
     accelerator: str
+    kind: str  # the device kind it runs on (the launch's RunDevice.kind)
     devices: int  # how many train: the count of ``devices_asked`` on this accelerator
     devices_asked: int | str | list[int]
     follows: bool  # the data's batch_size is from_profile
@@ -263,7 +266,12 @@ class _Loading:
 
 
 def _asked(
-    cfg: DictConfig, model: Any, datamodule: Any, reasons: dict[str, str], request: BatchRequest
+    cfg: DictConfig,
+    model: Any,
+    datamodule: Any,
+    reasons: dict[str, str],
+    request: BatchRequest,
+    kind: str | None,
 ) -> _Asked:
     """The accelerator, devices, accumulation and batch the config asks for (the trainer's
     settings win over the hardware profile's; the data's batch unless it follows the profile)."""
@@ -271,7 +279,8 @@ def _asked(
     follows, auto = request.follows_profile, request.auto
     accelerator = requested_accelerator(cfg)
     devices_asked = asked_devices(cfg)
-    devices = device_count(devices_asked, device_kind(accelerator))
+    kind = kind or device_kind(accelerator)
+    devices = device_count(devices_asked, kind)
     accumulation = int(trainer.get("accumulate_grad_batches") or 1)
     set_on: dict[str, str] = {}
     if follows:
@@ -285,6 +294,7 @@ def _asked(
     auto_checkpointing = is_auto(cfg.model.get("gradient_checkpointing"))
     return _Asked(
         accelerator,
+        kind,
         devices,
         devices_asked,
         follows,
@@ -427,7 +437,7 @@ def _preflight_profile(
     assert isinstance(profile, dict)
     profile["devices"] = asked.devices
     profile["precision"] = precision  # the Trainer's (trainer.precision wins over the profile's)
-    profile["accelerator"] = device_kind(asked.accelerator)  # the preflight probes this kind
+    profile["accelerator"] = asked.kind  # the preflight probes this kind
     profile["device_index"] = device_index  # on this GPU
     trainer = cfg.trainer
     if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
