@@ -448,12 +448,7 @@ def _preflight_profile(
 
 def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str, str]) -> _Batch:
     """How the preflight's answer (None: nothing measured) changes the batch and accumulation."""
-    if found is None:
-        if asked.auto:
-            raise ValueError(
-                "hardware.batch_size=auto needs a model the preflight can measure: set "
-                "hardware.batch_size=<n>"
-            )
+    if found is None:  # a fixed batch (auto with nothing measured is refused before)
         reasons.setdefault("memory", "not estimated")
         if asked.auto_checkpointing:
             reasons["checkpointing"] = "model.gradient_checkpointing=auto, nothing measured"

@@ -125,39 +125,32 @@ def choose_micro_batch(largest_fit: int, effective: int | None, multiple: int) -
     return micro, effective // micro
 
 
-def _fix_options(
-    memory: ModelMemory, est: Estimate, args: dict[str, Any]
-) -> list[tuple[float, str]]:
+def _fix_options(job: _Job, est: Estimate) -> list[tuple[float, str]]:
     """Each change that could make micro batch 1 fit, with the bytes it would save."""
-    seq_len, kind = est.seq_len, args["kind"]
+    memory, seq_len, kind = job.memory, est.seq_len, job.kind
     options: list[tuple[float, str]] = []
     for fraction in (2, 4):
-        shorter = memory.estimate(
-            1, max(8, seq_len // fraction), kind, args["baseline"], args["optimizer_states"]
+        shorter = max(8, seq_len // fraction)
+        saving = (
+            est.total - memory.estimate(1, shorter, kind, job.baseline, job.optimizer_states).total
         )
-        options.append(
-            (
-                est.total - shorter.total,
-                f"shorter sequences (data.max_length={max(8, seq_len // fraction)})",
-            )
-        )
-    if memory.activations.blocks and not args["checkpointing"]:
-        ckpt = memory.estimate(1, seq_len, kind, args["baseline"], args["optimizer_states"], True)
+        options.append((saving, f"shorter sequences (data.max_length={shorter})"))
+    if memory.activations.blocks and not job.checkpointing:
+        ckpt = memory.estimate(1, seq_len, kind, job.baseline, job.optimizer_states, True)
         where = (
             "model.gradient_checkpointing=true"
-            if args["checkpointing_option"]
+            if job.checkpointing_option
             else "activation_checkpointing_enable() on the transformers model"
         )
         options.append((est.total - ckpt.total, f"gradient checkpointing ({where})"))
-    if args["precision"] == "32-true" and (kind == "cuda" or args["bf16"]):
+    if job.precision == "32-true" and (kind == "cuda" or job.bf16):
         lower = "16-mixed" if kind == "cuda" else "bf16-mixed"
         saving = 0.5 * (est.activations + est.transient)
         options.append(
             (saving, f"lower precision (hardware.precision={lower}, about half the activations)")
         )
-    workers = args.get("workers")
-    if workers is not None:
-        options.append((workers.total, "no loader workers (hardware.num_workers=0)"))
+    if job.workers is not None and kind != "cuda":
+        options.append((job.workers.total, "no loader workers (hardware.num_workers=0)"))
     static = est.weights + est.grads + est.optimizer
     options.append(
         (
@@ -168,11 +161,11 @@ def _fix_options(
     return options
 
 
-def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, Any]) -> list[str]:
+def _fixes(job: _Job, est: Estimate) -> list[str]:
     """Changes that would make micro batch 1 fit, largest saving first."""
-    options = _fix_options(memory, est, args)
+    options = _fix_options(job, est)
     options.sort(key=lambda item: -item[0])
-    need = est.total - budget.bytes
+    need = est.total - job.budget.bytes
     fixes = [
         f"{text} saves {saving / GiB:.2f} GiB" + (" (enough)" if saving >= need else "")
         for saving, text in options
@@ -343,8 +336,12 @@ class _Job:
     budget: Budget
     make_batch: MakeBatch
     loss_fn: LossFn
+    # what a refusal's fixes need besides the estimate
+    precision: str = "32-true"
+    bf16: bool = False
+    checkpointing_option: bool = False
+    workers: WorkerCost | None = None
     notes: tuple[str, ...] = ()
-    fix_args: Mapping[str, Any] = field(default_factory=dict)
 
     def estimate(self, batch: int, checkpointed: bool | None = None) -> Estimate:
         """The peak of micro batch ``batch``, checkpointing as decided unless ``checkpointed``."""
@@ -380,29 +377,25 @@ def _measure(
     baseline = (
         max(0.0, float(reading.rss) - memory.materialized_cpu_bytes) if kind == "cpu" else 0.0
     )
-    shards = request.shards
     job = _Job(
-        memory, seq_len, kind, baseline, optimizer_states, shards, on, budget, make_batch, loss_fn
+        memory,
+        seq_len,
+        kind,
+        baseline,
+        optimizer_states,
+        request.shards,
+        on,
+        budget,
+        make_batch,
+        loss_fn,
+        request.precision,
+        probe.bf16_supported(),
+        "gradient_checkpointing" in (getattr(model, "hparams", None) or {}),
+        workers,
     )
     if auto_checkpointing and memory.activations.blocks:
         job = _settle_checkpointing(job, request.requested)
-    return replace(job, fix_args=_fix_args(model, probe, job, request, workers))
-
-
-def _fix_args(
-    model: nn.Module, probe: DeviceProbe, job: _Job, request: _Request, workers: WorkerCost | None
-) -> dict[str, Any]:
-    """What the fixes of a refusal need to know besides the estimate."""
-    return {
-        "kind": job.kind,
-        "baseline": job.baseline,
-        "optimizer_states": job.optimizer_states,
-        "checkpointing": job.checkpointing,
-        "precision": request.precision,
-        "bf16": probe.bf16_supported(),
-        "checkpointing_option": "gradient_checkpointing" in (getattr(model, "hparams", None) or {}),
-        "workers": workers if job.kind != "cuda" else None,
-    }
+    return job
 
 
 def _settle_checkpointing(job: _Job, requested: int | str) -> _Job:
@@ -425,7 +418,7 @@ def _largest_fit(job: _Job, max_batch: int) -> int:
     one = job.estimate(1)
     budget = job.budget
     if one.total > budget.bytes:
-        fixes = "; ".join(_fixes(job.memory, one, budget, dict(job.fix_args)))
+        fixes = "; ".join(_fixes(job, one))
         raise PreflightError(
             f"this job does not fit even at micro batch 1: estimate {one.total / GiB:.2f} GiB > budget "
             f"{budget.bytes / GiB:.2f} GiB ({budget.source}). Fixes, largest first: {fixes}"
