@@ -275,13 +275,11 @@ def test_extra_ranks_take_rank_0s_plan_instead_of_measuring_device_0(tmp_path, m
     assert "rank 0" in shared.notes[-1]
 
 
-def test_run_entry_skips_models_it_cannot_measure_unless_auto_was_asked():
-    from laptrain.preflight.batch import preflight_for_run
+def test_the_estimate_plans_a_transformers_model_and_the_measurement_any_other_module():
+    from laptrain.preflight import planner
 
-    plain = torch.nn.Linear(4, 2)
-    assert preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4)) is None
-    with pytest.raises(PreflightError, match="set hardware.batch_size=<n>"):
-        preflight_for_run(plain, _Data(), cpu_profile(None))
+    assert planner.choose_planner(tiny_bert(), _Data()) is planner.estimated
+    assert planner.choose_planner(torch.nn.Linear(4, 2), _Data()) is planner.measured
 
 
 def test_refusal_marks_the_fixes_that_are_enough_on_their_own():

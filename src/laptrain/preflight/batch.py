@@ -35,7 +35,7 @@ from laptrain.files import write_text_atomic
 from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.hardware.profile import validate_precision
-from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
+from laptrain.preflight.activations import LossFn, MakeBatch, hf_batch_maker, hf_loss
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB, ModelMemory, model_memory
 from laptrain.preflight.worker_memory import WorkerCost, worker_cost
@@ -570,23 +570,21 @@ def preflight_for_run(
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
     checkpointing: bool | str | None = None,
-) -> Plan | None:
+) -> Plan:
     """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it.
 
     Sequence length = the longest tokenized training example (``KnowsLengths``: data tokenized
     before the plan, so a set of short pairs is not sized at ``max_length``), else the datamodule's
     ``max_length`` (or ``seq_len``); ``hardware["batch_size"]`` is the batch to check (or ``auto``);
     ``checkpointing`` as in :func:`plan_batch`. A resumed run keeps the batch recorded in its
-    ``preflight.json`` while it fits. None (nothing measured): no transformers model inside and a
-    fixed batch. Raises PreflightError: nothing fits, or ``auto`` on a model it cannot measure.
+    ``preflight.json`` while it fits. For a transformers model inside and a sequence length
+    (laptrain.preflight.planner chooses it for those). Raises PreflightError: nothing fits.
     """
     auto = is_auto(hardware.get("batch_size"))
     kind = str(hardware.get("accelerator", "cpu"))
     # this rank's own GPU (trainer.devices[local rank], from the run plan); else the current one
     probe = TorchProbe(kind, hardware.get("device_index") if kind == "cuda" else None)
     seq_len, length_note = training_length(datamodule)
-    if not _measurable(model, seq_len, auto):
-        return None
     record = output_dir / "preflight.json" if output_dir is not None else None
     shared = _rank_0_plan(record)
     if shared is not None:
@@ -620,18 +618,6 @@ def _own_step(model: nn.Module) -> dict[str, Any]:
         "make_batch": model.preflight_batch,
         "loss_fn": lambda module, batch: module.preflight_loss(batch),
     }
-
-
-def _measurable(model: nn.Module, seq_len: int | None, auto: bool) -> bool:
-    """Whether the preflight can measure the job; ``auto`` is refused when it cannot."""
-    if find_hf_model(model) is not None and seq_len:
-        return True
-    if auto:
-        raise PreflightError(
-            "hardware.batch_size=auto needs a transformers model and the datamodule's "
-            "max_length, which this job lacks: set hardware.batch_size=<n>"
-        )
-    return False
 
 
 def _rank_0_plan(record: Path | None) -> Plan | None:

@@ -52,7 +52,6 @@ from laptrain.preflight.batch import (
     _record,
     _Request,
     choose_micro_batch,
-    training_length,
 )
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB
@@ -565,15 +564,6 @@ def kept_rng(device: torch.device) -> Iterator[None]:
         random.setstate(python_state)
         if numpy is not None:
             numpy.random.set_state(numpy_state)
-
-
-def estimated_by_transformers(model: Any, datamodule: Any) -> bool:
-    """Whether batch.py's estimate applies: a transformers model inside and a sequence length."""
-    from laptrain.preflight.activations import find_hf_model
-
-    if not isinstance(model, nn.Module) or find_hf_model(model) is None:
-        return False
-    return bool(training_length(datamodule)[0])
 
 
 def _checked_module(model: Any) -> None:

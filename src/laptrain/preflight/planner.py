@@ -1,12 +1,9 @@
-"""The batch planner of a run, chosen once: one interface, two implementations.
-
-:func:`estimated` sizes a transformers model from its shapes (batch.py); :func:`measured` trains
-a copy of any LightningModule at growing batches (measured.py). Both are called as
-``planner(model, datamodule, hardware, **settings)``, ``hardware`` the profile the run plan
-passes (this rank's device, the run's precision, the batch asked) and ``settings`` the same
-:func:`plan_settings` for both, and return batch.py's ``Plan`` (the estimate: None when a fixed
-batch has nothing to size), which the run plan holds.
-"""
+"""The batch planner of a run, chosen once (:func:`choose_planner`): one interface, two
+implementations. :func:`estimated` sizes a transformers model from its shapes (batch.py),
+:func:`measured` trains a copy of any LightningModule (measured.py). Both are called as
+``planner(model, datamodule, hardware, **plan_settings(...))``, ``hardware`` the profile the run
+plan passes (this rank's device, the run's precision, the batch asked), and return batch.py's
+``Plan``, which the run plan holds."""
 
 from __future__ import annotations
 
@@ -18,6 +15,8 @@ from laptrain.config.batch_request import AUTO
 
 
 class BatchPlanner(Protocol):
+    """:func:`estimated`, :func:`measured`, or a stand-in in tests."""
+
     def __call__(
         self, model: Any, datamodule: Any, hardware: Mapping[str, Any], **settings: Any
     ) -> Any: ...
@@ -69,6 +68,10 @@ def measured(model: Any, datamodule: Any, hardware: Mapping[str, Any], **setting
 def choose_planner(model: Any, datamodule: Any) -> BatchPlanner:
     """The estimate where it applies (a transformers model inside and a sequence length), else
     the measurement."""
-    from laptrain.preflight.measured import estimated_by_transformers
+    from torch import nn
 
-    return estimated if estimated_by_transformers(model, datamodule) else measured
+    from laptrain.preflight.activations import find_hf_model
+    from laptrain.preflight.batch import training_length
+
+    hf_model = find_hf_model(model) if isinstance(model, nn.Module) else None
+    return estimated if hf_model is not None and training_length(datamodule)[0] else measured
