@@ -34,7 +34,6 @@ from laptrain.data.contracts import KnowsLengths, loader_settings
 from laptrain.files import write_text_atomic
 from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
-from laptrain.hardware.profile import validate_precision
 from laptrain.preflight.activations import LossFn, MakeBatch, hf_batch_maker, hf_loss
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB, ModelMemory, model_memory
@@ -262,9 +261,8 @@ def plan_batch(
 
     Raises:
         PreflightError: the job does not fit even at micro batch 1 (or the fixed batch does not fit).
-        ProfileError: the profile's precision cannot run on this device.
     """
-    asked = _Request.read(profile, probe, effective_batch, accumulation, max_batch, previous)
+    asked = _Request.read(profile, effective_batch, accumulation, max_batch, previous)
     job = _measure(
         model, seq_len, probe, asked, checkpointing, optimizer_states, workers, make_batch, loss_fn
     )
@@ -298,17 +296,15 @@ class _Request:
     def read(
         cls,
         profile: Mapping[str, Any],
-        probe: DeviceProbe,
         effective_batch: int | None,
         accumulation: int,
         max_batch: int,
         previous: tuple[int, int] | None,
     ) -> _Request:
-        """The profile's settings, the precision checked against the device first."""
+        """The profile's settings; its precision is the run's, which the launch checked against
+        the device (laptrain.launch.device.check_device)."""
         return cls(
-            precision=validate_precision(
-                profile.get("precision", "32-true"), probe.kind, probe.bf16_supported()
-            ),
+            precision=str(profile.get("precision", "32-true")),
             devices=int(profile.get("devices", 1) or 1),
             requested=profile.get("batch_size", "auto"),
             multiple=int(profile.get("batch_multiple", 1) or 1),

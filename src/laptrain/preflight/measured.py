@@ -694,7 +694,7 @@ def measured_preflight_for_run(
     _checked_module(model)
     probe = TorchProbe(kind, index)
     previous = _previous_batch(record) if is_auto(hardware.get("batch_size")) else None
-    request = _Request.read(hardware, probe, effective_batch, accumulation, max_batch, previous)
+    request = _Request.read(hardware, effective_batch, accumulation, max_batch, previous)
     workers = _loader_workers(datamodule, hardware, cache_dir)
     budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)
     run = run or PlannedRun(accumulation=accumulation, devices=request.devices)
