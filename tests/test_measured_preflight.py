@@ -24,7 +24,7 @@ from laptrain.preflight.measured import (
     Trial,
     measured_preflight_for_run,
 )
-from laptrain.preflight.peak_memory import KernelPeakRss, SampledRss
+from laptrain.preflight.peak_memory import CudaPeak, KernelPeakRss, SampledRss
 from tests.conftest import compose_train, quiet_trainer
 from tests.test_user_errors import train_user
 
@@ -244,6 +244,130 @@ def test_a_template_style_configure_optimizers_reading_self_trainer_is_measured(
     plan = measured_preflight_for_run(model, dm, hardware(budget_gb=0.55), counter=counter)
     assert 0 < plan.micro_batch <= 51
     assert model._trainer is None  # the stand-in was given to the copy only
+
+
+class OneCycle(Tiny):
+    """Lightning's docs' scheduler: OneCycleLR over the Trainer's estimated stepping batches."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=0.1, total_steps=self.trainer.estimated_stepping_batches
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+
+class ReadsProfiler(Tiny):
+    """A module reading something of its Trainer that exists only once the Trainer does."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=0.1)
+        every = self.trainer.check_val_every_n_epoch
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=every)
+        return [optimizer], [scheduler]
+
+
+def test_a_one_cycle_scheduler_over_the_estimated_stepping_batches_is_measured():
+    batches_run.clear()
+    model, dm = OneCycle(), data()
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
+    length = measured.PlannedRun(max_epochs=3, accumulation=2)
+    plan = measured_preflight_for_run(
+        model, dm, hardware(budget_gb=0.6), counter=counter, run=length
+    )
+    assert 0 < plan.micro_batch <= 102
+    assert not any("without the learning-rate scheduler" in note for note in plan.notes)
+
+
+def test_the_stand_in_says_what_lightnings_trainer_says_of_the_run():
+    class Records(OneCycle):
+        def configure_optimizers(self):
+            trainer = self.trainer
+            self.said = (trainer.estimated_stepping_batches, trainer.max_epochs, trainer.max_steps)
+            return super().configure_optimizers()
+
+    model, dm = Records(), Rows(64, batch_size=8)  # 8 batches an epoch
+    quiet_trainer(max_epochs=3, accumulate_grad_batches=2, limit_val_batches=0).fit(model, dm)
+    said_by_lightning = model.said
+    model._trainer = measured.PlannedRun(max_epochs=3, accumulation=2).stand_in(model, dm, 8)
+    model.configure_optimizers()
+    assert model.said == said_by_lightning == (12, 3, -1)
+    assert measured.PlannedRun().stand_in(model, dm, 8).max_epochs == 1000  # Lightning's default
+
+
+def test_a_trainer_property_the_stand_in_cannot_answer_measures_without_the_scheduler():
+    model, dm = ReadsProfiler(), data()
+    counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
+    plan = measured_preflight_for_run(model, dm, hardware(budget_gb=0.6), counter=counter)
+    assert 0 < plan.micro_batch <= 102
+    assert (
+        "measured without the learning-rate scheduler: configure_optimizers() reads "
+        "trainer.check_val_every_n_epoch" in "\n".join(plan.summary_lines())
+    )
+
+
+class Wide(Tiny):
+    """Weights, gradients and Adam's two states of 4.2 MiB each; a step's rows are tiny."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 2))
+
+
+def wide_counter(model: nn.Module) -> RowsCounter:
+    """The whole model state (4 x its weights) plus 1 MiB, and 1 KiB a row."""
+    return RowsCounter(copy_bytes(model), base=4 * copy_bytes(model) + MB, per_row=1024)
+
+
+def test_under_fsdp_each_rank_is_sized_by_its_share_of_the_model_state():
+    model = Wide()
+    weights = copy_bytes(model)
+    with pytest.raises(PreflightError, match="does not fit even at micro batch 1"):
+        measured_preflight_for_run(
+            model, data(), hardware(budget_gb=8 / 1024), counter=wide_counter(model)
+        )
+    sharded = {**hardware(budget_gb=8 / 1024), "devices": 4, "shards": 4}
+    plan = measured_preflight_for_run(model, data(), sharded, counter=wide_counter(model))
+    assert plan.micro_batch > 1 and plan.estimate.total <= plan.budget.bytes
+    assert plan.estimate.weights == pytest.approx(weights / 4)
+    assert "per rank of 4: 1/N of the model state (FSDP)" in plan.notes
+
+
+def test_under_ddp_each_rank_counts_the_gradient_buckets():
+    model = Wide()
+    budget = hardware(budget_gb=20 / 1024)
+    alone = measured_preflight_for_run(model, data(), budget, counter=wide_counter(model))
+    assert alone.micro_batch > 1
+    with pytest.raises(PreflightError, match="does not fit even at micro batch 1"):
+        ddp = {**budget, "devices": 2}
+        measured_preflight_for_run(model, data(), ddp, counter=wide_counter(model))
+
+
+def test_running_out_of_memory_moving_the_copy_is_the_one_line_refusal(monkeypatch):
+    def out_of_memory(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    model = Tiny()
+    monkeypatch.setattr(Tiny, "to", out_of_memory)
+    with pytest.raises(PreflightError) as refused:
+        measured_preflight_for_run(model, data(), hardware(8), counter=RowsCounter(0, 0, 0))
+    message = str(refused.value)
+    assert message.startswith("this job does not fit even at micro batch 1: a copy of the module")
+    assert "\n" not in message
+
+
+def test_the_cuda_counter_reads_reserved_memory_which_the_free_memory_budget_counts(monkeypatch):
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "synchronize", lambda index=None: None)
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda index=None: 5 * GiB)
+    monkeypatch.setattr(cuda, "max_memory_reserved", lambda index=None: 7 * GiB)
+    monkeypatch.setattr(cuda, "memory_allocated", lambda index=None: 1 * GiB)
+    monkeypatch.setattr(cuda, "memory_reserved", lambda index=None: 2 * GiB)
+    counter = CudaPeak(0)
+    assert (counter.level(), counter.peak()) == (2 * GiB, 7 * GiB)
 
 
 @pytest.mark.parametrize(

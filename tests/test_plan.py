@@ -18,6 +18,7 @@ def fake_preflight(micro: int, accumulation: int, checkpointing: bool = False):
 
     def preflight(model, datamodule, profile, **kw):
         calls.append((profile["batch_size"], kw["accumulation"], kw["effective_batch"]))
+        preflight.seen_kind = profile["accelerator"]
         preflight.checkpointing_asked = kw.get("checkpointing")
         return types.SimpleNamespace(
             micro_batch=micro,
@@ -252,3 +253,17 @@ def test_every_gpu_on_a_machine_without_one_is_refused_naming_trainer_devices():
     assert device_count("auto", "cuda", lambda: 3) == device_count("-1", "cuda", lambda: 3) == 3
     with pytest.raises(ConfigError, match="trainer.devices=-1 asks for every CUDA GPU"):
         device_count(-1, "cuda", lambda: 0)
+
+
+def test_the_plan_trains_on_the_device_kind_the_launch_decided(monkeypatch):
+    """The launch's RunDevice.kind is passed down: the plan does not probe the accelerator again."""
+    import laptrain.job.plan as plan_module
+
+    def probed_again(accelerator):
+        raise AssertionError(f"device kind of {accelerator} derived again")
+
+    monkeypatch.setattr(plan_module, "device_kind", probed_again)
+    cfg = compose_train(["hardware=cpu", "hardware.batch_size=8", "trainer.accelerator=auto"])
+    preflight = fake_preflight(micro=8, accumulation=1)
+    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=preflight, kind="cpu")
+    assert plan.device == "cpu" and preflight.seen_kind == "cpu"

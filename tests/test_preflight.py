@@ -212,14 +212,6 @@ def test_frozen_base_counts_once_and_checkpointing_shrinks_activations():
     assert ckpt.estimate.activations < full.estimate.activations
 
 
-def test_precision_the_device_lacks_is_refused_before_measuring():
-    from laptrain.hardware.profile import ProfileError
-
-    probe = FakeProbe(kind="mps", readings=[reading(device_limit=8 * GiB)])
-    with pytest.raises(ProfileError, match="hardware.precision=64-true cannot run on MPS"):
-        plan_batch(tiny_bert(), SEQ, cpu_profile(None, precision="64-true"), probe)
-
-
 def test_verify_runs_two_steps_without_changing_the_weights_and_reports_the_ratio():
     model = tiny_bert()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -275,13 +267,11 @@ def test_extra_ranks_take_rank_0s_plan_instead_of_measuring_device_0(tmp_path, m
     assert "rank 0" in shared.notes[-1]
 
 
-def test_run_entry_skips_models_it_cannot_measure_unless_auto_was_asked():
-    from laptrain.preflight.batch import preflight_for_run
+def test_the_estimate_plans_a_transformers_model_and_the_measurement_any_other_module():
+    from laptrain.preflight import planner
 
-    plain = torch.nn.Linear(4, 2)
-    assert preflight_for_run(plain, _Data(), cpu_profile(None, batch_size=4)) is None
-    with pytest.raises(PreflightError, match="set hardware.batch_size=<n>"):
-        preflight_for_run(plain, _Data(), cpu_profile(None))
+    assert planner.choose_planner(tiny_bert(), _Data()) is planner.estimated
+    assert planner.choose_planner(torch.nn.Linear(4, 2), _Data()) is planner.measured
 
 
 def test_refusal_marks_the_fixes_that_are_enough_on_their_own():

@@ -21,7 +21,7 @@ from laptrain.hardware.probe import FakeProbe, TorchProbe
 from laptrain.job import plan as plan_module
 from laptrain.job import run
 from laptrain.launch import device
-from laptrain.preflight import batch
+from laptrain.preflight import batch, planner
 from laptrain.ranks.environment import local_rank
 from laptrain.ranks.processes import rank_cuda_index
 from tests.conftest import TINY, compose_train, write_texts
@@ -167,7 +167,9 @@ def test_the_preflight_probes_this_rank_s_gpu(tmp_path, monkeypatch):
     data = types.SimpleNamespace(max_length=16, num_workers=0)
     with pytest.raises(Stop):
         index = device.rank_device_index(cfg, "cuda")  # the launch's RunDevice.index
-        plan_module.build_run_plan(cfg, object(), data, "32-true", device_index=index)
+        plan_module.build_run_plan(
+            cfg, object(), data, "32-true", device_index=index, preflight=planner.estimated
+        )
     assert made == [("cuda", 3)]
 
 

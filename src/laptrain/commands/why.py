@@ -464,6 +464,16 @@ def _in(points: Points, lo: int, hi: int) -> list[float]:
     return [v for s, v in _finite(points) if lo <= s <= hi]
 
 
+SLOW_ADVICE = {
+    "thermal": "the machine throttled: let it cool (hard, open surface; charger in), or "
+    "lower hardware.batch_size; callbacks.thermal_guard paces it",
+    "memory": "memory ran short: close other applications, or lower hardware.batch_size / "
+    "data.max_length",
+    "oom": "smaller micro-batches are slower: start at the size that fits (see above)",
+    "": "nothing recorded explains it: look for other processes sharing the machine",
+}
+
+
 def _slow_context(
     series: Series, report: Mapping[str, Any] | None, early: tuple[int, int], late: tuple[int, int]
 ) -> tuple[list[str], str]:
@@ -486,11 +496,34 @@ def _slow_context(
         seconds = sum(float(e.get("s", 0)) for e in breaks)
         said.append(f"{len(breaks)} cooling break(s), {seconds:.0f} s")
         why = why or "thermal"
+    memory = _memory_signs(series, early, late)
+    said += memory
+    why = why or ("memory" if memory else "")
+    halved = [
+        e
+        for e in _section(report, "oom").get("events") or []
+        if isinstance(e, dict) and early[0] <= e.get("step", -1) <= late[1]
+    ]
+    if halved:
+        said.append(f"micro-batch halved at step {halved[0]['step']} (OOM backoff)")
+        why = why or "oom"
+    if not said:
+        recorded = any(t.startswith(("thermal/", "memory/")) for t in series)
+        said.append(
+            "thermal state, memory and swap unchanged"
+            if recorded
+            else "no thermal or memory record (the guards were off)"
+        )
+    return said, SLOW_ADVICE[why]
+
+
+def _memory_signs(series: Series, early: tuple[int, int], late: tuple[int, int]) -> list[str]:
+    """Swap, system memory and memory pressure that grew from the fast stretch to the slow one."""
+    said = []
     swap_early = _in(series.get("memory/swap_used_mb", []), *early)
     swap_late = _in(series.get("memory/swap_used_mb", []), *late)
     if swap_early and swap_late and max(swap_late) - min(swap_early) >= SWAP_GROWTH_MB:
         said.append(f"swap {_num(max(swap_late))} MB (was {_num(min(swap_early))})")
-        why = why or "memory"
     system_early = _in(series.get("memory/system_percent", []), *early)
     system_late = _in(series.get("memory/system_percent", []), *late)
     if (
@@ -501,35 +534,10 @@ def _slow_context(
         said.append(
             f"system memory {max(system_late):.0f} % (was {statistics.median(system_early):.0f} %)"
         )
-        why = why or "memory"
     pressure = _in(series.get("memory/pressure_level", []), *late)
     if pressure and max(pressure) >= PRESSURE_WARNING:
         said.append(f"memory pressure {pressure_name(int(max(pressure)))}")
-        why = why or "memory"
-    halved = [
-        e
-        for e in _section(report, "oom").get("events") or []
-        if isinstance(e, dict) and early[0] <= e.get("step", -1) <= late[1]
-    ]
-    if halved:
-        said.append(f"micro-batch halved at step {halved[0]['step']} (OOM backoff)")
-        why = why or "oom"
-    advice = {
-        "thermal": "the machine throttled: let it cool (hard, open surface; charger in), or "
-        "lower hardware.batch_size; callbacks.thermal_guard paces it",
-        "memory": "memory ran short: close other applications, or lower hardware.batch_size / "
-        "data.max_length",
-        "oom": "smaller micro-batches are slower: start at the size that fits (see above)",
-        "": "nothing recorded explains it: look for other processes sharing the machine",
-    }[why]
-    if not said:
-        recorded = any(t.startswith(("thermal/", "memory/")) for t in series)
-        said.append(
-            "thermal state, memory and swap unchanged"
-            if recorded
-            else "no thermal or memory record (the guards were off)"
-        )
-    return said, advice
+    return said
 
 
 def throughput(series: Series, report: Mapping[str, Any] | None) -> Finding | None:

@@ -16,9 +16,8 @@ keeps it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from laptrain.job.datamodule_settings import (
 )
 from laptrain.launch.device import device_count, device_kind, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
+from laptrain.preflight.planner import BatchPlanner
 from laptrain.ranks.processes import asked_devices, shards_model_state
 
 
@@ -163,16 +163,18 @@ def build_run_plan(
     precision: str,
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
-    preflight: Any = None,
+    preflight: BatchPlanner | None = None,
     device_index: int | None = None,
     batch: BatchRequest | None = None,
+    kind: str | None = None,
 ) -> RunPlan:
     """Decide the run's batch, accumulation, device and loader settings once.
 
     ``precision`` and ``device_index`` (this rank's GPU, the preflight measures it; None off CUDA)
-    are the launch's decision (laptrain.launch.device.RunDevice); ``batch`` the run's parsed
-    request (read from the config when not given). ``preflight`` is
-    ``laptrain.preflight.batch.preflight_for_run`` (injectable for tests). With
+    and ``kind`` (cpu, cuda, mps; derived from the config when None) are the launch's decision
+    (laptrain.launch.device.RunDevice); ``batch`` the run's parsed
+    request (read from the config when not given). ``preflight`` is the batch planner
+    (laptrain.preflight.planner; chosen for the model when None, injectable for tests). With
     ``hardware.batch_size: auto`` the preflight must run; a fixed batch is still checked by it.
 
     Raises:
@@ -181,16 +183,16 @@ def build_run_plan(
     """
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
-    asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg))
-    measured_on = partial(_preflight_profile, cfg, asked, precision, device_index)
+    asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg), kind)
+    profile = _preflight_profile(cfg, asked, precision, device_index)
     checked = _checked_batch(
-        cfg, model, datamodule, asked, measured_on, reasons, preflight, output_dir, cache_dir
+        cfg, model, datamodule, asked, profile, reasons, preflight, output_dir, cache_dir
     )
     loading = _loading(cfg, model, datamodule, asked.follows, checked.loader_batch, reasons)
     set_on = {**asked.set_on, **loading.set_on}
     return RunPlan(
         profile=str(hw.get("name")),
-        device=device_kind(asked.accelerator),
+        device=asked.kind,
         accelerator=asked.accelerator,
         devices=asked.devices,
         devices_asked=asked.devices_asked,
@@ -228,6 +230,7 @@ class _Asked:
     """What the config asks before the preflight: device, devices, batch and accumulation."""
 
     accelerator: str
+    kind: str  # the device kind it runs on (the launch's RunDevice.kind)
     devices: int  # how many train: the count of ``devices_asked`` on this accelerator
     devices_asked: int | str | list[int]
     follows: bool  # the data's batch_size is from_profile
@@ -263,7 +266,12 @@ class _Loading:
 
 
 def _asked(
-    cfg: DictConfig, model: Any, datamodule: Any, reasons: dict[str, str], request: BatchRequest
+    cfg: DictConfig,
+    model: Any,
+    datamodule: Any,
+    reasons: dict[str, str],
+    request: BatchRequest,
+    kind: str | None,
 ) -> _Asked:
     """The accelerator, devices, accumulation and batch the config asks for (the trainer's
     settings win over the hardware profile's; the data's batch unless it follows the profile)."""
@@ -271,7 +279,8 @@ def _asked(
     follows, auto = request.follows_profile, request.auto
     accelerator = requested_accelerator(cfg)
     devices_asked = asked_devices(cfg)
-    devices = device_count(devices_asked, device_kind(accelerator))
+    kind = kind or device_kind(accelerator)
+    devices = device_count(devices_asked, kind)
     accumulation = int(trainer.get("accumulate_grad_batches") or 1)
     set_on: dict[str, str] = {}
     if follows:
@@ -285,6 +294,7 @@ def _asked(
     auto_checkpointing = is_auto(cfg.model.get("gradient_checkpointing"))
     return _Asked(
         accelerator,
+        kind,
         devices,
         devices_asked,
         follows,
@@ -331,85 +341,74 @@ def _checked_batch(
     model: Any,
     datamodule: Any,
     asked: _Asked,
-    measured_on: Callable[[], dict[Any, Any]],
+    profile: dict[Any, Any],
     reasons: dict[str, str],
-    preflight: Any,
+    planner: BatchPlanner | None,
     output_dir: Path | None,
     cache_dir: Path | None,
 ) -> _Batch:
     """The batch the preflight picks (``auto``) or checks (fixed), or as asked when it is off;
-    ``measured_on()`` is the hardware the preflight measures."""
+    ``profile`` is the hardware it measures, ``planner`` the one that sizes (chosen when None)."""
     options = cfg.get("preflight") or {}
     asked_batch = _Batch(
         asked.loader_batch, asked.accumulation, None, False if asked.auto_checkpointing else None
     )
     if not options.get("enabled", True):
-        if asked.auto:
-            raise ValueError(
-                "hardware.batch_size=auto needs preflight.enabled=true (or set hardware.batch_size=<n>)"
-            )
-        if asked.auto_checkpointing:
-            reasons["checkpointing"] = (
-                "model.gradient_checkpointing=auto with the preflight off: set it to true to force it"
-            )
-        return asked_batch
-    from laptrain.preflight.measured import estimated_by_transformers
+        return _unchecked(asked, asked_batch, reasons)
+    from laptrain.preflight.planner import choose_planner, plan_settings
     from laptrain.preflight.shared_plan import plan_on_rank_0
 
-    # auto on a module the estimate cannot size goes straight to the measured preflight
-    estimate = preflight is not None or not asked.auto
-    estimate = estimate or estimated_by_transformers(model, datamodule)
-    if preflight is None:
-        from laptrain.preflight.batch import preflight_for_run as preflight
-
-    profile = measured_on()
-    # what both preflights (the estimate and the measured one) are given
-    shared = {
-        "accumulation": asked.accumulation,
-        "effective_batch": options.get("effective_batch_size"),
-        "max_batch": int(options.get("max_batch_size") or 256),
-        "output_dir": output_dir,
-        "cache_dir": cache_dir,
-    }
-    run_preflight = partial(
-        preflight,
-        model,
-        datamodule,
-        profile,
-        verify=bool(options.get("verify", False)),
-        **shared,
-        **({"checkpointing": AUTO} if asked.auto_checkpointing else {}),
+    planner = planner or choose_planner(model, datamodule)
+    option = "hardware.batch_size" if asked.follows else "data.batch_size"
+    settings = plan_settings(
+        options,
+        asked.accumulation,
+        output_dir,
+        cache_dir,
+        asked.auto_checkpointing,
+        option,
+        _planned_run(cfg.trainer, asked),
     )
     # torchrun / srun ranks start together: rank 0 plans and every rank takes its plan
     strategy = cfg.trainer.get("strategy")
     if OmegaConf.is_config(strategy):
         strategy = OmegaConf.to_container(strategy, resolve=True)
-    found = None
-    if estimate:
-        found = plan_on_rank_0(
-            run_preflight, strategy, profile["accelerator"], profile["device_index"]
-        )
-    if found is None:
-        run_measured = partial(_measured, model, datamodule, asked, profile, shared)
-        found = _or_not_measured(
-            lambda: plan_on_rank_0(
-                run_measured, strategy, profile["accelerator"], profile["device_index"]
-            ),
-            asked,
-            reasons,
-        )
+    kind, index = profile["accelerator"], profile["device_index"]
+    found = _or_not_measured(
+        lambda: plan_on_rank_0(
+            lambda: planner(model, datamodule, profile, **settings), strategy, kind, index
+        ),
+        asked,
+        reasons,
+    )
     return _answered(found, asked, asked_batch, reasons)
 
 
-def _measured(
-    model: Any, datamodule: Any, asked: _Asked, profile: dict[Any, Any], shared: dict[str, Any]
-) -> Any:
-    """The measured preflight's plan (laptrain.preflight.measured): real training steps of a copy
-    of the module, where the estimate sizes nothing."""
-    from laptrain.preflight.measured import measured_preflight_for_run
+def _unchecked(asked: _Asked, asked_batch: _Batch, reasons: dict[str, str]) -> _Batch:
+    """The batch as asked, with the preflight off (``auto`` refused)."""
+    if asked.auto:
+        raise ValueError(
+            "hardware.batch_size=auto needs preflight.enabled=true (or set hardware.batch_size=<n>)"
+        )
+    if asked.auto_checkpointing:
+        reasons["checkpointing"] = (
+            "model.gradient_checkpointing=auto with the preflight off: set it to true to force it"
+        )
+    return asked_batch
 
-    option = "hardware.batch_size" if asked.follows else "data.batch_size"
-    return measured_preflight_for_run(model, datamodule, profile, option=option, **shared)
+
+def _planned_run(trainer: DictConfig, asked: _Asked) -> Any:
+    """The run as its Trainer will have it, for the measured preflight's stand-in."""
+    from laptrain.preflight.measured import PlannedRun
+
+    return PlannedRun(
+        trainer.get("max_epochs"),
+        int(trainer.get("max_steps", -1)),
+        asked.accumulation,
+        asked.devices,
+        int(trainer.get("num_nodes") or 1),
+        shards_model_state(trainer.get("strategy")),
+    )
 
 
 def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> Any:
@@ -438,7 +437,7 @@ def _preflight_profile(
     assert isinstance(profile, dict)
     profile["devices"] = asked.devices
     profile["precision"] = precision  # the Trainer's (trainer.precision wins over the profile's)
-    profile["accelerator"] = device_kind(asked.accelerator)  # the preflight probes this kind
+    profile["accelerator"] = asked.kind  # the preflight probes this kind
     profile["device_index"] = device_index  # on this GPU
     trainer = cfg.trainer
     if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
@@ -449,12 +448,7 @@ def _preflight_profile(
 
 def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str, str]) -> _Batch:
     """How the preflight's answer (None: nothing measured) changes the batch and accumulation."""
-    if found is None:
-        if asked.auto:
-            raise ValueError(
-                "hardware.batch_size=auto needs a model the preflight can measure: set "
-                "hardware.batch_size=<n>"
-            )
+    if found is None:  # a fixed batch (auto with nothing measured is refused before)
         reasons.setdefault("memory", "not estimated")
         if asked.auto_checkpointing:
             reasons["checkpointing"] = "model.gradient_checkpointing=auto, nothing measured"

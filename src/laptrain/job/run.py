@@ -199,6 +199,7 @@ def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
         Path(cfg.paths.cache_dir),
         device_index=index,
         batch=batch,
+        kind=kind,
     )
     if plan.gradient_checkpointing and isinstance(model, ChecksGradientCheckpointing):
         model.use_gradient_checkpointing()  # model.gradient_checkpointing=auto: the job needs it

@@ -34,8 +34,7 @@ from laptrain.data.contracts import KnowsLengths, loader_settings
 from laptrain.files import write_text_atomic
 from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
-from laptrain.hardware.profile import validate_precision
-from laptrain.preflight.activations import LossFn, MakeBatch, find_hf_model, hf_batch_maker, hf_loss
+from laptrain.preflight.activations import LossFn, MakeBatch, hf_batch_maker, hf_loss
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB, ModelMemory, model_memory
 from laptrain.preflight.worker_memory import WorkerCost, worker_cost
@@ -125,39 +124,32 @@ def choose_micro_batch(largest_fit: int, effective: int | None, multiple: int) -
     return micro, effective // micro
 
 
-def _fix_options(
-    memory: ModelMemory, est: Estimate, args: dict[str, Any]
-) -> list[tuple[float, str]]:
+def _fix_options(job: _Job, est: Estimate) -> list[tuple[float, str]]:
     """Each change that could make micro batch 1 fit, with the bytes it would save."""
-    seq_len, kind = est.seq_len, args["kind"]
+    memory, seq_len, kind = job.memory, est.seq_len, job.kind
     options: list[tuple[float, str]] = []
     for fraction in (2, 4):
-        shorter = memory.estimate(
-            1, max(8, seq_len // fraction), kind, args["baseline"], args["optimizer_states"]
+        shorter = max(8, seq_len // fraction)
+        saving = (
+            est.total - memory.estimate(1, shorter, kind, job.baseline, job.optimizer_states).total
         )
-        options.append(
-            (
-                est.total - shorter.total,
-                f"shorter sequences (data.max_length={max(8, seq_len // fraction)})",
-            )
-        )
-    if memory.activations.blocks and not args["checkpointing"]:
-        ckpt = memory.estimate(1, seq_len, kind, args["baseline"], args["optimizer_states"], True)
+        options.append((saving, f"shorter sequences (data.max_length={shorter})"))
+    if memory.activations.blocks and not job.checkpointing:
+        ckpt = memory.estimate(1, seq_len, kind, job.baseline, job.optimizer_states, True)
         where = (
             "model.gradient_checkpointing=true"
-            if args["checkpointing_option"]
+            if job.checkpointing_option
             else "activation_checkpointing_enable() on the transformers model"
         )
         options.append((est.total - ckpt.total, f"gradient checkpointing ({where})"))
-    if args["precision"] == "32-true" and (kind == "cuda" or args["bf16"]):
+    if job.precision == "32-true" and (kind == "cuda" or job.bf16):
         lower = "16-mixed" if kind == "cuda" else "bf16-mixed"
         saving = 0.5 * (est.activations + est.transient)
         options.append(
             (saving, f"lower precision (hardware.precision={lower}, about half the activations)")
         )
-    workers = args.get("workers")
-    if workers is not None:
-        options.append((workers.total, "no loader workers (hardware.num_workers=0)"))
+    if job.workers is not None and kind != "cuda":
+        options.append((job.workers.total, "no loader workers (hardware.num_workers=0)"))
     static = est.weights + est.grads + est.optimizer
     options.append(
         (
@@ -168,11 +160,11 @@ def _fix_options(
     return options
 
 
-def _fixes(memory: ModelMemory, est: Estimate, budget: Budget, args: dict[str, Any]) -> list[str]:
+def _fixes(job: _Job, est: Estimate) -> list[str]:
     """Changes that would make micro batch 1 fit, largest saving first."""
-    options = _fix_options(memory, est, args)
+    options = _fix_options(job, est)
     options.sort(key=lambda item: -item[0])
-    need = est.total - budget.bytes
+    need = est.total - job.budget.bytes
     fixes = [
         f"{text} saves {saving / GiB:.2f} GiB" + (" (enough)" if saving >= need else "")
         for saving, text in options
@@ -269,9 +261,8 @@ def plan_batch(
 
     Raises:
         PreflightError: the job does not fit even at micro batch 1 (or the fixed batch does not fit).
-        ProfileError: the profile's precision cannot run on this device.
     """
-    asked = _Request.read(profile, probe, effective_batch, accumulation, max_batch, previous)
+    asked = _Request.read(profile, effective_batch, accumulation, max_batch, previous)
     job = _measure(
         model, seq_len, probe, asked, checkpointing, optimizer_states, workers, make_batch, loss_fn
     )
@@ -305,17 +296,15 @@ class _Request:
     def read(
         cls,
         profile: Mapping[str, Any],
-        probe: DeviceProbe,
         effective_batch: int | None,
         accumulation: int,
         max_batch: int,
         previous: tuple[int, int] | None,
     ) -> _Request:
-        """The profile's settings, the precision checked against the device first."""
+        """The profile's settings; its precision is the run's, which the launch checked against
+        the device (laptrain.launch.device.check_device)."""
         return cls(
-            precision=validate_precision(
-                profile.get("precision", "32-true"), probe.kind, probe.bf16_supported()
-            ),
+            precision=str(profile.get("precision", "32-true")),
             devices=int(profile.get("devices", 1) or 1),
             requested=profile.get("batch_size", "auto"),
             multiple=int(profile.get("batch_multiple", 1) or 1),
@@ -343,8 +332,12 @@ class _Job:
     budget: Budget
     make_batch: MakeBatch
     loss_fn: LossFn
+    # what a refusal's fixes need besides the estimate
+    precision: str = "32-true"
+    bf16: bool = False
+    checkpointing_option: bool = False
+    workers: WorkerCost | None = None
     notes: tuple[str, ...] = ()
-    fix_args: Mapping[str, Any] = field(default_factory=dict)
 
     def estimate(self, batch: int, checkpointed: bool | None = None) -> Estimate:
         """The peak of micro batch ``batch``, checkpointing as decided unless ``checkpointed``."""
@@ -380,29 +373,25 @@ def _measure(
     baseline = (
         max(0.0, float(reading.rss) - memory.materialized_cpu_bytes) if kind == "cpu" else 0.0
     )
-    shards = request.shards
     job = _Job(
-        memory, seq_len, kind, baseline, optimizer_states, shards, on, budget, make_batch, loss_fn
+        memory,
+        seq_len,
+        kind,
+        baseline,
+        optimizer_states,
+        request.shards,
+        on,
+        budget,
+        make_batch,
+        loss_fn,
+        request.precision,
+        probe.bf16_supported(),
+        "gradient_checkpointing" in (getattr(model, "hparams", None) or {}),
+        workers,
     )
     if auto_checkpointing and memory.activations.blocks:
         job = _settle_checkpointing(job, request.requested)
-    return replace(job, fix_args=_fix_args(model, probe, job, request, workers))
-
-
-def _fix_args(
-    model: nn.Module, probe: DeviceProbe, job: _Job, request: _Request, workers: WorkerCost | None
-) -> dict[str, Any]:
-    """What the fixes of a refusal need to know besides the estimate."""
-    return {
-        "kind": job.kind,
-        "baseline": job.baseline,
-        "optimizer_states": job.optimizer_states,
-        "checkpointing": job.checkpointing,
-        "precision": request.precision,
-        "bf16": probe.bf16_supported(),
-        "checkpointing_option": "gradient_checkpointing" in (getattr(model, "hparams", None) or {}),
-        "workers": workers if job.kind != "cuda" else None,
-    }
+    return job
 
 
 def _settle_checkpointing(job: _Job, requested: int | str) -> _Job:
@@ -425,7 +414,7 @@ def _largest_fit(job: _Job, max_batch: int) -> int:
     one = job.estimate(1)
     budget = job.budget
     if one.total > budget.bytes:
-        fixes = "; ".join(_fixes(job.memory, one, budget, dict(job.fix_args)))
+        fixes = "; ".join(_fixes(job, one))
         raise PreflightError(
             f"this job does not fit even at micro batch 1: estimate {one.total / GiB:.2f} GiB > budget "
             f"{budget.bytes / GiB:.2f} GiB ({budget.source}). Fixes, largest first: {fixes}"
@@ -577,28 +566,21 @@ def preflight_for_run(
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
     checkpointing: bool | str | None = None,
-) -> Plan | None:
+) -> Plan:
     """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it.
 
     Sequence length = the longest tokenized training example (``KnowsLengths``: data tokenized
     before the plan, so a set of short pairs is not sized at ``max_length``), else the datamodule's
     ``max_length`` (or ``seq_len``); ``hardware["batch_size"]`` is the batch to check (or ``auto``);
-    ``checkpointing`` as in :func:`plan_batch` (``"auto"`` for ``model.gradient_checkpointing:
-    auto``). A resumed run keeps the batch recorded in its ``preflight.json`` while it fits. The
-    caller (laptrain/job/plan.py) passes the answer on.
-    Returns None (nothing measured) for a model without a transformers model inside when the
-    batch is fixed.
-
-    Raises:
-        PreflightError: nothing fits, or ``auto`` was asked for a model the preflight cannot measure.
+    ``checkpointing`` as in :func:`plan_batch`. A resumed run keeps the batch recorded in its
+    ``preflight.json`` while it fits. For a transformers model inside and a sequence length
+    (laptrain.preflight.planner chooses it for those). Raises PreflightError: nothing fits.
     """
     auto = is_auto(hardware.get("batch_size"))
     kind = str(hardware.get("accelerator", "cpu"))
     # this rank's own GPU (trainer.devices[local rank], from the run plan); else the current one
     probe = TorchProbe(kind, hardware.get("device_index") if kind == "cuda" else None)
     seq_len, length_note = training_length(datamodule)
-    if not _measurable(model, seq_len, auto):
-        return None
     record = output_dir / "preflight.json" if output_dir is not None else None
     shared = _rank_0_plan(record)
     if shared is not None:
@@ -632,18 +614,6 @@ def _own_step(model: nn.Module) -> dict[str, Any]:
         "make_batch": model.preflight_batch,
         "loss_fn": lambda module, batch: module.preflight_loss(batch),
     }
-
-
-def _measurable(model: nn.Module, seq_len: int | None, auto: bool) -> bool:
-    """Whether the preflight can measure the job; ``auto`` is refused when it cannot."""
-    if find_hf_model(model) is not None and seq_len:
-        return True
-    if auto:
-        raise PreflightError(
-            "hardware.batch_size=auto needs a transformers model and the datamodule's "
-            "max_length, which this job lacks: set hardware.batch_size=<n>"
-        )
-    return False
 
 
 def _rank_0_plan(record: Path | None) -> Plan | None:

@@ -32,7 +32,7 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,6 @@ from laptrain.preflight.batch import (
     _record,
     _Request,
     choose_micro_batch,
-    training_length,
 )
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB
@@ -204,25 +203,82 @@ class BatchSearch:
 
 @dataclass
 class TrainerStandIn:
-    """What a module's ``training_step`` and ``configure_optimizers`` commonly read of its Trainer
-    (the lightning-hydra-template's ``self.trainer.model.parameters()``), for the copy the
-    preflight trains: ``barebones`` makes ``self.log`` a no-op (lightning/pytorch/core/module.py,
-    ``LightningModule.log``). Anything else a module reads of it fails, and the module is not
-    measured (the reason is printed)."""
+    """What a module's ``training_step`` and ``configure_optimizers`` commonly read of its Trainer,
+    answered as Lightning's Trainer answers them for the planned run: ``model`` (the
+    lightning-hydra-template's ``self.trainer.model.parameters()``), ``datamodule``, the run's
+    length (``max_epochs``, ``max_steps``, ``estimated_stepping_batches``: the total steps
+    Lightning's docs give ``OneCycleLR``), ``world_size``, ``num_devices``,
+    ``accumulate_grad_batches``; ``barebones`` makes ``self.log`` a no-op
+    (lightning/pytorch/core/module.py, ``LightningModule.log``). What else a module reads of it
+    raises AttributeError (:func:`_optimizers` then measures without that module's scheduler)."""
 
     model: nn.Module
+    datamodule: Any = None
+    max_epochs: int | None = None
+    max_steps: int = -1
+    estimated_stepping_batches: float = math.inf
+    accumulate_grad_batches: int = 1
+    num_devices: int = 1
+    world_size: int = 1
     barebones: bool = True
     global_step: int = 0
     current_epoch: int = 0
     logger: Any = None
     loggers: list[Any] = field(default_factory=list)
-    world_size: int = 1
     global_rank: int = 0
     local_rank: int = 0
 
     @property
     def lightning_module(self) -> nn.Module:
         return self.model
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """The run as its Trainer will have it: ``max_epochs``, ``max_steps``,
+    ``accumulate_grad_batches``, devices per node, nodes, and whether the strategy shards the
+    model state (FSDP; with several ranks and no sharding it is DDP)."""
+
+    max_epochs: int | None = None
+    max_steps: int = -1
+    accumulation: int = 1
+    devices: int = 1
+    nodes: int = 1
+    sharded: bool = False
+
+    @property
+    def ranks(self) -> int:
+        return self.devices * self.nodes
+
+    @property
+    def epochs(self) -> int:
+        """``max_epochs`` as Lightning parses it (lightning/pytorch/loops/utilities.py:71-80)."""
+        if self.max_epochs is not None:
+            return self.max_epochs
+        return 1000 if self.max_steps == -1 else -1
+
+    def stepping_batches(self, loader_batches: float) -> float:
+        """Lightning's ``Trainer.estimated_stepping_batches`` for ``loader_batches`` batches an
+        epoch (lightning/pytorch/trainer/trainer.py:1768-1786), each rank its sampler's share."""
+        if self.epochs == -1:
+            return math.inf if self.max_steps == -1 else self.max_steps
+        if loader_batches == math.inf:
+            return self.max_steps
+        per_rank = math.ceil(loader_batches / self.ranks)
+        steps = math.ceil(per_rank / self.accumulation) * max(self.epochs, 1)
+        return min(steps, self.max_steps) if self.max_steps != -1 else steps
+
+    def stand_in(self, model: nn.Module, datamodule: Any, loader_batches: float) -> TrainerStandIn:
+        return TrainerStandIn(
+            model,
+            datamodule,
+            self.epochs,
+            self.max_steps,
+            self.stepping_batches(loader_batches),
+            self.accumulation,
+            self.devices,
+            self.ranks,
+        )
 
 
 class TrainingRows:
@@ -238,7 +294,8 @@ class TrainingRows:
                 f"the datamodule's train_dataloader() returns a {type(loader).__name__}, "
                 "not one torch DataLoader"
             )
-        self.dataset = loader.dataset
+        self.datamodule, self.dataset = datamodule, loader.dataset
+        self.loader_batches = float(_length(loader) or math.inf)
         # a loader made with batch_size=None converts rows without stacking them
         custom = loader.collate_fn is not default_convert
         self.collate = loader.collate_fn if custom else default_collate
@@ -274,20 +331,41 @@ def _said(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:200]}" if text else type(err).__name__
 
 
-def _optimizers(module: Any) -> list[torch.optim.Optimizer]:
-    """The optimizers of the module's own ``configure_optimizers``, in any form Lightning takes."""
+def _optimizers(module: Any) -> tuple[list[torch.optim.Optimizer], str | None]:
+    """The optimizers of the module's own ``configure_optimizers``, in any form Lightning takes,
+    and a note when they were taken without its scheduler: where it reads something of the
+    Trainer the stand-in cannot answer, the optimizers it had made when it stopped."""
     from lightning.pytorch.core.optimizer import _configure_optimizers
 
+    note = None
     try:
         configured = module.configure_optimizers()
-        optimizers, _, _ = _configure_optimizers(configured)
     except Exception as err:
-        raise NotMeasured(
-            f"configure_optimizers() failed outside a Trainer ({_said(err)})"
-        ) from err
+        if not (isinstance(err, AttributeError) and isinstance(err.obj, TrainerStandIn)):
+            raise NotMeasured(
+                f"configure_optimizers() failed outside a Trainer ({_said(err)})"
+            ) from err
+        configured = _made_before(err)
+        note = (
+            f"measured without the learning-rate scheduler: configure_optimizers() reads "
+            f"trainer.{err.name}, which the preflight cannot answer before the Trainer exists"
+        )
+    optimizers = _configure_optimizers(configured)[0] if configured else []
     if not optimizers:
         raise NotMeasured("configure_optimizers() returned no optimizer")
-    return list(optimizers)
+    return list(optimizers), note
+
+
+def _made_before(err: BaseException) -> list[torch.optim.Optimizer]:
+    """The optimizers the frames of ``err``'s traceback hold (made before it was raised)."""
+    found: dict[int, torch.optim.Optimizer] = {}
+    trace = err.__traceback__
+    while trace is not None:
+        for value in trace.tb_frame.f_locals.values():
+            if isinstance(value, torch.optim.Optimizer):
+                found[id(value)] = value
+        trace = trace.tb_next
+    return list(found.values())
 
 
 def _state_bytes(module: nn.Module) -> int:
@@ -299,7 +377,7 @@ def _state_bytes(module: nn.Module) -> int:
     return sum(seen.values())
 
 
-def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
+def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> float:
     return sum(
         value.nbytes
         for optimizer in optimizers
@@ -311,8 +389,9 @@ def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> int:
 
 class StepMeasurer:
     """Trains a deep copy of ``module`` on ``rows`` for the steps each call asks and returns the
-    run's peak at that batch: the counter's peak less what the copy adds (on CPU its weights; on
-    a device the level before it moved there)."""
+    run's peak at that batch on each rank: the counter's peak less what the copy adds (on CPU its
+    weights; on a device the level before it moved there), with what the run's strategy changes
+    of it (:meth:`_strategy_bytes`)."""
 
     def __init__(
         self,
@@ -321,28 +400,65 @@ class StepMeasurer:
         device: torch.device,
         precision: str,
         counter: PeakCounter,
+        run: PlannedRun | None = None,
     ) -> None:
         self.rows, self.device, self.precision, self.counter = rows, device, precision, counter
+        self.run = run = run or PlannedRun()
         before = counter.level()
         try:
             self.copy = copy.deepcopy(module)
         except Exception as err:
             raise NotMeasured(f"the module cannot be deep-copied ({_said(err)})") from err
         self.copy_bytes = _state_bytes(self.copy)
-        self.copy.to(device)
-        dtype = TRUE_DTYPES.get(precision)
-        if dtype is not None:  # Lightning's true precisions convert the module (HalfPrecision)
-            self.copy.to(dtype)
+        self._move()
         self.copy.train()
-        self.copy._trainer = TrainerStandIn(self.copy)
-        self.optimizers = _optimizers(self.copy)
+        self.copy._trainer = run.stand_in(self.copy, rows.datamodule, rows.loader_batches)
+        self.optimizers, self.note = _optimizers(self.copy)
         self.weights = float(_state_bytes(self.copy))
         self.grads = float(
             sum(p.numel() * p.element_size() for p in self.copy.parameters() if p.requires_grad)
         )
         # on CPU the whole process counts (budget.py), less the copy; on a device, this job's share
         self.offset = float(self.copy_bytes) if counter.kind == "cpu" else before
-        self.baseline = before - self.weights if counter.kind == "cpu" else 0.0
+
+    def _move(self) -> None:
+        """The copy on the device, in a true precision's dtype (Lightning's HalfPrecision converts
+        the module); running out of memory on the way is the job's refusal."""
+        from laptrain.callbacks.oom_backoff import is_oom
+
+        dtype = TRUE_DTYPES.get(self.precision)
+        try:
+            self.copy.to(self.device)
+            if dtype is not None:
+                self.copy.to(dtype)
+        except Exception as err:
+            if not is_oom(err):
+                raise
+            del self.copy
+            release_freed(self.counter.kind)
+            raise PreflightError(
+                f"this job does not fit even at micro batch 1: a copy of the module "
+                f"({self.copy_bytes / GiB:.2f} GiB) ran out of memory moving to {self.device}: "
+                "free memory on it or make the model smaller"
+            ) from None
+
+    def _strategy_bytes(self) -> float:
+        """What the run's strategy adds to (DDP) or takes off (FSDP) the peak measured here,
+        in one process holding the whole module.
+
+        DDP: its Reducer copies every gradient into allreduce buckets that together cover all
+        the parameters (``bucket_cap_mb``, 25 MiB by default, sets only how they are split,
+        torch/nn/parallel/distributed.py:86-109), one gradient-sized buffer more on each rank;
+        ``gradient_as_bucket_view=True`` would save exactly that (distributed.py:731-736), and
+        Lightning's DDPStrategy leaves it False (it passes only the user's ``**kwargs``,
+        lightning/pytorch/strategies/ddp.py:196). FSDP: each rank keeps 1/ranks of the weights,
+        gradients and optimizer state (FULL_SHARD); the rest is not on it."""
+        if self.run.ranks == 1:
+            return 0.0
+        if not self.run.sharded:
+            return self.grads
+        state = self.weights + self.grads + _optimizer_bytes(self.optimizers)
+        return -state * (1 - 1 / self.run.ranks)
 
     def _input(self, batch: Any) -> Any:
         from lightning.fabric.utilities.apply_func import apply_to_collection
@@ -400,22 +516,26 @@ class StepMeasurer:
             peak = self.counter.peak()
             del batch
             release_freed(self.counter.kind)
-        return Trial(size, peak - self.offset, rise=max(0.0, peak - start), steps=steps)
+        run_peak = peak - self.offset + self._strategy_bytes()
+        return Trial(size, run_peak, rise=max(0.0, peak - start), steps=steps)
 
     def estimate(self, trial: Trial) -> Estimate:
-        """The run's peak at ``trial`` by part, as batch.py's plan records it."""
-        optimizer = float(_optimizer_bytes(self.optimizers))
+        """The run's peak at ``trial`` on each rank by part, as batch.py's plan records it (DDP's
+        buckets count as gradients; under FSDP each rank's share of the state)."""
+        share = 1 / self.run.ranks if self.run.sharded else 1.0
+        weights, optimizer = self.weights * share, _optimizer_bytes(self.optimizers) * share
+        buckets = self.grads if self.run.ranks > 1 and not self.run.sharded else 0.0
+        grads = self.grads * share + buckets
         activations = max(0.0, trial.rise - self.grads)
-        overhead = trial.peak - self.weights - self.grads - optimizer - activations
         return Estimate(
             micro_batch=trial.batch,
             seq_len=0,
-            weights=self.weights,
-            grads=self.grads,
+            weights=weights,
+            grads=grads,
             optimizer=optimizer,
             activations=activations,
             transient=0.0,
-            overhead=overhead,
+            overhead=trial.peak - weights - grads - optimizer - activations,
         )
 
     def close(self) -> None:
@@ -444,15 +564,6 @@ def kept_rng(device: torch.device) -> Iterator[None]:
         random.setstate(python_state)
         if numpy is not None:
             numpy.random.set_state(numpy_state)
-
-
-def estimated_by_transformers(model: Any, datamodule: Any) -> bool:
-    """Whether batch.py's estimate applies: a transformers model inside and a sequence length."""
-    from laptrain.preflight.activations import find_hf_model
-
-    if not isinstance(model, nn.Module) or find_hf_model(model) is None:
-        return False
-    return bool(training_length(datamodule)[0])
 
 
 def _checked_module(model: Any) -> None:
@@ -564,19 +675,15 @@ def measured_preflight_for_run(
     cache_dir: Path | None = None,
     option: str = "hardware.batch_size",
     counter: PeakCounter | None = None,
+    run: PlannedRun | None = None,
 ) -> Plan:
     """The measured plan of a run, as batch.py's ``preflight_for_run`` gives the estimated one.
 
-    ``hardware`` is the profile as the run plan passes it (``batch_size`` a number or ``auto``,
-    ``accelerator``, ``device_index``, ``precision``, the budget settings); ``option`` the setting
-    that fixed the batch, named when it does not fit; ``counter`` the memory reader (the device's
-    own, peak_memory.py, when None). A rank other than 0 takes rank 0's recorded plan, a resumed
-    ``auto`` run keeps its earlier batch while it fits, and the plan is written to
-    ``preflight.json``, as for the estimate.
-
-    Raises:
-        NotMeasured: the module or its loader cannot be measured (the reason in one line).
-        PreflightError: the job does not fit the budget (at batch 1, or at the fixed batch).
+    ``option`` is the setting that fixed the batch, named when it does not fit; ``counter`` the
+    memory reader (the device's own when None); ``run`` the Trainer's length and ranks (None:
+    Lightning's defaults, the profile's devices and ``shards``). Rank 0's record, a resumed run's
+    batch and ``preflight.json`` as for the estimate. Raises NotMeasured (the module or its loader
+    cannot be measured) or PreflightError (the job does not fit), each in one line.
     """
     kind = str(hardware.get("accelerator", "cpu"))
     index = hardware.get("device_index") if kind == "cuda" else None
@@ -586,43 +693,55 @@ def measured_preflight_for_run(
         return shared
     _checked_module(model)
     probe = TorchProbe(kind, index)
-    request = _Request.read(
-        hardware,
-        probe,
-        effective_batch,
-        accumulation,
-        max_batch,
-        _previous_batch(record) if is_auto(hardware.get("batch_size")) else None,
-    )
+    previous = _previous_batch(record) if is_auto(hardware.get("batch_size")) else None
+    request = _Request.read(hardware, effective_batch, accumulation, max_batch, previous)
     workers = _loader_workers(datamodule, hardware, cache_dir)
     budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)
-    rows = TrainingRows(datamodule)
+    run = run or PlannedRun(accumulation=accumulation, devices=request.devices)
+    run = replace(run, sharded=run.sharded or request.shards > 1)
     device = torch.device(kind, index) if index is not None else torch.device(kind)
-    with kept_rng(device), warnings.catch_warnings():
+    measurer = StepMeasurer(
+        model,
+        TrainingRows(datamodule),
+        device,
+        request.precision,
+        counter or counter_for(kind, index),
+        run,
+    )
+    plan = _measured_plan(measurer, request, option, budget)
+    _record(plan, record, None)
+    return plan
+
+
+def _measured_plan(measurer: StepMeasurer, request: _Request, option: str, budget: Budget) -> Plan:
+    """The batch the search finds with ``measurer`` (closed afterwards), as a plan."""
+    with kept_rng(measurer.device), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log outside a Trainer; the run shows the rest
-        measurer = StepMeasurer(
-            model, rows, device, request.precision, counter or counter_for(kind, index)
-        )
         try:
             search = BatchSearch(measurer, budget.bytes)
-            sizing = _size(search, request, rows.rows, option, budget)
+            sizing = _size(search, request, measurer.rows.rows, option, budget)
             estimate = measurer.estimate(sizing.trial)
         finally:
             measurer.close()
+    run = measurer.run
     notes = [
         f"measured: {STEPS_PER_TRIAL} training steps of a copy of the module at each batch tried, "
         f"on its own training rows; peak GiB by batch {search.line()}",
         *sizing.notes,
+        *([measurer.note] if measurer.note else []),
     ]
-    if request.shards > 1:
-        notes.append("measured unsharded: FSDP holds less of the model state on each rank")
-    plan = Plan(
+    if run.ranks > 1:
+        notes.append(
+            f"per rank of {run.ranks}: "
+            + ("1/N of the model state (FSDP)" if run.sharded else "with DDP's gradient buckets")
+        )
+    return Plan(
         micro_batch=sizing.micro,
         accumulation=sizing.accumulation,
         devices=request.devices,
         seq_len=0,
         precision=request.precision,
-        device=kind,
+        device=measurer.device.type,
         budget=budget,
         estimate=estimate,
         requested_batch=request.requested if request.auto else int(request.requested),
@@ -630,5 +749,3 @@ def measured_preflight_for_run(
         checkpointing=False,
         notes=notes,
     )
-    _record(plan, record, None)
-    return plan

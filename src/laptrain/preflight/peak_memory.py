@@ -10,7 +10,9 @@ memory went, in the units of the device's budget (budget.py):
   ``getrusage``'s ``ru_maxrss`` cannot be reset, so it would keep whatever peak came first.
 - CPU elsewhere (macOS has no ``/proc``): a thread samples the resident set (psutil) every
   millisecond while the window is open; a spike shorter than that can be missed.
-- CUDA: ``torch.cuda.reset_peak_memory_stats`` then ``torch.cuda.max_memory_allocated`` of the GPU.
+- CUDA: ``torch.cuda.reset_peak_memory_stats`` then ``torch.cuda.max_memory_reserved`` of the
+  GPU: the budget is a share of the GPU's free memory, which the caching allocator's reserved
+  segments take (allocated bytes leave out their rounding and fragmentation).
 - MPS: there is no peak API (docs/hardware.md §7): ``torch.mps.driver_allocated_memory`` is read
   at every :meth:`PeakCounter.note` (after forward, backward and each optimizer step).
 
@@ -118,7 +120,7 @@ class SampledRss:
 
 
 class CudaPeak:
-    """CUDA: the allocator's own peak of allocated bytes on GPU ``index``."""
+    """CUDA: the caching allocator's own peak of reserved bytes on GPU ``index``."""
 
     kind = "cuda"
 
@@ -130,7 +132,7 @@ class CudaPeak:
     def level(self) -> float:
         import torch
 
-        return float(torch.cuda.memory_allocated(self.index))
+        return float(torch.cuda.memory_reserved(self.index))
 
     def reset(self) -> None:
         import torch
@@ -145,7 +147,7 @@ class CudaPeak:
         import torch
 
         torch.cuda.synchronize(self.index)
-        return float(torch.cuda.max_memory_allocated(self.index))
+        return float(torch.cuda.max_memory_reserved(self.index))
 
 
 class MpsPeak:
