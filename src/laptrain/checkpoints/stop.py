@@ -146,9 +146,12 @@ def use_last_checkpoint(trainer: pl.Trainer, path: str | Path | None) -> None:
 def last_checkpoint_of(trainer: Any) -> Path | None:
     """``trainer``'s ``last.ckpt``: the job's, else where its first ModelCheckpoint with
     ``save_last`` writes it (a Trainer the job did not build), else None (no saves)."""
-    last = Stops.of(trainer).last
-    if last is not None:
-        return last
+    try:
+        own = Stops._OF.get(trainer)
+    except TypeError:  # a stand-in trainer (no weak reference): it has no stops of its own
+        own = None
+    if own is not None and own.last is not None:
+        return own.last
     for cb in getattr(trainer, "callbacks", ()):
         if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath:
             return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
