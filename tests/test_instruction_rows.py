@@ -153,3 +153,23 @@ def test_train_py_refuses_a_fold_outside_the_folds_before_the_run_folder(tmp_pat
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "data.fold=3 is not a fold of data.folds=3" in errors[0]
     assert not (tmp_path / "outputs").exists()
+
+
+def test_preference_rows_under_folds_keep_each_group_in_one_fold(tmp_path):
+    from laptrain.families.lora.preference_rows import check_preferences
+
+    path = tmp_path / "pairs.jsonl"
+    rows = [
+        {"prompt": f"Q{i}?", "chosen": f"A{i}.", "rejected": "No.", "source": f"s{i // 3}"}
+        for i in range(60)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = {f"{path}:{i + 1}": r["source"] for i, r in enumerate(rows)}
+    options = {"group_column": "source", "folds": 4}
+    splits = [check_preferences({"train": str(path)}, **options, fold=f) for f in range(4)]
+    tests = [{w for w, _, _ in split["test"]} for split in splits]
+    assert tests[0] and all(t == tests[0] for t in tests)
+    vals = [{source[w] for w, _, _ in split["val"]} for split in splits]
+    trains = [{source[w] for w, _, _ in split["train"]} for split in splits]
+    assert all(not (v & t) for v, t in zip(vals, trains)) and not (vals[0] & vals[1])
+    assert set().union(*vals) == {source[w] for w in source} - {source[w] for w in tests[0]}
