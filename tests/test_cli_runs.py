@@ -21,6 +21,7 @@ RUN_COMMANDS = {
     "eval": ["--data", "rows.jsonl"],
     "checkpoint": [],
     "runs compare": ["tiny-b"],
+    "runs summary": [],
     "runs clean": [],
 }
 

@@ -132,3 +132,44 @@ def test_train_py_refuses_an_over_long_csv_field_in_one_line(tmp_path):
     assert len(errors) == 1 and "huge.csv:14: a text of over 1,000,000 characters" in errors[0]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_instruction_rows_under_folds_validate_on_each_fold_with_test_held_out(tmp_path):
+    path = qa_csv(tmp_path / "qa.csv", n=30)
+    splits = [check_instructions({"train": str(path)}, folds=3, fold=f) for f in range(3)]
+    where = [{s: {w for w, _, _ in rows} for s, rows in split.items()} for split in splits]
+    assert all(w["test"] == where[0]["test"] and len(w["test"]) == 3 for w in where)
+    assert [len(w["val"]) for w in where] == [9, 9, 9]
+    assert set().union(*(w["val"] for w in where)) == where[0]["train"] | where[0]["val"]
+    with pytest.raises(DataError, match="data.fold=3 is not a fold of data.folds=3"):
+        check_instructions({"train": str(path)}, folds=3, fold=3)
+
+
+def test_train_py_refuses_a_fold_outside_the_folds_before_the_run_folder(tmp_path):
+    path = qa_csv(tmp_path / "qa.csv", n=30)
+    args = ["data=instructions", f"data.files.train={path}", "data.folds=3", "data.fold=3"]
+    done = train_here([*args, "run_name=bad"], tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "data.fold=3 is not a fold of data.folds=3" in errors[0]
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_preference_rows_under_folds_keep_each_group_in_one_fold(tmp_path):
+    from laptrain.families.lora.preference_rows import check_preferences
+
+    path = tmp_path / "pairs.jsonl"
+    rows = [
+        {"prompt": f"Q{i}?", "chosen": f"A{i}.", "rejected": "No.", "source": f"s{i // 3}"}
+        for i in range(60)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = {f"{path}:{i + 1}": r["source"] for i, r in enumerate(rows)}
+    options = {"group_column": "source", "folds": 4}
+    splits = [check_preferences({"train": str(path)}, **options, fold=f) for f in range(4)]
+    tests = [{w for w, _, _ in split["test"]} for split in splits]
+    assert tests[0] and all(t == tests[0] for t in tests)
+    vals = [{source[w] for w, _, _ in split["val"]} for split in splits]
+    trains = [{source[w] for w, _, _ in split["train"]} for split in splits]
+    assert all(not (v & t) for v, t in zip(vals, trains)) and not (vals[0] & vals[1])
+    assert set().union(*vals) == {source[w] for w in source} - {source[w] for w in tests[0]}

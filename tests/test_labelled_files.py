@@ -284,6 +284,18 @@ def test_train_py_exits_2_with_one_line_and_no_run_folder(tmp_path, name, run):
     assert seconds < 20  # refused before torch loads (~1 s idle; torch alone takes ~7 s here)
 
 
+def test_train_py_refuses_a_fold_outside_the_folds_before_torch_and_the_run_folder(tmp_path):
+    """The default data (built, not a file) too: checked before the run, in a fresh process."""
+    start = time.perf_counter()
+    done = in_a_process(["data.folds=5", "data.fold=5", "run_name=bad"], tmp_path)
+    seconds = time.perf_counter() - start
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "data.fold=5 is not a fold of data.folds=5" in errors[0]
+    assert "data.fold=0..4" in errors[0] and "Traceback" not in done.stderr
+    assert not (tmp_path / "outputs").exists() and seconds < 20
+
+
 def test_groups_never_straddle_splits_and_a_big_group_cannot_fill_a_split():
     rows = [Row(f"f:{i}", f"w{i}", "ab"[i % 2], i // 10) for i in range(100)]
     data = split_rows({"train": ("f", rows)}, 0.1, 0.1, seed=0)

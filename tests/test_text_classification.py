@@ -239,3 +239,29 @@ def test_a_build_that_fails_leaves_nothing_half_written(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         module(tmp_path).prepare_data()
     assert list((tmp_path / "c" / "tokenized").iterdir()) == []
+
+
+def test_each_fold_validates_on_its_own_rows_test_held_out_and_cached_apart(tmp_path):
+    """k-fold (data.folds=3): the same 24 test rows in every fold, the other 216 in three folds of
+    72, each fold's validation rows the others' training rows, and a cache entry per fold."""
+    entries, vals, tests = set(), [], []
+    for fold in range(3):
+        dm = module(tmp_path, folds=3, fold=fold)
+        dm.setup()
+        assert {k: len(v) for k, v in dm.splits.items()} == {"train": 144, "val": 72, "test": 24}
+        entries.add(dm.entry)
+        texts = dm.read_splits(dm._resolve_files()).texts
+        vals.append(set(texts["val"]))
+        tests.append(set(texts["test"]))
+        assert not set(texts["train"]) & (vals[-1] | tests[-1])
+    assert len(entries) == 3 and tests[0] == tests[1] == tests[2]
+    assert not (vals[0] & vals[1] or vals[0] & vals[2] or vals[1] & vals[2])
+
+
+def test_folds_beside_a_validation_file_are_refused_in_one_line(tmp_path):
+    files = {
+        "train": str(write_texts(tmp_path / "a.csv")),
+        "validation": str(write_texts(tmp_path / "b.csv", rows=30, seed=2)),
+    }
+    with pytest.raises(ValueError, match="set data.files.validation=null or data.folds=null"):
+        module(tmp_path, files=files, folds=3).setup()

@@ -9,7 +9,8 @@ for the classifier, ``export``/``generate``/``eval`` for LoRA) are not declared 
 - ``laptrain predict <run> "text" ...`` / ``--file f.csv|.tsv|.jsonl|.parquet``: a finished
   classifier run's labels.
 - ``laptrain runs``: each run under ``outputs/``: status, step, best score, the command to resume;
-  ``laptrain runs compare A B`` side by side, ``laptrain runs clean A`` removes (laptrain.run_folder).
+  ``laptrain runs compare A B`` side by side, ``laptrain runs summary SWEEP`` k-fold mean ± std,
+  ``laptrain runs clean A`` removes (laptrain.run_folder).
 - ``laptrain why <run>``: what happened in the run and what to change (laptrain.commands.why).
 - ``laptrain checkpoint <run>``: a running job writes ``last.ckpt`` now and goes on.
 - ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``: is this machine ready.
@@ -163,6 +164,10 @@ def runs(args: argparse.Namespace) -> int:
         from laptrain.run_folder.compare import compare_command
 
         return compare_command(args.runs, args.root, args.out)
+    if args.runs_command == "summary":
+        from laptrain.run_folder.summary import summary_command
+
+        return summary_command(args.runs, args.root, args.json)
     if args.runs_command == "clean":
         from laptrain.run_folder.clean import clean_command
 
@@ -261,8 +266,8 @@ def _add_runs(commands: Any) -> None:
     _add_runs_commands(
         listing.add_subparsers(
             dest="runs_command",
-            metavar="{compare,clean}",
-            help="compare or clean named runs (default: list every run)",
+            metavar="{compare,summary,clean}",
+            help="compare, summarise or clean named runs (default: list every run)",
         )
     )
 
@@ -293,7 +298,7 @@ def _add_checkpoint(commands: Any) -> None:
 
 
 def _add_runs_commands(commands: Any) -> None:
-    """``laptrain runs compare`` and ``laptrain runs clean`` (plain ``laptrain runs`` lists)."""
+    """``laptrain runs compare``, ``summary`` and ``clean`` (plain ``laptrain runs`` lists)."""
     named = "runs as `laptrain runs` names them (e.g. tiny_classifier-text_csv), or run folders"
     # SUPPRESS: `laptrain runs --root x compare ...` keeps x (a default here would override it)
     root = {
@@ -310,6 +315,17 @@ def _add_runs_commands(commands: Any) -> None:
         "--out", default="runs_compare.png", help="the plot of the validation curves (PNG)"
     )
     compare.add_argument("--root", **root)
+    summary = commands.add_parser(
+        "summary",
+        help="the runs that differ only in data.fold (a k-fold sweep): each metric as mean ± std",
+    )
+    summary.add_argument(
+        "runs", nargs="+", metavar="RUN", help=f"a sweep's folder (e.g. multirun/NAME), or {named}"
+    )
+    summary.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document"
+    )
+    summary.add_argument("--root", **root)
     clean = commands.add_parser(
         "clean", help="remove the named runs (never a live one) and show the space freed"
     )

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from laptrain.data.splits import check_folds
 from laptrain.data.tables import resolve_files
 from laptrain.family import FileRules, family_of_target
 from laptrain.files import file_digest
@@ -44,11 +45,13 @@ def check_data_config(data: Any) -> None:
     if found is None:
         return
     spec, check = found.options, found.rules
-    files = plain.get("files")
-    if not isinstance(files, dict) or not any(v is not None for v in files.values()):
-        return
     kwargs = {k: plain[k] for k in spec if k in plain}
     if any(not isinstance(v, spec[k]) or isinstance(v, bool) for k, v in kwargs.items()):
+        return
+    if "folds" in kwargs:  # a builder's data too (the default stdlib docstrings)
+        check_folds(kwargs["folds"], kwargs.get("fold", 0))
+    files = plain.get("files")
+    if not isinstance(files, dict) or not any(v is not None for v in files.values()):
         return
     paths = resolve_files(files)
     stamp = {"version": CHECK_VERSION, "target": plain["_target_"], "options": kwargs}

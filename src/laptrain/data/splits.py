@@ -1,4 +1,5 @@
-"""Assigning rows to train / val / test: stratified by label, whole groups per split, seeded."""
+"""Assigning rows to train / val / test, or to k folds: stratified by label, whole groups per split,
+seeded."""
 
 from __future__ import annotations
 
@@ -6,16 +7,14 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
+from laptrain.data.file_formats import DataError
 
-def assign_splits(
-    labels: Sequence[str], groups: Sequence[Hashable], fractions: Mapping[str, float], seed: int
-) -> list[str]:
-    """The split name of every row (``"train"`` unless ``fractions`` claims it).
 
-    Each label's groups (rows sharing a group key) are visited in a seeded order and given to the
-    split furthest below its share of that label's rows. A group much larger than what a split still
-    misses stays in train, so one big group (a 200-docstring module) cannot fill a small split.
-    """
+def _groups_by_label(
+    labels: Sequence[str], groups: Sequence[Hashable], seed: int
+) -> tuple[dict[Hashable, list[int]], list[list[Hashable]]]:
+    """The rows of each group, and each label's group keys in a seeded order (a group counts
+    under its most frequent label)."""
     rng = np.random.default_rng(seed)
     members: dict[Hashable, list[int]] = {}
     for i, key in enumerate(groups):
@@ -24,10 +23,46 @@ def assign_splits(
     for key, rows in members.items():
         names = [labels[i] for i in rows]
         by_label.setdefault(max(set(names), key=names.count), []).append(key)
-    where = ["train"] * len(groups)
+    ordered = []
     for label in sorted(by_label):
         keys = sorted(by_label[label], key=str)
         rng.shuffle(keys)
+        ordered.append(keys)
+    return members, ordered
+
+
+def assign_splits(
+    labels: Sequence[str],
+    groups: Sequence[Hashable],
+    fractions: Mapping[str, float],
+    seed: int,
+    folds: int | None = None,
+    fold: int = 0,
+) -> list[str]:
+    """The split name of every row (``"train"`` unless ``fractions`` claims it).
+
+    Each label's groups (rows sharing a group key) are visited in a seeded order and given to the
+    split furthest below its share of that label's rows. A group much larger than what a split still
+    misses stays in train, so one big group (a 200-docstring module) cannot fill a small split.
+
+    With ``folds``, ``fractions`` other than ``"val"`` are split off first (the test split, the same
+    for every fold), the rest is divided into folds (:func:`assign_folds`) and fold ``fold`` is
+    ``"val"``.
+    """
+    if folds is not None:
+        held = {s: f for s, f in fractions.items() if s != "val"}
+        where = assign_splits(labels, groups, held, seed)
+        rest = [i for i, w in enumerate(where) if w == "train"]
+        numbers = assign_folds([labels[i] for i in rest], [groups[i] for i in rest], folds, seed)
+        for i, number in zip(rest, numbers, strict=True):
+            if number == fold:
+                where[i] = "val"
+        return where
+    members, ordered = _groups_by_label(labels, groups, seed)
+    where = ["train"] * len(groups)
+    if not fractions:
+        return where
+    for keys in ordered:
         total = sum(len(members[k]) for k in keys)
         got = dict.fromkeys(fractions, 0)
         for key in keys:
@@ -38,6 +73,52 @@ def assign_splits(
                 for i in members[key]:
                     where[i] = split
     return where
+
+
+def assign_folds(
+    labels: Sequence[str], groups: Sequence[Hashable], folds: int, seed: int
+) -> list[int]:
+    """The fold (``0..folds-1``) of every row, for k-fold cross-validation: each row in exactly one
+    fold, whole groups per fold, each label spread evenly over the folds, seeded.
+
+    Each label's groups are visited in a seeded order and given to the fold with the fewest rows of
+    that label (then the fewest rows in all). A datamodule of your own: ``numbers =
+    assign_folds(labels, groups, folds, seed)``, validate on the rows whose number is ``fold`` and
+    train on the others.
+    """
+    check_folds(folds, 0)
+    members, ordered = _groups_by_label(labels, groups, seed)
+    where = [0] * len(groups)
+    total = [0] * folds
+    for keys in ordered:
+        got = [0] * folds
+        for key in keys:
+            number = min(range(folds), key=lambda f: (got[f], total[f]))
+            got[number] += len(members[key])
+            total[number] += len(members[key])
+            for i in members[key]:
+                where[i] = number
+    return where
+
+
+def check_folds(folds: int | None, fold: int, validation_file: bool = False) -> None:
+    """Refuse a fold that is not one of ``0..folds-1``, or folds beside a validation file."""
+    if folds is None:
+        if fold != 0:
+            raise DataError(f"data.fold={fold} needs data.folds: set data.folds=<k>, e.g. 5")
+        return
+    if folds < 2:
+        raise DataError(f"data.folds={folds}: use 2 folds or more, or data.folds=null")
+    if not 0 <= fold < folds:
+        raise DataError(
+            f"data.fold={fold} is not a fold of data.folds={folds}: use data.fold=0..{folds - 1} "
+            f"(e.g. -m data.fold={','.join(map(str, range(folds)))})"
+        )
+    if validation_file:
+        raise DataError(
+            f"data.folds={folds} makes fold {fold} the validation split, and "
+            "data.files.validation gives one too: set data.files.validation=null or data.folds=null"
+        )
 
 
 def check_train_fraction(fraction: float) -> None:

@@ -39,6 +39,8 @@ SPLIT_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "val_fraction": (int, float),
     "test_fraction": (int, float),
     "split_seed": int,
+    "folds": (int, type(None)),
+    "fold": int,
 }
 
 

@@ -35,7 +35,7 @@ from laptrain.data.file_formats import (
     too_long_text,
     unclosed_quote,
 )
-from laptrain.data.splits import assign_splits
+from laptrain.data.splits import assign_splits, check_folds
 from laptrain.data.tables import (
     SPLIT_ALIASES,
     SPLIT_OPTIONS,
@@ -328,10 +328,14 @@ def _label_names(train: Sequence[Row]) -> list[str]:
 
 
 def _split_off(
-    named: Mapping[str, tuple[str, list[Row]]], fractions: Mapping[str, float], seed: int
+    named: Mapping[str, tuple[str, list[Row]]],
+    fractions: Mapping[str, float],
+    seed: int,
+    folds: int | None = None,
+    fold: int = 0,
 ) -> tuple[dict[str, list[Row]], dict[str, str]]:
     """Rows and source per split: val / test split off train (stratified, seeded) where no file
-    gives them."""
+    gives them; with ``folds``, val is fold ``fold`` of what test leaves."""
     source, base = named["train" if "train" in named else "all"]
     sources = {"train": source}
     splits: dict[str, list[Row]] = {"train": base}
@@ -343,6 +347,8 @@ def _split_off(
             groups if groups is not None else range(len(base)),
             {s: fractions[s] for s in missing},
             seed,
+            folds,
+            fold,
         )
         for split in [*missing, "train"]:
             splits[split] = [r for r, w in zip(base, where, strict=True) if w == split]
@@ -409,14 +415,19 @@ def split_rows(
     seed: int,
     label_names: Sequence[str] | None = None,
     label_column: str = "label",
+    folds: int | None = None,
+    fold: int = 0,
 ) -> LabelledSplits:
-    """Split off val / test where no file gives them (stratified, seeded), then give every row
-    its label id; refuses labels the model could not learn or that ``label_names`` lacks."""
+    """Split off val / test where no file gives them (stratified, seeded; with ``folds``, val is
+    fold ``fold``), then give every row its label id; refuses labels the model could not learn or
+    that ``label_names`` lacks."""
     source, base = named["train" if "train" in named else "all"]
     fixed = [str(n) for n in label_names] if label_names else None
     if not fixed:
         _check_label_range(base)  # before the split: a stray label is named as itself
-    splits, sources = _split_off(named, {"val": val_fraction, "test": test_fraction}, seed)
+    check_folds(folds, fold, "val" in named)
+    fractions = {"val": val_fraction, "test": test_fraction}
+    splits, sources = _split_off(named, fractions, seed, folds, fold)
     mixed = _mixed_kinds_error([r for rows in splits.values() for r in rows], label_column)
     if mixed:
         raise mixed
@@ -451,6 +462,8 @@ def read_labelled(
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
     split_seed: int = 42,
+    folds: int | None = None,
+    fold: int = 0,
     tables: Mapping[str, Table] | None = None,
 ) -> LabelledSplits:
     """Read, check and split labelled texts: ``data.files`` (or ``tables`` already read, e.g. a
@@ -468,5 +481,7 @@ def read_labelled(
         notes += more
     if not {"train", "all"} & set(named):
         raise DataError("data.files needs a train file: set data.files.train=<file>")
-    out = split_rows(named, val_fraction, test_fraction, split_seed, label_names, label_column)
+    out = split_rows(
+        named, val_fraction, test_fraction, split_seed, label_names, label_column, folds, fold
+    )
     return LabelledSplits(out.texts, out.labels, out.label_names, notes)

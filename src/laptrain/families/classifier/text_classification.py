@@ -193,6 +193,9 @@ class TextClassificationDataModule(pl.LightningDataModule):
         tokenizer: pretrained name or folder; ``None`` trains a WordPiece of ``vocab_size``.
         max_length: longest sequence kept (truncation); batches are padded only to their longest.
         val_fraction, test_fraction, split_seed: used when the files do not give those splits.
+        folds, fold: k-fold cross-validation: test is held out as without folds, the rest divided
+            into ``folds`` folds (stratified, whole groups, seeded) and fold ``fold`` validates
+            (``val_fraction`` unused; no validation file).
         encoding: the text files' encoding (Parquet carries its own).
         incomplete_rows: ``error`` refuses rows whose text or label is empty or null, naming
             them; ``skip`` leaves them out and logs how many.
@@ -218,6 +221,8 @@ class TextClassificationDataModule(pl.LightningDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         split_seed: int = 42,
+        folds: int | None = None,
+        fold: int = 0,
         encoding: str = "utf-8",
         incomplete_rows: Literal["error", "skip"] = "error",
         train_fraction: float = 1.0,
@@ -243,6 +248,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
         self.tokenizer_name, self.vocab_size, self.max_length = tokenizer, vocab_size, max_length
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.split_seed, self.encoding, self.incomplete_rows = split_seed, encoding, incomplete_rows
+        self.folds, self.fold = folds, fold
         self.train_fraction = float(train_fraction)
         self.num_workers, self.pin_memory = num_workers, pin_memory
         self.persistent_workers, self.prefetch_factor = persistent_workers, prefetch_factor
@@ -279,6 +285,7 @@ class TextClassificationDataModule(pl.LightningDataModule):
             "split": [self.val_fraction, self.test_fraction, self.split_seed],
             "reading": [self.encoding, self.incomplete_rows],
             **({"train_fraction": self.train_fraction} if self.train_fraction < 1 else {}),
+            **({"folds": [self.folds, self.fold]} if self.folds else {}),
             "tokenizer": (  # by content: a tokenizer retrained into the same folder is a new key
                 tokenizer_fingerprint(self.tokenizer_name)
                 if self.tokenizer_name
@@ -322,6 +329,8 @@ class TextClassificationDataModule(pl.LightningDataModule):
             val_fraction=self.val_fraction,
             test_fraction=self.test_fraction,
             split_seed=self.split_seed,
+            folds=self.folds,
+            fold=self.fold,
             tables=self._hub_tables() if files is None else None,
         )
 

@@ -24,7 +24,7 @@ from laptrain.data.file_formats import (
     read_parquet,
     read_text,
 )
-from laptrain.data.splits import assign_splits
+from laptrain.data.splits import assign_splits, check_folds
 from laptrain.data.tables import (
     SPLIT_ALIASES,
     SPLIT_OPTIONS,
@@ -221,10 +221,17 @@ def read_instructions(
 
 
 def split_instruction_rows(
-    named: Rows, val_fraction: float, test_fraction: float, seed: int
+    named: Rows,
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    folds: int | None = None,
+    fold: int = 0,
 ) -> Rows:
-    """Validation and test split off train where no file gives them (seeded; whole groups)."""
+    """Validation and test split off train where no file gives them (seeded; whole groups); with
+    ``folds``, validation is fold ``fold`` of what test leaves."""
     check_fractions(val_fraction, test_fraction)
+    check_folds(folds, fold, "val" in named)
     base = named.get("train", named.get("all"))
     if base is None:
         raise DataError("data.files needs a train file: set data.files.train=<file>")
@@ -233,7 +240,7 @@ def split_instruction_rows(
     missing = {s: f for s, f in missing.items() if s not in splits}
     if missing:
         groups = [g if g is not None else ("row", i) for i, (_, _, g) in enumerate(base)]
-        where = assign_splits([""] * len(base), groups, missing, seed)
+        where = assign_splits([""] * len(base), groups, missing, seed, folds, fold)
         for split in [*missing, "train"]:
             splits[split] = [r for r, w in zip(base, where, strict=True) if w == split]
     else:
@@ -251,9 +258,11 @@ def check_instructions(
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
     split_seed: int = 42,
+    folds: int | None = None,
+    fold: int = 0,
     read: Callable[..., Rows] = read_instructions,
 ) -> Rows:
     """The rows read (``read``: instructions, or another kind of row) and split as the datamodule
     will (``train.py``'s data check)."""
     named = read(files, system_prompt, group_column, encoding)
-    return split_instruction_rows(named, val_fraction, test_fraction, split_seed)
+    return split_instruction_rows(named, val_fraction, test_fraction, split_seed, folds, fold)

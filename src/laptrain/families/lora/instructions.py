@@ -307,6 +307,8 @@ class InstructionDataModule(TextClassificationDataModule):
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         split_seed: int = 42,
+        folds: int | None = None,
+        fold: int = 0,
         encoding: str = "utf-8",
         batch_size: int | None = 8,
         eval_batch_size: int | None = None,
@@ -330,6 +332,8 @@ class InstructionDataModule(TextClassificationDataModule):
             val_fraction=val_fraction,
             test_fraction=test_fraction,
             split_seed=split_seed,
+            folds=folds,
+            fold=fold,
             encoding=encoding,
             batch_size=batch_size,
             eval_batch_size=eval_batch_size,
@@ -361,6 +365,7 @@ class InstructionDataModule(TextClassificationDataModule):
             "files": {k: file_digest(v) for k, v in (files or {}).items()},
             "group": self.group_column,
             "split": [self.val_fraction, self.test_fraction, self.split_seed],
+            **({"folds": [self.folds, self.fold]} if self.folds else {}),
             "tokenizer": self._tokenizer_spec(),
             "max_length": self.max_length,
             "system_prompt": self.system_prompt,
@@ -384,7 +389,9 @@ class InstructionDataModule(TextClassificationDataModule):
         return _features()
 
     def _split_rows(self, named: dict[str, list[tuple[str, Messages, Any]]]) -> dict[str, list]:
-        return split_instruction_rows(named, self.val_fraction, self.test_fraction, self.split_seed)
+        return split_instruction_rows(
+            named, self.val_fraction, self.test_fraction, self.split_seed, self.folds, self.fold
+        )
 
     def _encode(
         self, tokenizer: Any, rows: list[tuple[str, Messages, Any]], bad: list[tuple[str, str]]
