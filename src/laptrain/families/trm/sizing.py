@@ -76,6 +76,19 @@ def estimate_minutes(preset: SizePreset, target_samples: int, speed_scale: float
     return target_samples / (preset.ref_samples_per_s * speed_scale) / 60.0
 
 
+def _ram_class_pick(auto: Mapping[str, SizePreset], memory_gb: float) -> str:
+    """The smallest preset whose RAM class holds ``memory_gb``, else the largest class's.
+
+    Labelled GB: the RAM classes are field note 002's Mac sizes (marketing GB, which are GiB: a
+    16 GB Mac has 16 x 2^30 bytes), and memory_gb is the number given (model.memory_gb, or
+    hardware.memory_budget_gb, read in GiB) or psutil's total RAM / 2^30 (/ 1e9 read a 16 GB Mac
+    as 17.2 and picked the 32 GB class)."""
+    classed = sorted((p.ram_class_gb, n) for n, p in auto.items() if p.ram_class_gb is not None)
+    if not classed:
+        raise ValueError("model.size=auto needs presets with ram_class_gb in model.sizes")
+    return next((n for gb, n in classed if memory_gb <= gb), classed[-1][1])
+
+
 def choose_size(
     presets: Mapping[str, SizePreset],
     memory_gb: float,
@@ -99,15 +112,8 @@ def choose_size(
             "set hardware.memory_budget_gb or model.memory_gb"
         )
     auto = {n: p for n, p in presets.items() if p.in_auto and p.ref_samples_per_s}
-    classed = sorted((p.ram_class_gb, n) for n, p in auto.items() if p.ram_class_gb is not None)
-    if not classed:
-        raise ValueError("model.size=auto needs presets with ram_class_gb in model.sizes")
-    ram_pick = next((n for gb, n in classed if memory_gb <= gb), classed[-1][1])
+    ram_pick = _ram_class_pick(auto, memory_gb)
     pick_speed = presets[ram_pick].ref_samples_per_s
-    # Labelled GB: the RAM classes are field note 002's Mac sizes (marketing GB, which are GiB: a
-    # 16 GB Mac has 16 x 2^30 bytes), and memory_gb is the number given (model.memory_gb, or
-    # hardware.memory_budget_gb, read in GiB) or psutil's total RAM / 2^30 (/ 1e9 read a 16 GB Mac
-    # as 17.2 and picked the 32 GB class).
     lines = [f"size=auto: {memory_gb:.1f} GB RAM -> field note 002's RAM class picks {ram_pick!r}"]
     candidates = []
     for name, preset in sorted(auto.items(), key=lambda kv: kv[1].ref_samples_per_s):
