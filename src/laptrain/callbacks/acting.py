@@ -1,12 +1,11 @@
 """The callbacks a run builds: only those that can act on it, decided once before any is built.
 
-Lightning calls every per-batch hook of every callback at every step, each inside a profiler
-context (``_call_callback_hooks`` in lightning/pytorch/trainer/call.py), whether the hook does
-anything or not. So a guard that cannot act on this run is not built at all: an entry with
-``enabled: false`` (the laptop guards follow ``hardware.guards``, on in the Apple profiles), a
-session budget without a limit, and the OOM backoff for a module that does not back-propagate in
-chunks (it has nothing to halve). The per-batch hooks a built callback leaves as Lightning's own
-no-op are taken off the dispatch too (:func:`without_lightning_no_ops`).
+Lightning calls every per-batch hook of every callback at every step, inside a profiler context
+(``_call_callback_hooks``, lightning/pytorch/trainer/call.py), whether it does anything or not.
+So a guard that cannot act is not built: an entry with ``enabled: false`` (the laptop guards
+follow ``hardware.guards``), a session budget without a limit, the OOM backoff for a module that
+does not back-propagate in chunks. Hooks a built callback leaves as Lightning's no-op are taken
+off the dispatch (:func:`without_lightning_no_ops`).
 """
 
 from __future__ import annotations
@@ -32,20 +31,10 @@ GUARDS = {
     "oom_backoff": "OOM backoff",
     "session_budget": "session budget",
 }
-
-PER_BATCH_HOOKS = (
-    "on_train_batch_start",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-    "on_train_batch_end",
-    "on_validation_batch_start",
-    "on_validation_batch_end",
-    "on_test_batch_start",
-    "on_test_batch_end",
-    "on_predict_batch_start",
-    "on_predict_batch_end",
+PER_BATCH_HOOKS = tuple(  # on_train_batch_start ... on_before_zero_grad ... on_test_batch_end
+    name
+    for name in vars(pl.Callback)
+    if name.endswith(("batch_start", "batch_end", "backward", "optimizer_step", "zero_grad"))
 )
 
 
@@ -62,30 +51,25 @@ def acts(spec: Mapping[str, Any], model: Any) -> bool:
 
 
 def build_callbacks(section: DictConfig | None, model: Any) -> dict[str, Any]:
-    """The section's callbacks that can act on ``model``'s run, built, by their config name
-    (``enabled`` decides whether an entry is built; it is not passed on)."""
+    """The section's callbacks that can act on ``model``'s run, built, by config name."""
     built: dict[str, Any] = {}
     for name, entry in (section or {}).items():
-        if not (isinstance(entry, DictConfig) and "_target_" in entry):
-            continue
-        spec = OmegaConf.to_container(entry, resolve=True)
-        if acts(spec, model):
-            spec.pop("enabled", None)
+        spec = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_dict(entry) else {}
+        if "_target_" in spec and acts(spec, model):
+            spec.pop("enabled", None)  # whether it is built, not an argument
             built[str(name)] = instantiate(spec, _convert_="all")
     return built
 
 
 def guards_line(names: Collection[str]) -> str:
-    """The console line naming the guards built (config names), e.g. ``guards: graceful stop,
-    nonfinite, memory``, in the order of :data:`GUARDS`."""
+    """The console line naming the guards built, e.g. ``guards: graceful stop, nonfinite``."""
     return "guards: " + (", ".join(on for name, on in GUARDS.items() if name in names) or "none")
 
 
 def without_lightning_no_ops(callbacks: Iterable[Any]) -> None:
-    """Take off Lightning's dispatch the per-batch hooks a callback's class leaves as Lightning's
-    no-op (this instance only): its dispatcher skips an attribute that is not callable, so each
-    costs one ``getattr`` instead of a profiler context a step (9 calls a step instead of 60 for a
-    user's module on CPU)."""
+    """Set to None (this instance only) the per-batch hooks a callback's class leaves as
+    Lightning's no-op: its dispatcher skips what is not callable. A user's module on CPU then
+    dispatches 9 hook calls a step instead of 60."""
     for callback in callbacks:
         for name in PER_BATCH_HOOKS:
             if getattr(type(callback), name, None) is getattr(pl.Callback, name):
