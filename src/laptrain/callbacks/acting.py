@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from laptrain.callbacks.contracts import BackPropagatesInChunks
 from laptrain.callbacks.oom_backoff import OOMBackoff
 from laptrain.callbacks.session_budget import SessionBudget
+from laptrain.config.check import BUILD_SWITCH
 
 # conf/callbacks entries that guard the run, with their name on the console's ``guards:`` line
 GUARDS = {
@@ -40,7 +41,7 @@ PER_BATCH_HOOKS = tuple(  # on_train_batch_start ... on_before_zero_grad ... on_
 
 def acts(spec: Mapping[str, Any], model: Any) -> bool:
     """Whether the callback ``spec`` (a resolved conf/callbacks entry) can act on ``model``'s run."""
-    if not spec.get("enabled", True):
+    if not spec.get(BUILD_SWITCH, True):
         return False
     target = get_object(spec["_target_"])
     if isinstance(target, type) and issubclass(target, SessionBudget):
@@ -56,7 +57,7 @@ def build_callbacks(section: DictConfig | None, model: Any) -> dict[str, Any]:
     for name, entry in (section or {}).items():
         spec = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_dict(entry) else {}
         if "_target_" in spec and acts(spec, model):
-            spec.pop("enabled", None)  # whether it is built, not an argument
+            spec.pop(BUILD_SWITCH, None)  # whether it is built, not an argument
             built[str(name)] = instantiate(spec, _convert_="all")
     return built
 
