@@ -20,7 +20,8 @@ from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.job.run import _make_trainer, build
 from tests.conftest import compose_train
 from tests.test_oom_backoff import ChunkedModel
-from tests.user_style import user_args, write_user_project
+from tests.test_user_errors import train_user
+from tests.user_style import FAST, user_args, write_user_project
 
 DEFAULT = {
     "model_checkpoint",
@@ -126,3 +127,18 @@ def test_no_callbacks_and_a_users_own_callback(project, tmp_path):
     )
     built = build_callbacks(own.callbacks, model)
     assert list(built) == ["early_stopping"] and built["early_stopping"].monitor == "val/loss"
+
+
+def test_train_py_with_no_callbacks_but_the_users_own_runs_and_says_no_guards(
+    project, tmp_path, monkeypatch
+):
+    own = [
+        "callbacks=none",
+        "+callbacks.early_stopping._target_=lightning.pytorch.callbacks.EarlyStopping",
+        "+callbacks.early_stopping.monitor=val/loss",
+    ]
+    args = ["model=mlp", "data=blobs", *FAST, *own, *user_args(project)]
+    done = train_user(args, tmp_path, project, monkeypatch)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "guards: none\n" in done.stdout, done.stdout
+    assert "done at global step 8\n" in done.stdout  # 240 rows, batch 32, one epoch
