@@ -1,11 +1,9 @@
 """The callbacks a run builds: only those that can act on it, decided once before any is built.
 
-Lightning calls every per-batch hook of every callback at every step, inside a profiler context
-(``_call_callback_hooks``, lightning/pytorch/trainer/call.py), whether it does anything or not.
-So a guard that cannot act is not built: an entry with ``enabled: false`` (the laptop guards
-follow ``hardware.guards``), a session budget without a limit, the OOM backoff for a module that
-does not back-propagate in chunks. Hooks a built callback leaves as Lightning's no-op are taken
-off the dispatch (:func:`without_lightning_no_ops`).
+Lightning calls every per-batch hook of every callback at every step, whether it does anything or
+not (``_call_callback_hooks``, lightning/pytorch/trainer/call.py). So an entry with ``enabled:
+false`` (the laptop guards follow ``hardware.guards``), a session budget without a limit and the
+OOM backoff for a module that does not back-propagate in chunks are not built at all.
 """
 
 from __future__ import annotations
@@ -40,9 +38,7 @@ PER_BATCH_HOOKS = tuple(  # on_train_batch_start ... on_before_zero_grad ... on_
 
 
 def acts(spec: Mapping[str, Any], model: Any) -> bool:
-    """Whether the callback ``spec`` (a resolved conf/callbacks entry) can act on ``model``'s run."""
-    if not spec.get(BUILD_SWITCH, True):
-        return False
+    """Whether the enabled conf/callbacks entry ``spec`` (resolved) can act on ``model``'s run."""
     target = get_object(spec["_target_"])
     if isinstance(target, type) and issubclass(target, SessionBudget):
         return spec.get("max_minutes") is not None or spec.get("max_epochs") is not None
@@ -56,8 +52,7 @@ def build_callbacks(section: DictConfig | None, model: Any) -> dict[str, Any]:
     built: dict[str, Any] = {}
     for name, entry in (section or {}).items():
         spec = OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_dict(entry) else {}
-        if "_target_" in spec and acts(spec, model):
-            spec.pop(BUILD_SWITCH, None)  # whether it is built, not an argument
+        if "_target_" in spec and spec.pop(BUILD_SWITCH, True) and acts(spec, model):
             built[str(name)] = instantiate(spec, _convert_="all")
     return built
 
@@ -68,9 +63,8 @@ def guards_line(names: Collection[str]) -> str:
 
 
 def without_lightning_no_ops(callbacks: Iterable[Any]) -> None:
-    """Set to None (this instance only) the per-batch hooks a callback's class leaves as
-    Lightning's no-op: its dispatcher skips what is not callable. A user's module on CPU then
-    dispatches 9 hook calls a step instead of 60."""
+    """Set to None (this instance only) the per-batch hooks its class leaves as Lightning's no-op,
+    which the dispatcher then skips: 9 hook calls a step instead of 60 for a user's module on CPU."""
     for callback in callbacks:
         for name in PER_BATCH_HOOKS:
             if getattr(type(callback), name, None) is getattr(pl.Callback, name):

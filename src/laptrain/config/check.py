@@ -218,10 +218,9 @@ def _check_one(target: str, node: Mapping[str, Any], path: str) -> list[str]:
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     hints = _hints(obj)
     problems = []
+    switch = {BUILD_SWITCH} if path.startswith("callbacks.") else set()
     for key, value in node.items():
-        if key in HYDRA_KEYS or key in LAPTRAIN_KEYS:
-            continue
-        if key == BUILD_SWITCH and path.startswith("callbacks."):
+        if key in HYDRA_KEYS | LAPTRAIN_KEYS | switch:
             continue
         name = f"{path}.{key}" if path else str(key)
         if key not in params:

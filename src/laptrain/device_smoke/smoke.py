@@ -50,9 +50,9 @@ PRECISIONS_BY_DEVICE = {
 
 
 # The default callbacks (conf/callbacks/default.yaml) that call the device during a fit, read from
-# their conf/callbacks/<name>.yaml (built as in the Apple profiles, where ``enabled`` is true) with
-# these overrides: acting at every step, no stop checkpoint of their own, and no cooling break (a break changes
-# timing only; the thermal guard still synchronises, reads its source and times every step).
+# their conf/callbacks/<name>.yaml (built, as in the Apple profiles) with these overrides: acting
+# at every step, no stop checkpoint of their own, and no cooling break (a break changes timing only;
+# the thermal guard still synchronises, reads its source and times every step).
 GUARDS: dict[str, dict[str, Any]] = {
     "memory_monitor": {"every_n_steps": 1, "ckpt_path": None},
     "thermal_guard": {
