@@ -37,7 +37,7 @@ def test_overhead_prints_the_ratio_and_each_callbacks_cost(tmp_path: Path) -> No
     assert "laptrain (default callbacks + logger)" in rows
     for callback in ("NonFiniteGuard", "RunReport"):
         assert callback in rows  # each default callback whose per-batch hooks run has its own row
-    # a guard that is off (hardware=cpu has no guards) is off Lightning's dispatch: it costs nothing
+    # a guard that cannot act (hardware=cpu has no guards) is not built: it costs nothing
     assert "PowerGuard" not in rows and "ThermalGuard" not in rows
     assert any(name.endswith("ProgressBar") for name in rows)
     assert "laptrain without the progress bar" in rows and "laptrain without the logger" in rows

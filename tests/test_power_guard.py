@@ -281,13 +281,6 @@ def test_report_has_a_power_section_and_battery_points(tmp_path):
     assert [(p["battery_percent"], p["plugged"]) for p in written["history"]] == [(50.0, False)] * 2
 
 
-def test_disabled_guard_holds_and_reads_nothing(tmp_path):
-    guard = guard_with([HALF], enabled=False)
-    _, logger = fit(guard, tmp_path, steps=2)
-    assert guard.awake.spawn.commands == [] and guard.battery.calls == 0
-    assert power_calls(logger) == []
-
-
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -265,21 +265,6 @@ def test_state_survives_a_checkpoint(tmp_path):
     assert restored.drift.baseline_s == 1.0 and guard.state_dict()["version"] == 1
 
 
-def test_disabled_guard_reads_nothing(tmp_path):
-    clock = FakeClock()
-    source = FakeThermal([SERIOUS])
-    guard = ThermalGuard(
-        enabled=False,
-        source=source,
-        check_every_n_steps=1,
-        probe=FakeProbe(),
-        clock=clock,
-        sleep=clock.sleep,
-    )
-    logger = fit(guard, TimedModel(clock), 3, tmp_path)
-    assert source.calls == 0 and thermal_calls(logger) == [] and clock.slept == []
-
-
 def test_hot_micro_batch_divisor_splits_batches_only_while_hot(tmp_path):
     from laptrain.callbacks.oom_backoff import OOMBackoff
     from tests.test_oom_backoff import ChunkedModel, PlainModel

@@ -163,9 +163,9 @@ def test_train_py_gives_the_profiles_batch_to_a_user_datamodule(tmp_path, monkey
     )
     assert "done at global step 30" in out  # 240 training rows / 8: the loader got the batch
     assert "test: acc" in out
-    # issue 35, item 7: one plain line at start, no UserWarning with a source path
-    assert "oom_backoff: does not apply to MLPModule (an out-of-memory error ends the run)" in out
-    assert "oom_backoff" not in done.stderr and "UserWarning" not in done.stderr
+    # one line names the guards built; the OOM backoff, with nothing to halve, is not one of them
+    assert "guards: graceful stop, nonfinite\n" in out
+    assert "oom_backoff" not in out + done.stderr and "UserWarning" not in done.stderr
 
 
 def test_train_py_gives_an_auto_batch_to_a_user_datamodule(tmp_path, monkeypatch):

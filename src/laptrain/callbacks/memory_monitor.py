@@ -12,7 +12,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import VersionedState
-from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.callbacks.memory_trend import MB, GrowthTrend, SwapWatch
 from laptrain.checkpoints.stop import request_stop
 from laptrain.hardware.power import (
@@ -61,7 +60,6 @@ class MemoryMonitor(VersionedState, Callback):
     trainer/trainer.py:1465).
 
     Args:
-        enabled: False makes every hook a no-op.
         every_n_steps: read and log every N optimizer steps; None = ``trainer.log_every_n_steps``.
         cleanup_on_epoch_end: gc + empty_cache after each training epoch.
         cleanup_above_percent: also clean when system memory passes this percent (None = never).
@@ -86,7 +84,6 @@ class MemoryMonitor(VersionedState, Callback):
 
     def __init__(
         self,
-        enabled: bool = True,
         every_n_steps: int | None = None,
         cleanup_on_epoch_end: bool = True,
         cleanup_above_percent: float | None = 85.0,
@@ -110,7 +107,7 @@ class MemoryMonitor(VersionedState, Callback):
         for key, value in (("on_swap", on_swap), ("on_pressure", on_pressure)):
             if value not in ("warn", "stop"):
                 raise ValueError(f"memory_monitor.{key} must be 'warn' or 'stop', got {value!r}")
-        self.enabled, self.every_n, self.probe = enabled, every_n_steps, probe
+        self.every_n, self.probe = every_n_steps, probe
         self.cleanup_on_epoch_end, self.cleanup_above = cleanup_on_epoch_end, cleanup_above_percent
         self.cooldown, self.on_swap = cleanup_cooldown_steps, on_swap
         self.swap = SwapWatch(swap_growth_mb)
@@ -132,16 +129,14 @@ class MemoryMonitor(VersionedState, Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.probe is None:
             self.probe = probe_for(trainer.strategy.root_device)
-        if not self.enabled:  # off: it never reads memory, so it never defers a stop either
-            skip_hooks(self, ("on_train_batch_end",))
-        if self.enabled and self.use_os_pressure and self.pressure is None:
+        if self.use_os_pressure and self.pressure is None:
             self.pressure = pressure_source()
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         step = trainer.global_step
         every_n = self.every_n or trainer.log_every_n_steps
-        if not self.enabled or step == self._last_step or step % every_n:
+        if step == self._last_step or step % every_n:
             return
         self._last_step = step
         reading = self.probe.memory()
@@ -171,7 +166,7 @@ class MemoryMonitor(VersionedState, Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.enabled and self.cleanup_on_epoch_end:
+        if self.cleanup_on_epoch_end:
             freed = self.cleanup("epoch end", announce=False)
             for logger in trainer.loggers:
                 logger.log_metrics({"memory/cleanup_freed_mb": freed}, step=trainer.global_step)

@@ -14,7 +14,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import BackPropagatesInChunks, VersionedState
-from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.hardware.probe import DeviceProbe, probe_for
 from laptrain.ranks.processes import wraps_the_module
 
@@ -89,8 +88,6 @@ class OOMBackoff(VersionedState, Callback):
         inactive = self.inactive_because(trainer, pl_module)
         if inactive:
             rank_zero_info(inactive)
-        if inactive or not self.enabled:  # no chunked backward to watch after each batch
-            skip_hooks(self, ("on_train_batch_end",))
         elif self.micro_batch is not None:
             rank_zero_info(f"oom_backoff: resuming with micro-batch {self.micro_batch}")
 

@@ -12,7 +12,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import VersionedState, cooling_s, stop_requested
-from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.checkpoints.stop import request_stop
 from laptrain.hardware.power import BatteryReading, BatterySource, KeepAwake, PsutilBattery
 
@@ -53,7 +52,6 @@ class PowerGuard(VersionedState, Callback):
     the batch end).
 
     Args:
-        enabled: False makes every hook a no-op (profiles switch it with ``hardware.guards``).
         keep_awake: hold the idle-sleep assertion during fit.
         battery: battery source; None = psutil's when ``use_os_battery``.
         use_os_battery: False = never read the battery (keep-awake only).
@@ -80,7 +78,6 @@ class PowerGuard(VersionedState, Callback):
 
     def __init__(
         self,
-        enabled: bool = True,
         keep_awake: bool = True,
         battery: BatterySource | None = None,
         use_os_battery: bool = True,
@@ -99,7 +96,7 @@ class PowerGuard(VersionedState, Callback):
             raise ValueError("power_guard.check_every_n_steps must be >= 1")
         if pause_check_seconds <= 0:
             raise ValueError("power_guard.pause_check_seconds must be > 0")
-        self.enabled, self.keep_awake, self.battery = enabled, keep_awake, battery
+        self.keep_awake, self.battery = keep_awake, battery
         self.use_os_battery, self.warn_on_battery = use_os_battery, warn_on_battery
         self.min_percent, self.pause_on_battery = min_percent, pause_on_battery
         self.every_n, self.pause_check_seconds = check_every_n_steps, pause_check_seconds
@@ -123,9 +120,7 @@ class PowerGuard(VersionedState, Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if not self.enabled:  # off: it never reads the battery, so it never defers a stop either
-            skip_hooks(self, ("on_train_batch_start", "on_train_batch_end"))
-        if not self.enabled or stage != "fit":
+        if stage != "fit":
             return
         if self.battery is None and self.use_os_battery:
             self.battery = PsutilBattery()
@@ -139,7 +134,7 @@ class PowerGuard(VersionedState, Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.stop_reason, self._batches = None, 0
-        if not self.enabled or self.battery is None:
+        if self.battery is None:
             return
         reading = trainer.strategy.broadcast(self._read(trainer))  # rank 0's, on every rank
         if reading is None:
@@ -157,13 +152,13 @@ class PowerGuard(VersionedState, Callback):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if not self.enabled or self.battery is None:
+        if self.battery is None:
             return  # nothing is timed (on_train_batch_end returns early too)
         self._t0, self._cooling0 = self.clock(), cooling_s(trainer.callbacks)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if not self.enabled or self.battery is None:
+        if self.battery is None:
             return
         spent = self.clock() - self._t0 - (cooling_s(trainer.callbacks) - self._cooling0)
         state = "battery" if self.last is not None and self.last.on_battery else "plugged"

@@ -11,7 +11,6 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.checkpoints.stop import request_stop
 
 
@@ -69,8 +68,6 @@ class SessionBudget(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start, self._first_epoch = self.clock(), trainer.current_epoch
         self.stop_reason = None
-        if self.max_minutes is None:  # no time limit: nothing to check after each batch
-            skip_hooks(self, ("on_train_batch_end",))
 
     @override
     def on_train_batch_end(

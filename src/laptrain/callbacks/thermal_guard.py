@@ -12,7 +12,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import SplitsMicroBatch, VersionedState, stop_requested
-from laptrain.callbacks.idle_hooks import skip_hooks
 from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
 from laptrain.hardware.probe import DeviceProbe, probe_for
 from laptrain.hardware.thermal import LEVEL_NAMES, ThermalSource, thermal_source
@@ -36,7 +35,6 @@ class ThermalGuard(VersionedState, Callback):
     :306-312 in 2.6.6; with one process it returns its argument, single_device.py:91-92).
 
     Args:
-        enabled: False makes every hook a no-op (profiles switch the guard with ``hardware.guards``).
         source: thermal source; None = the first that works on this machine (may be none).
         use_os_source: False = never look for a source, judge by step-time drift only.
         hot_level: thermal level that triggers a break (2 = serious, 3 = critical).
@@ -65,7 +63,6 @@ class ThermalGuard(VersionedState, Callback):
 
     def __init__(
         self,
-        enabled: bool = True,
         source: ThermalSource | None = None,
         use_os_source: bool = True,
         hot_level: int = 2,
@@ -91,7 +88,7 @@ class ThermalGuard(VersionedState, Callback):
             )
         if check_every_n_steps < 1:
             raise ValueError("thermal_guard.check_every_n_steps must be >= 1")
-        self.enabled, self.source, self.probe = enabled, source, probe
+        self.source, self.probe = source, probe
         self.use_os_source = use_os_source
         self.hot_level, self.drift_threshold_pct = hot_level, drift_threshold_pct
         if hot_micro_batch_divisor < 1:
@@ -112,9 +109,7 @@ class ThermalGuard(VersionedState, Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.probe is None:
             self.probe = probe_for(trainer.strategy.root_device)
-        if not self.enabled:  # off: its per-batch hooks would only time steps nobody reads
-            skip_hooks(self, ("on_train_batch_start", "on_train_batch_end"))
-        if self.enabled and self.use_os_source and self.source is None:
+        if self.use_os_source and self.source is None:
             self.source = thermal_source()
             name = self.source.name if self.source else "none (step-time drift only)"
             rank_zero_info(f"thermal: source {name}")
@@ -125,8 +120,6 @@ class ThermalGuard(VersionedState, Callback):
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if not self.enabled:
-            return
         self.probe.synchronize()  # on MPS/CUDA the clock would otherwise time the enqueue only
         self.drift.update(self.clock() - self._t0)
         self._batches += 1

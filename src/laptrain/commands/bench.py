@@ -212,10 +212,10 @@ def build_job(
 
 
 def job_callbacks(job: BenchJob) -> list[Any]:
-    """The job's own callbacks (conf/callbacks), as a run instantiates them."""
-    from laptrain.job.run import _instantiate_all
+    """The job's own callbacks (conf/callbacks), those a run of its model builds."""
+    from laptrain.callbacks.acting import build_callbacks
 
-    return _instantiate_all(job.cfg.get("callbacks"))
+    return list(build_callbacks(job.cfg.get("callbacks"), job.model).values())
 
 
 def make_trainer(

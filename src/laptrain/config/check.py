@@ -35,6 +35,8 @@ from laptrain.config.plugin_extras import (
 HYDRA_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 # laptrain's own reserved keys in a model YAML, removed before instantiation (laptrain.config.overrides).
 LAPTRAIN_KEYS = {"_argv_hook_", "_metric_"}
+# A callbacks entry's ``enabled`` says whether the run builds it (laptrain.callbacks.acting).
+BUILD_SWITCH = "enabled"
 
 
 # Where a user's own code goes: a package at the clone's root, beside train.py, which Python puts
@@ -216,8 +218,9 @@ def _check_one(target: str, node: Mapping[str, Any], path: str) -> list[str]:
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     hints = _hints(obj)
     problems = []
+    switch = {BUILD_SWITCH} if path.startswith("callbacks.") else set()
     for key, value in node.items():
-        if key in HYDRA_KEYS or key in LAPTRAIN_KEYS:
+        if key in HYDRA_KEYS | LAPTRAIN_KEYS | switch:
             continue
         name = f"{path}.{key}" if path else str(key)
         if key not in params:

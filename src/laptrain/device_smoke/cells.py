@@ -50,13 +50,12 @@ PRECISIONS_BY_DEVICE = {
 
 
 # The default callbacks (conf/callbacks/default.yaml) that call the device during a fit, read from
-# their conf/callbacks/<name>.yaml with these overrides: on (the Apple profiles' hardware.guards),
-# acting at every step, and no cooling break (a break changes
-# timing only; the thermal guard still synchronises, reads its source and times every step).
+# their conf/callbacks/<name>.yaml (built, as in the Apple profiles) with these overrides: acting
+# at every step, and no cooling break (a break changes timing only; the thermal guard still
+# synchronises, reads its source and times every step).
 GUARDS: dict[str, dict[str, Any]] = {
-    "memory_monitor": {"enabled": True, "every_n_steps": 1},
+    "memory_monitor": {"every_n_steps": 1},
     "thermal_guard": {
-        "enabled": True,
         "check_every_n_steps": 1,
         "warmup_steps": 0,
         "baseline_steps": 1,
@@ -73,6 +72,7 @@ def _guard_config(name: str) -> Any:
     from omegaconf import OmegaConf
 
     node = OmegaConf.load(conf_dir() / "callbacks" / f"{name}.yaml")[name]
+    node.pop("enabled", None)  # whether a run builds it (laptrain.callbacks.acting)
     return OmegaConf.merge(node, GUARDS[name])
 
 

@@ -25,8 +25,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from laptrain.callbacks.acting import build_callbacks, guards_line, without_lightning_no_ops
 from laptrain.callbacks.contracts import signal_stop, stop_reason
-from laptrain.callbacks.idle_hooks import skip_idle_hooks
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.checkpoints.files import checkpoint_plugins
 from laptrain.checkpoints.resume import (
@@ -238,8 +238,8 @@ def _train(
 ) -> Outcome:
     _set_up_process(cfg)
     datamodule, model, plan, remake = build(cfg, job_device(cfg, launched), output_dir)
-    trainer, callbacks, loggers = _make_trainer(cfg, plan, model, datamodule)
-    _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan)
+    trainer, callbacks, loggers, guards = _make_trainer(cfg, plan, model, datamodule)
+    _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan, guards)
     ckpt_path = checked_resume_checkpoint(
         cfg.get("ckpt_path"), cfg.resume, cfg.paths.ckpt_dir, cfg.paths.last_ckpt, model
     )
@@ -293,23 +293,24 @@ def _set_up_process(cfg: DictConfig) -> None:
 
 def _make_trainer(
     cfg: DictConfig, plan: RunPlan, model: Any, datamodule: Any
-) -> tuple[pl.Trainer, list[Any], list[Any]]:
-    """The Trainer of the config with the plan's arguments, its callbacks and its loggers; a
-    user's datamodule gets Lightning's distributed sampler and a resumable train loader."""
-    callbacks = _instantiate_all(cfg.get("callbacks"))
+) -> tuple[pl.Trainer, list[Any], list[Any], str]:
+    """The Trainer of the config with the plan's arguments, its callbacks (those that can act on
+    ``model``'s run), its loggers and the console line naming the guards built; a user's
+    datamodule gets Lightning's distributed sampler and a resumable train loader."""
+    built = build_callbacks(cfg.get("callbacks"), model)
     # MLflow / W&B: the run folder's tracking runs continued, W&B offline without a key
     section = prepared_loggers(cfg.get("logger"), Path(cfg.paths.output_dir))
     loggers = _instantiate_all(section)
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
-        callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
-    callbacks.append(MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model))
+        built = {k: cb for k, cb in built.items() if not isinstance(cb, LearningRateMonitor)}
+    callbacks = [*built.values(), MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model)]
     sampler = prepare_user_loaders(datamodule, cfg.trainer.get("use_distributed_sampler"))
     trainer = instantiate_trainer(
         cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
     )
     if trainer.is_global_zero:
         remember_tracking_runs(section, loggers, Path(cfg.paths.output_dir))
-    return trainer, callbacks, loggers
+    return trainer, callbacks, loggers, guards_line(built)
 
 
 def _model_preset() -> str:
@@ -343,7 +344,7 @@ def instantiate_trainer(
     )
     use_last_checkpoint(trainer, cfg.paths.last_ckpt)
     fsdp_strategy_for(model, trainer.strategy)
-    skip_idle_hooks(trainer.callbacks)  # Lightning's empty per-batch hooks: ~0.1 ms a step
+    without_lightning_no_ops(trainer.callbacks)
     return trainer
 
 
@@ -356,10 +357,11 @@ def _announce(
     datamodule: Any,
     model: Any,
     plan: RunPlan,
+    guards: str,
 ) -> None:
     """The summary on the console, in run_info and the loggers' hyperparameters; the data's
     artifacts in the run folder."""
-    lines = [parameter_line(model), *summary_lines(plan, env)]
+    lines = [parameter_line(model), *summary_lines(plan, env), guards]
     for line in [*(plan.memory or {}).get("lines", []), *lines]:
         rank_zero_info(line)
     if trainer.is_global_zero:
