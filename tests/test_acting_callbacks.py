@@ -86,9 +86,9 @@ def test_a_cpu_run_of_a_users_module_builds_only_the_guards_that_act(project, tm
         for action, n in profiler.calls.items()
         if action.endswith(TRAIN_STEP_HOOKS) and "validation" not in action
     )
-    # 9 calls a step when the idle guards were built and their hooks taken off; 60 if Lightning's
-    # empty hooks of the 10 callbacks were dispatched too
-    assert per_step / trainer.global_step <= 9, profiler.calls
+    # 10 calls a step, as when the idle guards were built and their hooks taken off (the stop
+    # queue's on_train_batch_end among them); 60 if Lightning's empty hooks were dispatched too
+    assert per_step / trainer.global_step <= 10, profiler.calls
 
 
 def test_an_apple_profile_builds_the_laptop_guards_and_a_setting_turns_one_off(project, tmp_path):

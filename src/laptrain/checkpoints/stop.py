@@ -75,6 +75,8 @@ class Stops(Callback):
         self.ended = False  # end_fit_now stopped this fit
         self.stop_saved: str | None = None  # the side file, until it is put in place
         self.saved_step: int | None = None
+        for name in _NO_OPS:  # Lightning calls every callback's per-batch hooks, no-ops too
+            setattr(self, name, None)
 
     @classmethod
     def of(cls, trainer: Any) -> Stops:
@@ -135,6 +137,17 @@ class Stops(Callback):
         """Out of ``trainer.callbacks``; a next fit of ``trainer`` starts with a fresh one."""
         trainer.callbacks[:] = [cb for cb in trainer.callbacks if cb is not self]
         Stops._OF[trainer] = Stops(self.last)
+
+
+# the per-batch hooks Stops leaves as Lightning's no-op: set to None on each instance, they leave
+# Lightning's dispatch (it skips a hook that is not callable), as callbacks/acting.py does for the
+# callbacks the job builds (Stops joins the list later, during the fit)
+_NO_OPS = tuple(
+    name
+    for name in vars(Callback)
+    if name.endswith(("batch_start", "batch_end", "backward", "optimizer_step", "zero_grad"))
+    and getattr(Stops, name) is getattr(Callback, name)
+)
 
 
 def use_last_checkpoint(trainer: pl.Trainer, path: str | Path | None) -> None:
