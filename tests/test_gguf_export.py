@@ -371,6 +371,7 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    from laptrain.commands.export_folder import export_target
     from laptrain.families.lora.gguf.write import write_gguf
 
     tok = Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
@@ -382,7 +383,8 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
                     num_attention_heads=2, num_key_value_heads=2)
     )  # fmt: skip
     with pytest.raises(ValueError, match="pre-tokenizer") as err:
-        write_gguf(model, tokenizer, tmp_path / "g", "f16", "t", lambda _f, _n: None)
+        target = export_target(tmp_path / "g", "gguf")
+        write_gguf(model, tokenizer, target, "f16", "t", lambda _f, _n: None)
     assert "\n" not in str(err.value) and not (tmp_path / "g").exists()
 
 

@@ -5,7 +5,8 @@
 - :func:`pid_alive`: whether a process id is alive on this host (run-folder lock, stale caches).
 - :func:`write_text_atomic`: a run folder's records (``preflight.json``, ``run_info.json``,
   ``metrics.json``, the report) replaced whole, never left half-written by a kill.
-- :func:`write_folder_atomic`: an exported model folder, written beside its place and swapped in.
+- :func:`write_folder_atomic`: a model folder (a run's export, a step adapter, ``laptrain
+  export``'s output), written beside its place and swapped in.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-# What makes a folder one laptrain (or transformers / peft) wrote, and so one it may replace whole.
+# What makes a folder inside a run one its training wrote, and so one it may replace whole.
 EXPORT_MARKERS = ("config.json", "adapter_config.json", "Modelfile")
 
 
@@ -76,18 +77,21 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_folder_atomic(target: str | Path, write: Callable[[Path], object]) -> Path:
+def write_folder_atomic(
+    target: str | Path, write: Callable[[Path], object], replace: bool = False
+) -> Path:
     """``write(folder)`` into ``.<name>.partial`` beside ``target``, then swap it in.
 
     A kill or an error while writing leaves the old ``target`` (or none) and a hidden partial
     folder the next export removes, never a half-written folder under the name asked for. A
     symlink at ``target`` is replaced, not written through. An existing ``target`` is replaced
     whole only when it is empty or an earlier export (it holds one of ``EXPORT_MARKERS``);
-    another non-empty folder is refused (ValueError, one line) before anything is written, so a
-    mistyped ``--out`` never deletes a user's files.
+    another non-empty folder is refused (ValueError, one line) before anything is written.
+    ``replace``: the caller has cleared ``target`` (``laptrain.commands.export_folder``), so it is replaced
+    whatever it holds.
     """
     target = Path(target)
-    if _foreign_folder(target):
+    if not replace and _foreign_folder(target):
         raise ValueError(
             f"{target} exists and is not an exported model folder (no "
             f"{' or '.join(EXPORT_MARKERS)}): "

@@ -6,8 +6,8 @@ a base that is not a Llama, a tokenizer llama.cpp would split differently, a cha
 template language cannot express, a quantisation the ``gguf`` package cannot write, and a disk
 without room for the file (its size is known exactly from the tensor shapes and types). The file
 and the Modelfile are written into a hidden folder beside the target, the file fsynced, and the
-folder renamed into place (:func:`laptrain.files.write_folder_atomic`): a kill mid-write leaves no
-file under the asked-for name.
+folder renamed into place (:func:`laptrain.commands.export_folder.export_target`, the rule every export
+format follows): a kill mid-write leaves no file under the asked-for name.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
+from laptrain.commands.export_folder import ExportTarget, export_target
 from laptrain.families.lora.gguf import llama_metadata, llama_tensors, modelfile, vocab
-from laptrain.files import fsync_file, write_folder_atomic
+from laptrain.files import fsync_file
 
 GGUF_NAME = "model.gguf"
 MODELFILE = "Modelfile"
@@ -88,7 +89,7 @@ def disk_check(folder: Path, need: int) -> None:
 def write_gguf(
     model: Any,
     tokenizer: Any,
-    target: Path,
+    target: ExportTarget,
     quant: str,
     name: str,
     free_check: Callable[[Path, int], None] = disk_check,
@@ -110,7 +111,7 @@ def write_gguf(
     # float32 views of the weights (copies only for the reordered q/k rows): sized, then written
     tensors = list(llama_tensors.llama_tensors(model.state_dict(), config, quant))
     size = sum(llama_tensors.written_bytes(data.shape, qtype) for _, data, qtype in tensors)
-    free_check(target.parent, size)
+    free_check(target.folder.parent, size)
 
     def write(folder: Path) -> None:
         folder.mkdir(parents=True)
@@ -132,7 +133,7 @@ def write_gguf(
         fsync_file(path)
         (folder / MODELFILE).write_text(text)
 
-    folder = write_folder_atomic(target, write)
+    folder = target.write(write)
     file = folder / GGUF_NAME
     return GgufExport(folder=folder, file=file, bytes=file.stat().st_size, quant=quant)
 
@@ -144,8 +145,10 @@ def export_gguf(
     device: str | None = None,
     probe: Any = None,
     free_check: Callable[[Path, int], None] = disk_check,
+    force: bool = False,
 ) -> GgufExport:
-    """Merge the run's adapter into its base in float32 and write it as GGUF (see the module)."""
+    """Merge the run's adapter into its base in float32 and write it as GGUF (see the module);
+    ``force``: replace an ``out`` no export wrote (``--force``)."""
     import laptrain.families.lora.tools as lora_tools
 
     check_quant(quant)
@@ -154,9 +157,7 @@ def export_gguf(
     adapter = lora_tools.find_adapter(path)
     base = lora_tools.base_name_of(adapter)
     _check_base_config(base)
-    target = Path(out) if out else default_gguf_dir(adapter, quant)
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"{target} is a file: give --out a folder")
+    target = export_target(out or default_gguf_dir(adapter, quant), "gguf", (adapter, base), force)
     plan = lora_tools.checked_plan(
         lora_tools.read_record(adapter), base, device, "float32", probe, quantized=False
     )

@@ -1,0 +1,88 @@
+"""laptrain export never deletes what it did not write (issue 48 item 4): an export folder is
+marked, only marked (or empty) folders are replaced, the base and the adapter being read are
+refused even with --force, any other folder needs --force."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from laptrain.commands.cli import main
+from laptrain.commands.export_folder import EXPORT_MARKER, export_target
+from tests.test_causal_lm_lora import (
+    _one_thread,  # noqa: F401 - module fixture
+    base,  # noqa: F401 - module fixture
+    tokenizer,  # noqa: F401 - module fixture
+)
+
+
+def written(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+
+
+def test_an_export_is_marked_and_only_a_marked_or_empty_folder_is_replaced(tmp_path):
+    out = export_target(tmp_path / "out", "hf").write(written)
+    assert json.loads((out / EXPORT_MARKER).read_text()) == {"format": "hf"}
+    (out / "stale.bin").write_text("from the last export")
+    export_target(out, "hf").write(written)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", EXPORT_MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert export_target(empty, "gguf").write(written) == empty
+
+
+def test_a_folder_no_export_wrote_needs_force_even_one_holding_config_json(tmp_path):
+    theirs = tmp_path / "their-model"
+    theirs.mkdir()
+    (theirs / "config.json").write_text("{}")  # a model folder someone else wrote
+    (theirs / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="--force") as err:
+        export_target(theirs, "hf")
+    assert "\n" not in str(err.value)
+    assert (theirs / "notes.txt").read_text() == "keep me"
+    export_target(theirs, "hf", force=True).write(written)
+    assert not (theirs / "notes.txt").exists() and (theirs / EXPORT_MARKER).is_file()
+
+
+@pytest.mark.parametrize("where", ["adapter", "run", "inside"])
+def test_the_models_being_read_are_refused_even_with_force(tmp_path, where):
+    run = tmp_path / "run"
+    adapter = run / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / EXPORT_MARKER).write_text("{}")  # even one that looks like an export
+    out = {"adapter": adapter, "run": run, "inside": adapter / "merged"}[where]
+    with pytest.raises(ValueError, match="which this export reads") as err:
+        export_target(out, "hf", [adapter], force=True)
+    assert "\n" not in str(err.value)
+
+
+def adapter_of(base: str, folder: Path) -> Path:  # noqa: F811
+    """An untrained LoRA adapter of ``base``, written as training writes one."""
+    from laptrain.families.lora.causal_lm import CausalLMLoRAModule
+    from laptrain.families.lora.tools import _load_tokenizer
+
+    tok = _load_tokenizer(Path(base))
+    CausalLMLoRAModule(tok, pretrained=base, lora={"r": 4}).export(folder)
+    return folder
+
+
+@pytest.mark.parametrize("form", ["hf", "gguf"])
+def test_export_into_the_base_or_the_run_exits_2_and_deletes_nothing(
+    tokenizer,  # noqa: F811
+    base,  # noqa: F811
+    tmp_path,
+    capsys,
+    form,
+):
+    tokenizer.save_pretrained(base)
+    adapter = adapter_of(base, tmp_path / "run" / "adapter")
+    before = sorted(p.name for p in Path(base).iterdir())
+    for out in (base, adapter, tmp_path / "run"):
+        assert main(["export", str(adapter), "--format", form, "--out", str(out), "--force"]) == 2
+        message = capsys.readouterr().err.strip()
+        assert "which this export reads" in message and "\n" not in message
+    assert sorted(p.name for p in Path(base).iterdir()) == before
+    assert (adapter / "adapter_config.json").is_file()
