@@ -27,7 +27,11 @@ from typing import Any
 import torch
 
 from laptrain.commands.export_folder import export_target
-from laptrain.families.lora.adapter_folders import ADAPTER_CONFIG, find_adapter
+from laptrain.families.lora.adapter_folders import (
+    ADAPTER_CONFIG,
+    default_export_dir,
+    find_adapter,
+)
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.preflight.batch import PreflightError
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK
@@ -416,13 +420,6 @@ def load_for_generation(
     return model, _load_tokenizer(adapter, name)
 
 
-def default_export_dir(adapter: Path) -> Path:
-    """``<run>/merged`` beside a run's ``adapter/``; else ``<adapter>-merged``."""
-    if adapter.name in ("adapter", "model"):
-        return adapter.parent / "merged"
-    return adapter.with_name(f"{adapter.name}-merged")
-
-
 def export_merged(
     path: str | Path,
     out: str | Path | None = None,
@@ -439,7 +436,9 @@ def export_merged(
     :func:`laptrain.commands.export_folder.export_target` refuses ``out`` (``force``: ``--force``)."""
     adapter = find_adapter(path)
     name = base_name_of(adapter)
-    target = export_target(out or default_export_dir(adapter), "hf", (adapter, name), force)
+    target = export_target(
+        out or default_export_dir(adapter, "merged"), "hf", (adapter, name), force
+    )
     plan = checked_plan(read_record(adapter), name, device, dtype, probe, quantized=False)
     tokenizer = _load_tokenizer(adapter, name)
     merged = load_adapter_model(adapter, plan).merge_and_unload()

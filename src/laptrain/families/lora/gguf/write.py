@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from laptrain.commands.export_folder import ExportTarget, export_target
+from laptrain.families.lora.adapter_folders import default_export_dir
 from laptrain.families.lora.gguf import llama_metadata, llama_tensors, modelfile, vocab
 from laptrain.files import fsync_file
 
@@ -37,13 +38,6 @@ class GgufExport:
     file: Path
     bytes: int
     quant: str
-
-
-def default_gguf_dir(adapter: Path, quant: str) -> Path:
-    """``<run>/gguf-<quant>`` beside a run's ``adapter/``; else ``<adapter>-gguf-<quant>``."""
-    if adapter.name in ("adapter", "model"):
-        return adapter.parent / f"gguf-{quant}"
-    return adapter.with_name(f"{adapter.name}-gguf-{quant}")
 
 
 def check_quant(quant: str) -> None:
@@ -157,7 +151,8 @@ def export_gguf(
     adapter = lora_tools.find_adapter(path)
     base = lora_tools.base_name_of(adapter)
     _check_base_config(base)
-    target = export_target(out or default_gguf_dir(adapter, quant), "gguf", (adapter, base), force)
+    folder = out or default_export_dir(adapter, f"gguf-{quant}")
+    target = export_target(folder, "gguf", (adapter, base), force)
     plan = lora_tools.checked_plan(
         lora_tools.read_record(adapter), base, device, "float32", probe, quantized=False
     )
