@@ -86,3 +86,83 @@ def test_export_into_the_base_or_the_run_exits_2_and_deletes_nothing(
         assert "which this export reads" in message and "\n" not in message
     assert sorted(p.name for p in Path(base).iterdir()) == before
     assert (adapter / "adapter_config.json").is_file()
+
+
+# ----- issue 48 item 6: a full disk under peft/safetensors is one line, nothing partial ---------
+def safetensors_on_a_full_disk(monkeypatch, *modules: str) -> None:
+    """``save_file`` of ``modules`` (peft's, transformers') writes a few bytes, then fails as
+    safetensors does on a full disk: a plain ``Exception`` with the OS error in its text."""
+    import importlib
+
+    from safetensors import SafetensorError
+
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 64)
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28) at path "
+            f'"{filename}"'
+        )
+
+    for module in modules:
+        monkeypatch.setattr(importlib.import_module(module), "safe_save_file", full)
+
+
+def test_a_full_disk_while_writing_a_step_adapter_is_one_line_and_keeps_the_last(
+    tokenizer,  # noqa: F811
+    base,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    from types import SimpleNamespace
+
+    from laptrain.commands.exit_codes import error_exit_code
+    from laptrain.families.lora.causal_lm import CausalLMLoRAModule
+
+    module = CausalLMLoRAModule(tokenizer, pretrained=base, lora={"r": 4})
+    module._write_step_adapter(SimpleNamespace(global_step=1, default_root_dir=str(tmp_path)), None)
+    safetensors_on_a_full_disk(monkeypatch, "peft.peft_model")
+    with pytest.raises(OSError, match="no space left") as err:
+        module._write_step_adapter(
+            SimpleNamespace(global_step=2, default_root_dir=str(tmp_path)), None
+        )
+    assert "\n" not in str(err.value) and "model.adapters_dir" in str(err.value)
+    assert error_exit_code(err.value) == 2  # as a checkpoint that does not fit the disk
+    left = sorted(p.name for p in (tmp_path / "adapters").iterdir())
+    assert left == ["step-000001"]  # no partial folder; the last adapter kept
+    assert (tmp_path / "adapters" / "step-000001" / "adapter_model.safetensors").is_file()
+
+
+def test_a_full_disk_during_an_hf_export_exits_2_in_one_line_and_leaves_nothing(
+    tokenizer,  # noqa: F811
+    base,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    tokenizer.save_pretrained(base)
+    adapter = adapter_of(base, tmp_path / "run" / "adapter")
+    safetensors_on_a_full_disk(monkeypatch, "transformers.modeling_utils")
+    out = tmp_path / "merged"
+    assert main(["export", str(adapter), "--out", str(out)]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "no space left" in message and "--out" in message and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no out, no partial folder
+
+
+def test_an_hf_export_without_room_for_its_weights_is_refused_before_writing(
+    tokenizer,  # noqa: F811
+    base,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    import shutil
+
+    tokenizer.save_pretrained(base)
+    adapter = adapter_of(base, tmp_path / "run" / "adapter")
+    usage = shutil._ntuple_diskusage(10**12, 10**12, 32 * 1024**2)  # 32 MiB free
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage)
+    assert main(["export", str(adapter), "--out", str(tmp_path / "merged")]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "not enough disk for the export" in message and "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

@@ -352,10 +352,10 @@ def test_a_base_of_another_architecture_is_refused_before_loading(lora_run, tmp_
 
 
 def test_not_enough_disk_is_refused_before_writing(lora_run, monkeypatch, capsys):
-    import laptrain.families.lora.gguf.write as write
+    import laptrain.commands.export_folder as export_folder
 
     monkeypatch.setattr(
-        write.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9, 1024)
+        export_folder.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9, 1024)
     )
     _refused(
         capsys,
@@ -384,7 +384,7 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
     )  # fmt: skip
     with pytest.raises(ValueError, match="pre-tokenizer") as err:
         target = export_target(tmp_path / "g", "gguf")
-        write_gguf(model, tokenizer, target, "f16", "t", lambda _f, _n: None)
+        write_gguf(model, tokenizer, target, "f16", "t", lambda _n: None)
     assert "\n" not in str(err.value) and not (tmp_path / "g").exists()
 
 

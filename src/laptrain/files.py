@@ -11,12 +11,18 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# A full disk as the Rust writers (safetensors, tokenizers) report it: std::io::Error's text,
+# e.g. SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+RUST_NO_SPACE = re.compile(rf"\(os error ({'|'.join(str(n) for n in NO_SPACE)})\)")
 # What makes a folder inside a run one its training wrote, and so one it may replace whole.
 EXPORT_MARKERS = ("config.json", "adapter_config.json", "Modelfile")
 
@@ -77,8 +83,27 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def disk_full(err: BaseException) -> bool:
+    """Whether a full disk (or quota) is behind ``err``: an ENOSPC/EDQUOT ``OSError`` anywhere in
+    its ``__cause__``/``__context__`` chain, or a Rust writer's error saying so (safetensors'
+    ``SafetensorError`` is a plain ``Exception`` with the OS error in its text)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in NO_SPACE:
+            return True
+        if RUST_NO_SPACE.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def write_folder_atomic(
-    target: str | Path, write: Callable[[Path], object], replace: bool = False
+    target: str | Path,
+    write: Callable[[Path], object],
+    replace: bool = False,
+    fix: str = "free some space and rerun",
 ) -> Path:
     """``write(folder)`` into ``.<name>.partial`` beside ``target``, then swap it in.
 
@@ -87,8 +112,9 @@ def write_folder_atomic(
     symlink at ``target`` is replaced, not written through. An existing ``target`` is replaced
     whole only when it is empty or an earlier export (it holds one of ``EXPORT_MARKERS``);
     another non-empty folder is refused (ValueError, one line) before anything is written.
-    ``replace``: the caller has cleared ``target`` (``laptrain.commands.export_folder``), so it is replaced
-    whatever it holds.
+    ``replace``: the caller has cleared ``target`` (``laptrain.commands.export_folder``), so it is
+    replaced whatever it holds. A full disk while writing is one line (``OSError(ENOSPC)``, ending
+    with ``fix``), the partial folder removed.
     """
     target = Path(target)
     if not replace and _foreign_folder(target):
@@ -102,9 +128,16 @@ def write_folder_atomic(
     shutil.rmtree(partial, ignore_errors=True)
     try:
         write(partial)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(partial, ignore_errors=True)
-        raise
+        if not isinstance(err, Exception) or not disk_full(err):
+            raise
+        free = shutil.disk_usage(target.parent).free / 1024**2
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left to write {target} ({free:.0f} MiB free in {target.parent}); nothing "
+            f"half-written is left there: {fix}",
+        ) from err
     old = target.parent / f".{target.name}.old"
     shutil.rmtree(old, ignore_errors=True)
     if target.is_symlink():

@@ -11,6 +11,7 @@ peft or Ollama files a folder holds says nothing about who wrote it: a base mode
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,11 @@ from pathlib import Path
 from laptrain.files import write_folder_atomic
 
 EXPORT_MARKER = "laptrain-export.json"
+GiB = 1024**3
+# Beyond the weights: the header and tokenizer files (~10 MB for a 128k vocabulary), alignment
+# padding, and room for the filesystem not to end up full.
+DISK_HEADROOM = 64 * 1024**2
+FIX = "free some space, or give --out on another disk"
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,21 @@ class ExportTarget:
             write(folder)
             (folder / EXPORT_MARKER).write_text(json.dumps({"format": self.form}) + "\n")
 
-        return write_folder_atomic(self.folder, marked, replace=True)
+        return write_folder_atomic(self.folder, marked, replace=True, fix=FIX)
+
+    def check_space(self, need: int) -> None:
+        """Refuse (one line) an export of ``need`` bytes where the disk has less free, plus
+        :data:`DISK_HEADROOM`, before anything is written."""
+        probe = _where(self.folder).parent
+        while not probe.exists():
+            probe = probe.parent
+        free = shutil.disk_usage(probe).free
+        if free < need + DISK_HEADROOM:
+            raise ValueError(
+                f"not enough disk for the export: it needs {need / GiB:.2f} GiB (+ "
+                f"{DISK_HEADROOM // 1024**2} MiB headroom), {probe} has {free / GiB:.2f} GiB "
+                f"free: {FIX}"
+            )
 
 
 def _where(path: Path) -> Path:

@@ -666,7 +666,12 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
             return
         root = Path(self.adapters_dir or Path(trainer.default_root_dir) / "adapters")
         # written beside its place and swapped in; a symlink there is replaced, not followed
-        write_folder_atomic(root / f"step-{step:06d}", partial(self.export, state_dict=state_dict))
+        write_folder_atomic(
+            root / f"step-{step:06d}",
+            partial(self.export, state_dict=state_dict),
+            fix="free some space, or set model.adapters_dir=<folder on another disk>, and rerun "
+            "the same command",
+        )
         self._adapter_step = step
         self._written_steps.add(step)
         lineage = [

@@ -442,6 +442,8 @@ def export_merged(
     plan = checked_plan(read_record(adapter), name, device, dtype, probe, quantized=False)
     tokenizer = _load_tokenizer(adapter, name)
     merged = load_adapter_model(adapter, plan).merge_and_unload()
+    tensors = {t.data_ptr(): t for t in merged.state_dict().values()}.values()  # tied: once
+    target.check_space(sum(t.numel() * t.element_size() for t in tensors))
 
     def write(folder: Path) -> None:
         merged.save_pretrained(str(folder))

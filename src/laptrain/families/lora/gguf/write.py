@@ -12,7 +12,6 @@ format follows): a kill mid-write leaves no file under the asked-for name.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +26,6 @@ from laptrain.files import fsync_file
 
 GGUF_NAME = "model.gguf"
 MODELFILE = "Modelfile"
-# Beyond the tensors: the header, the vocabulary and merges (~10 MB for a 128k vocabulary), the
-# alignment padding of every tensor, and room for the filesystem not to end up full.
-DISK_HEADROOM = 64 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -67,26 +63,13 @@ def refuse_non_lora(path: Path) -> None:
         )
 
 
-def disk_check(folder: Path, need: int) -> None:
-    probe = folder
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if free < need + DISK_HEADROOM:
-        raise ValueError(
-            f"not enough disk for the GGUF: it needs {need / 1024**3:.2f} GiB (+ "
-            f"{DISK_HEADROOM // 1024**2} MiB headroom), {probe} has {free / 1024**3:.2f} GiB "
-            "free: free some space or give --out on another disk"
-        )
-
-
 def write_gguf(
     model: Any,
     tokenizer: Any,
     target: ExportTarget,
     quant: str,
     name: str,
-    free_check: Callable[[Path, int], None] = disk_check,
+    free_check: Callable[[int], None] | None = None,
 ) -> GgufExport:
     """Write ``model`` (a merged transformers Llama) and ``tokenizer`` as ``target/model.gguf`` and
     ``target/Modelfile`` (its stops: the chat template's end-of-turn token and EOS); every check
@@ -105,7 +88,7 @@ def write_gguf(
     # float32 views of the weights (copies only for the reordered q/k rows): sized, then written
     tensors = list(llama_tensors.llama_tensors(model.state_dict(), config, quant))
     size = sum(llama_tensors.written_bytes(data.shape, qtype) for _, data, qtype in tensors)
-    free_check(target.folder.parent, size)
+    (free_check or target.check_space)(size)
 
     def write(folder: Path) -> None:
         folder.mkdir(parents=True)
@@ -138,7 +121,6 @@ def export_gguf(
     quant: str = "f16",
     device: str | None = None,
     probe: Any = None,
-    free_check: Callable[[Path, int], None] = disk_check,
     force: bool = False,
 ) -> GgufExport:
     """Merge the run's adapter into its base in float32 and write it as GGUF (see the module);
@@ -161,7 +143,7 @@ def export_gguf(
     run = lora_tools.run_folder_of(adapter)
     name = f"{Path(base).name}-{run.name if run else adapter.name}"
     with torch.no_grad():
-        return write_gguf(merged, tokenizer, target, quant, name, free_check)
+        return write_gguf(merged, tokenizer, target, quant, name)
 
 
 def _check_base_config(base: str) -> None:
