@@ -132,3 +132,51 @@ def test_train_py_refuses_an_over_long_csv_field_in_one_line(tmp_path):
     assert len(errors) == 1 and "huge.csv:14: a text of over 1,000,000 characters" in errors[0]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "cache").exists()
+
+
+# ----- issue 48 item 8: every dataset format TRL documents for SFT --------------------------------
+QUESTION = [{"role": "user", "content": "What does `len` do?"}]
+REPLY = [{"role": "assistant", "content": "Counts items."}]
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"prompt": "What does `len` do?", "completion": "Counts items."},
+        {"prompt": "What does `len` do?", "response": "Counts items."},
+        {"messages": QUESTION + REPLY},
+        {"prompt": QUESTION, "completion": REPLY},  # TRL's conversational prompt-completion
+        {"prompt": json.dumps(QUESTION), "completion": json.dumps(REPLY)},  # as CSV cells
+    ],
+)
+def test_every_sft_row_shape_reads_as_the_same_conversation(row):
+    from laptrain.families.lora.instruction_rows import row_messages
+
+    assert row_messages(row) == QUESTION + REPLY
+
+
+@pytest.mark.parametrize(
+    "row, why",
+    [
+        ({"prompt": {"text": "q"}, "completion": "a"}, "prompt is dict, not a string"),
+        ({"prompt": "q", "completion": 3}, "completion is int, not a string"),
+        ({"prompt": "q", "completion": QUESTION}, "other than the assistant's"),
+        ({"prompt": [{"role": "user", "content": ["q"]}], "completion": REPLY}, "not a string"),
+    ],
+)
+def test_any_other_value_is_refused_naming_the_field(row, why):
+    from laptrain.families.lora.instruction_rows import row_messages
+
+    assert why in row_messages(row)
+
+
+def test_a_list_prompt_is_never_trained_on_as_its_repr(tmp_path):
+    from laptrain.families.lora.instruction_rows import read_instructions
+
+    path = tmp_path / "rows.jsonl"
+    rows = [{"prompt": QUESTION, "completion": REPLY}, {"prompt": ["q"], "completion": "a"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as err:
+        read_instructions({"train": str(path)})
+    message = str(err.value)
+    assert f"{path}:2 (prompt is list, not a string" in message and "\n" not in message
