@@ -397,3 +397,29 @@ def test_the_llama_cpp_check_without_its_extra_names_the_install(monkeypatch, tm
     with pytest.raises(ValueError, match=r"\.\[llamacpp\]") as err:
         load_llama_cpp(tmp_path / "model.gguf")
     assert "\n" not in str(err.value)
+
+
+def test_modelfile_stops_read_back_whole_as_ollama_parses_them(tmp_path):
+    """Issue 48 item 9: Ollama's parser (parser/parser.go) has no escapes: a value ends at the
+    first line break where it is whole in "..." or \"\"\"...\"\"\"; nothing may add a line."""
+    from types import SimpleNamespace
+
+    from laptrain.families.lora.gguf.modelfile import modelfile, read_value
+
+    stops = ["<|eot_id|>", 'say "hi"\nbye', 'back\\slash"quote']
+    text = modelfile("model.gguf", SimpleNamespace(chat_template=None), stops)
+    assert text == (
+        "FROM ./model.gguf\n"
+        'PARAMETER stop "<|eot_id|>"\n'
+        'PARAMETER stop """say "hi"\nbye"""\n'
+        'PARAMETER stop "back\\slash"quote"\n'
+    )
+    rest, read = text.split("\n", 1)[1], []
+    while rest:
+        assert rest.startswith("PARAMETER stop ")
+        value, rest = read_value(rest.removeprefix("PARAMETER stop "))
+        read.append(value)
+    assert read == stops
+    with pytest.raises(ValueError, match="cannot be written as an Ollama PARAMETER stop") as err:
+        modelfile("model.gguf", SimpleNamespace(chat_template=None), ['a"""\nb"'])
+    assert "\n" not in str(err.value)
