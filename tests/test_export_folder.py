@@ -166,3 +166,58 @@ def test_an_hf_export_without_room_for_its_weights_is_refused_before_writing(
     message = capsys.readouterr().err.strip()
     assert "not enough disk for the export" in message and "\n" not in message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+# ----- issue 48 item 13: GGUF export holds one float32 copy on the host, tensors streamed --------
+def test_gguf_tensors_are_encoded_and_written_one_at_a_time(
+    tokenizer,  # noqa: F811
+    base,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    import weakref
+
+    from transformers import LlamaForCausalLM
+
+    import laptrain.families.lora.gguf.llama_tensors as llama_tensors
+    from laptrain.families.lora.gguf.write import write_gguf
+
+    real, live, counts = llama_tensors.encode, set(), []
+
+    def encode(data, qtype):
+        out = real(data, qtype)
+        live.add(id(out))
+        weakref.finalize(out, live.discard, id(out))
+        counts.append(len(live))
+        return out
+
+    monkeypatch.setattr(llama_tensors, "encode", encode)
+    model = LlamaForCausalLM.from_pretrained(base)
+    target = export_target(tmp_path / "g", "gguf")
+    done = write_gguf(model, tokenizer, target, "q8_0", "t", lambda _n: None)
+    assert len(counts) > 10 and max(counts) <= 2  # never the whole encoded file in memory
+    assert done.file.stat().st_size == done.bytes > 0
+
+
+def test_a_gguf_export_merged_on_a_device_checks_the_host_it_is_written_from(
+    tokenizer,  # noqa: F811
+    base,  # noqa: F811
+    tmp_path,
+    capsys,
+):
+    from laptrain.families.lora.gguf.write import export_gguf
+    from laptrain.families.lora.tools import BaseTooLarge
+    from laptrain.hardware.probe import FakeProbe, MemoryReading
+
+    tokenizer.save_pretrained(base)
+    adapter = adapter_of(base, tmp_path / "run" / "adapter")
+
+    def probe(kind):  # a large GPU on a host with 1 MiB free
+        free = 2**40 if kind == "cuda" else 2**20
+        reading = MemoryReading(0, free, free, 0.0, 0, device_limit=free, device_free=free)
+        return FakeProbe(kind=kind, readings=[reading] * 4)
+
+    with pytest.raises(BaseTooLarge, match="on cpu") as err:
+        export_gguf(adapter, tmp_path / "g", device="cuda", probe=probe)
+    assert "one tensor being encoded" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "g").exists()

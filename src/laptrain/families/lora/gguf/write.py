@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from laptrain.commands.export_folder import ExportTarget, export_target
@@ -71,9 +72,10 @@ def write_gguf(
     name: str,
     free_check: Callable[[int], None] | None = None,
 ) -> GgufExport:
-    """Write ``model`` (a merged transformers Llama) and ``tokenizer`` as ``target/model.gguf`` and
-    ``target/Modelfile`` (its stops: the chat template's end-of-turn token and EOS); every check
-    runs before anything is written."""
+    """Write ``model`` (a merged transformers Llama, moved to the host) and ``tokenizer`` as
+    ``target/model.gguf`` and ``target/Modelfile`` (its stops: the chat template's end-of-turn
+    token and EOS), the tensors encoded and written one at a time; every check runs before
+    anything is written."""
     import gguf
 
     from laptrain.families.lora.instructions import end_of_turn
@@ -85,9 +87,11 @@ def write_gguf(
     eot = end_of_turn(tokenizer) if tokenizer.chat_template else None
     stops = [end for end in (eot, tokenizer.eos_token) if end]
     text = modelfile.modelfile(GGUF_NAME, tokenizer, stops)  # refuses an inexpressible template
-    # float32 views of the weights (copies only for the reordered q/k rows): sized, then written
-    tensors = list(llama_tensors.llama_tensors(model.state_dict(), config, quant))
-    size = sum(llama_tensors.written_bytes(data.shape, qtype) for _, data, qtype in tensors)
+    # on the host first (a device's copy freed), then float32 views of its weights, one at a time
+    # (copies only for the reordered q/k rows): sized here, encoded and written one by one below
+    state = model.to("cpu").state_dict()
+    planned = [(n, d.shape, q) for n, d, q in llama_tensors.llama_tensors(state, config, quant)]
+    size = sum(llama_tensors.written_bytes(shape, qtype) for _, shape, qtype in planned)
     (free_check or target.check_space)(size)
 
     def write(folder: Path) -> None:
@@ -100,12 +104,19 @@ def write_gguf(
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         vocab.add_tokenizer(writer, tokenizer, int(config.vocab_size), eot)
         if rope_freqs is not None:
-            writer.add_tensor("rope_freqs.weight", rope_freqs)
-        for gguf_name, data, qtype in tensors:
-            writer.add_tensor(gguf_name, llama_tensors.encode(data, qtype), raw_dtype=qtype)
+            writer.add_tensor_info(
+                "rope_freqs.weight", rope_freqs.shape, rope_freqs.dtype, rope_freqs.nbytes
+            )
+        for gguf_name, shape, qtype in planned:  # the infos first, the data streamed after them
+            nbytes = llama_tensors.written_bytes(shape, qtype)
+            writer.add_tensor_info(gguf_name, shape, np.float32, nbytes, raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        if rope_freqs is not None:
+            writer.write_tensor_data(rope_freqs)
+        for _, data, qtype in llama_tensors.llama_tensors(state, config, quant):
+            writer.write_tensor_data(llama_tensors.encode(data, qtype))
         writer.close()
         fsync_file(path)
         (folder / MODELFILE).write_text(text)
@@ -135,15 +146,27 @@ def export_gguf(
     _check_base_config(base)
     folder = out or default_export_dir(adapter, f"gguf-{quant}")
     target = export_target(folder, "gguf", (adapter, base), force)
-    plan = lora_tools.checked_plan(
-        lora_tools.read_record(adapter), base, device, "float32", probe, quantized=False
-    )
+    record = lora_tools.read_record(adapter)
+    plan = lora_tools.checked_plan(record, base, device, "float32", probe, False, encoding_extra)
+    if plan.device != "cpu":  # merged there, the weights then come to the host to be written
+        lora_tools.checked_plan(record, base, "cpu", "float32", probe, False, encoding_extra)
     tokenizer = lora_tools._load_tokenizer(adapter, base)
     merged = lora_tools.load_adapter_model(adapter, plan).merge_and_unload()
     run = lora_tools.run_folder_of(adapter)
     name = f"{Path(base).name}-{run.name if run else adapter.name}"
     with torch.no_grad():
         return write_gguf(merged, tokenizer, target, quant, name)
+
+
+def encoding_extra(plan: Any, size: Any) -> Any:
+    """The host's memory beyond the float32 weights while one tensor is encoded: its reordered
+    copy and its float16-rounded copy (``llama_tensors.encode``), counted as the embedding's;
+    nothing on a device, which only merges."""
+    from laptrain.families.lora.tools import Extra
+
+    if plan.device != "cpu":
+        return Extra()
+    return Extra(2.0 * 4 * size.embedding, "one tensor being encoded")
 
 
 def _check_base_config(base: str) -> None:
