@@ -162,6 +162,7 @@ def test_every_sft_row_shape_reads_as_the_same_conversation(row):
         ({"prompt": "q", "completion": 3}, "completion is int, not a string"),
         ({"prompt": "q", "completion": QUESTION}, "other than the assistant's"),
         ({"prompt": [{"role": "user", "content": ["q"]}], "completion": REPLY}, "not a string"),
+        ({"text": "The sky is blue."}, "TRL's language-modeling form"),
     ],
 )
 def test_any_other_value_is_refused_naming_the_field(row, why):

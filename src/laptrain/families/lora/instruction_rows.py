@@ -180,6 +180,11 @@ def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
     response, why_response = field_value(row, key)
     if why or why_response:
         return why or str(why_response)
+    if prompt is None and row.get("text") is not None:
+        return (
+            "a text row (TRL's language-modeling form) has no response to learn: use "
+            "prompt+completion or messages"
+        )
     if prompt is None:
         return "no prompt"
     if response is None:
