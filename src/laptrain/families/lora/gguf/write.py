@@ -6,8 +6,9 @@ a base that is not a Llama, a tokenizer llama.cpp would split differently, a cha
 template language cannot express, a quantisation the ``gguf`` package cannot write, and a disk
 without room for the file (its size is known exactly from the tensor shapes and types). The file
 and the Modelfile are written into a hidden folder beside the target, the file fsynced, and the
-folder renamed into place (:func:`laptrain.commands.export_folder.export_target`, the rule every export
-format follows): a kill mid-write leaves no file under the asked-for name.
+folder renamed into place (:func:`laptrain.commands.export_folder.export_target`, the rule every
+export format follows): a kill mid-write leaves no file under the asked-for name. The tensors are
+encoded and written one at a time, from the merged model moved to the host.
 """
 
 from __future__ import annotations
