@@ -13,7 +13,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from laptrain.families.lora.causal_lm import CausalLMLoRAModule, refuse_precision
+from laptrain.families.lora.causal_lm import (
+    FINGERPRINT_KEY,
+    CausalLMLoRAModule,
+    refuse_precision,
+)
 from laptrain.families.lora.chat_tokenizer import offline_tokenizer
 from laptrain.families.lora.instructions import IGNORE, encode_chat
 from laptrain.families.lora.tiny_llama import tiny_llama_config
@@ -397,3 +401,43 @@ def test_a_hub_name_that_cannot_be_reached_is_one_line_naming_the_fix(tokenizer,
         CausalLMLoRAModule(tokenizer=tokenizer, pretrained="meta-llama/Llama-3.2-3B-Instruct")
     text = str(err.value)
     assert "\n" not in text and "hub name (offline?)" in text and "model.pretrained" in text
+
+
+def test_step_pruning_spares_exports_and_a_resumed_runs_new_lower_steps(tokenizer, base, tmp_path):
+    """Issue 48 item 5: only ``step-N`` folders of this run's lineage are pruned, numerically."""
+    from types import SimpleNamespace
+
+    from laptrain.families.lora.adapter_folders import default_export_dir, find_adapter
+
+    root = tmp_path / "adapters"
+    others = ["step-000100-gguf-q8_0", "step-000100-merged", "step-001000-notes"]
+    for name in others:
+        (root / name).mkdir(parents=True)
+        (root / name / "keep.txt").write_text("not a step adapter")
+
+    def write_steps(module, *steps):
+        for step in steps:
+            fake = SimpleNamespace(global_step=step, default_root_dir=str(tmp_path))
+            module._write_step_adapter(fake, None)
+
+    first = CausalLMLoRAModule(tokenizer, pretrained=base, lora={"r": 4})
+    write_steps(first, 100, 999_999, 1_000_000, 1_000_001)
+    # the two highest steps, counted as numbers; the exports and the user's folder stay
+    assert sorted(p.name for p in root.iterdir()) == [*others, "step-1000000", "step-1000001"]
+    assert find_adapter(tmp_path) == root / "step-1000001"
+    assert default_export_dir(root / "step-1000001", "merged") == tmp_path / "step-1000001-merged"
+
+    resumed = CausalLMLoRAModule(tokenizer, pretrained=base, lora={"r": 4})
+    resumed.on_load_checkpoint(  # a resume from an earlier checkpoint, at step 500
+        {
+            FINGERPRINT_KEY: dict(resumed.fingerprint),
+            "state_dict": dict.fromkeys(resumed.trainable_keys()),
+            "global_step": 500,
+        }
+    )
+    write_steps(resumed, 600, 700, 800)
+    names = sorted(p.name for p in root.iterdir())
+    assert "step-000700" in names and "step-000800" in names and "step-000600" not in names
+    assert {"step-1000000", "step-1000001"} <= set(names)  # another lineage's: left alone
+    for name in others:
+        assert (root / name / "keep.txt").is_file(), name

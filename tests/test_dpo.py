@@ -132,6 +132,8 @@ def test_beta_must_be_positive(tokenizer, base):  # noqa: F811
 
 # ----- rows -----------------------------------------------------------------------------------
 CONVERSATION = [{"role": "user", "content": "What does `json.dumps` do?"}]
+ANSWER = {"role": "assistant", "content": "Serialize obj."}
+NO = {"role": "assistant", "content": "No."}
 
 
 @pytest.mark.parametrize(
@@ -143,6 +145,18 @@ CONVERSATION = [{"role": "user", "content": "What does `json.dumps` do?"}]
         {
             "chosen": [*CONVERSATION, {"role": "assistant", "content": "Serialize obj."}],
             "rejected": json.dumps([*CONVERSATION, {"role": "assistant", "content": "No."}]),
+        },
+        # TRL's conversational explicit prompt (issue 48 item 8), as objects and as CSV cells
+        {"prompt": CONVERSATION, "chosen": [ANSWER], "rejected": [NO]},
+        {
+            "prompt": json.dumps(CONVERSATION),
+            "chosen": json.dumps([ANSWER]),
+            "rejected": json.dumps([NO]),
+        },
+        # TRL's standard implicit prompt: the shared beginning is the prompt
+        {
+            "chosen": "What does `json.dumps` do? Serialize obj.",
+            "rejected": "What does `json.dumps` do? No.",
         },
     ],
 )
@@ -168,6 +182,11 @@ def test_every_row_shape_reads_as_the_same_preference(row):
             },
             "prompts differ",
         ),
+        ({"prompt": "q", "chosen": {"text": "a"}, "rejected": "b"}, "chosen is dict, not a string"),
+        ({"prompt": 7, "chosen": "a", "rejected": "b"}, "prompt is int, not a string"),
+        ({"prompt": "q", "chosen": ["a"], "rejected": "b"}, "chosen is list, not a string"),
+        ({"prompt": "q", "chosen": [ANSWER, NO], "rejected": [NO]}, "not one assistant message"),
+        ({"prompt": [*CONVERSATION, NO], "chosen": [ANSWER], "rejected": [NO]}, "prompt ends"),
     ],
 )
 def test_bad_rows_say_why(row, why):

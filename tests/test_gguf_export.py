@@ -352,10 +352,10 @@ def test_a_base_of_another_architecture_is_refused_before_loading(lora_run, tmp_
 
 
 def test_not_enough_disk_is_refused_before_writing(lora_run, monkeypatch, capsys):
-    import laptrain.families.lora.gguf.write as write
+    import laptrain.commands.export_folder as export_folder
 
     monkeypatch.setattr(
-        write.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9, 1024)
+        export_folder.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9, 1024)
     )
     _refused(
         capsys,
@@ -371,6 +371,7 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    from laptrain.commands.export_folder import export_target
     from laptrain.families.lora.gguf.write import write_gguf
 
     tok = Tokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[]))
@@ -382,7 +383,8 @@ def test_a_tokenizer_llama_cpp_cannot_name_is_refused(tmp_path):
                     num_attention_heads=2, num_key_value_heads=2)
     )  # fmt: skip
     with pytest.raises(ValueError, match="pre-tokenizer") as err:
-        write_gguf(model, tokenizer, tmp_path / "g", "f16", "t", lambda _f, _n: None)
+        target = export_target(tmp_path / "g", "gguf")
+        write_gguf(model, tokenizer, target, "f16", "t", lambda _n: None)
     assert "\n" not in str(err.value) and not (tmp_path / "g").exists()
 
 
@@ -394,4 +396,30 @@ def test_the_llama_cpp_check_without_its_extra_names_the_install(monkeypatch, tm
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as when not installed
     with pytest.raises(ValueError, match=r"\.\[llamacpp\]") as err:
         load_llama_cpp(tmp_path / "model.gguf")
+    assert "\n" not in str(err.value)
+
+
+def test_modelfile_stops_read_back_whole_as_ollama_parses_them(tmp_path):
+    """Issue 48 item 9: Ollama's parser (parser/parser.go) has no escapes: a value ends at the
+    first line break where it is whole in "..." or \"\"\"...\"\"\"; nothing may add a line."""
+    from types import SimpleNamespace
+
+    from laptrain.families.lora.gguf.modelfile import modelfile, read_value
+
+    stops = ["<|eot_id|>", 'say "hi"\nbye', 'back\\slash"quote']
+    text = modelfile("model.gguf", SimpleNamespace(chat_template=None), stops)
+    assert text == (
+        "FROM ./model.gguf\n"
+        'PARAMETER stop "<|eot_id|>"\n'
+        'PARAMETER stop """say "hi"\nbye"""\n'
+        'PARAMETER stop "back\\slash"quote"\n'
+    )
+    rest, read = text.split("\n", 1)[1], []
+    while rest:
+        assert rest.startswith("PARAMETER stop ")
+        value, rest = read_value(rest.removeprefix("PARAMETER stop "))
+        read.append(value)
+    assert read == stops
+    with pytest.raises(ValueError, match="cannot be written as an Ollama PARAMETER stop") as err:
+        modelfile("model.gguf", SimpleNamespace(chat_template=None), ['a"""\nb"'])
     assert "\n" not in str(err.value)

@@ -173,3 +173,52 @@ def test_preference_rows_under_folds_keep_each_group_in_one_fold(tmp_path):
     trains = [{source[w] for w, _, _ in split["train"]} for split in splits]
     assert all(not (v & t) for v, t in zip(vals, trains)) and not (vals[0] & vals[1])
     assert set().union(*vals) == {source[w] for w in source} - {source[w] for w in tests[0]}
+
+
+# ----- issue 48 item 8: every dataset format TRL documents for SFT --------------------------------
+QUESTION = [{"role": "user", "content": "What does `len` do?"}]
+REPLY = [{"role": "assistant", "content": "Counts items."}]
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"prompt": "What does `len` do?", "completion": "Counts items."},
+        {"prompt": "What does `len` do?", "response": "Counts items."},
+        {"messages": QUESTION + REPLY},
+        {"prompt": QUESTION, "completion": REPLY},  # TRL's conversational prompt-completion
+        {"prompt": json.dumps(QUESTION), "completion": json.dumps(REPLY)},  # as CSV cells
+    ],
+)
+def test_every_sft_row_shape_reads_as_the_same_conversation(row):
+    from laptrain.families.lora.instruction_rows import row_messages
+
+    assert row_messages(row) == QUESTION + REPLY
+
+
+@pytest.mark.parametrize(
+    "row, why",
+    [
+        ({"prompt": {"text": "q"}, "completion": "a"}, "prompt is dict, not a string"),
+        ({"prompt": "q", "completion": 3}, "completion is int, not a string"),
+        ({"prompt": "q", "completion": QUESTION}, "other than the assistant's"),
+        ({"prompt": [{"role": "user", "content": ["q"]}], "completion": REPLY}, "not a string"),
+        ({"text": "The sky is blue."}, "TRL's language-modeling form"),
+    ],
+)
+def test_any_other_value_is_refused_naming_the_field(row, why):
+    from laptrain.families.lora.instruction_rows import row_messages
+
+    assert why in row_messages(row)
+
+
+def test_a_list_prompt_is_never_trained_on_as_its_repr(tmp_path):
+    from laptrain.families.lora.instruction_rows import read_instructions
+
+    path = tmp_path / "rows.jsonl"
+    rows = [{"prompt": QUESTION, "completion": REPLY}, {"prompt": ["q"], "completion": "a"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError) as err:
+        read_instructions({"train": str(path)})
+    message = str(err.value)
+    assert f"{path}:2 (prompt is list, not a string" in message and "\n" not in message

@@ -5,18 +5,25 @@
 - :func:`pid_alive`: whether a process id is alive on this host (run-folder lock, stale caches).
 - :func:`write_text_atomic`: a run folder's records (``preflight.json``, ``run_info.json``,
   ``metrics.json``, the report) replaced whole, never left half-written by a kill.
-- :func:`write_folder_atomic`: an exported model folder, written beside its place and swapped in.
+- :func:`write_folder_atomic`: a model folder (a run's export, a step adapter, ``laptrain
+  export``'s output), written beside its place and swapped in.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-# What makes a folder one laptrain (or transformers / peft) wrote, and so one it may replace whole.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# A full disk as the Rust writers (safetensors, tokenizers) report it: std::io::Error's text,
+# e.g. SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+RUST_NO_SPACE = re.compile(rf"\(os error ({'|'.join(str(n) for n in NO_SPACE)})\)")
+# What makes a folder inside a run one its training wrote, and so one it may replace whole.
 EXPORT_MARKERS = ("config.json", "adapter_config.json", "Modelfile")
 
 
@@ -76,18 +83,41 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_folder_atomic(target: str | Path, write: Callable[[Path], object]) -> Path:
+def disk_full(err: BaseException) -> bool:
+    """Whether a full disk (or quota) is behind ``err``: an ENOSPC/EDQUOT ``OSError`` anywhere in
+    its ``__cause__``/``__context__`` chain, or a Rust writer's error saying so (safetensors'
+    ``SafetensorError`` is a plain ``Exception`` with the OS error in its text)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in NO_SPACE:
+            return True
+        if RUST_NO_SPACE.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def write_folder_atomic(
+    target: str | Path,
+    write: Callable[[Path], object],
+    replace: bool = False,
+    fix: str = "free some space and rerun",
+) -> Path:
     """``write(folder)`` into ``.<name>.partial`` beside ``target``, then swap it in.
 
     A kill or an error while writing leaves the old ``target`` (or none) and a hidden partial
     folder the next export removes, never a half-written folder under the name asked for. A
     symlink at ``target`` is replaced, not written through. An existing ``target`` is replaced
     whole only when it is empty or an earlier export (it holds one of ``EXPORT_MARKERS``);
-    another non-empty folder is refused (ValueError, one line) before anything is written, so a
-    mistyped ``--out`` never deletes a user's files.
+    another non-empty folder is refused (ValueError, one line) before anything is written.
+    ``replace``: the caller has cleared ``target`` (``laptrain.commands.export_folder``), so it is
+    replaced whatever it holds. A full disk while writing is one line (``OSError(ENOSPC)``, ending
+    with ``fix``), the partial folder removed.
     """
     target = Path(target)
-    if _foreign_folder(target):
+    if not replace and _foreign_folder(target):
         raise ValueError(
             f"{target} exists and is not an exported model folder (no "
             f"{' or '.join(EXPORT_MARKERS)}): "
@@ -98,9 +128,16 @@ def write_folder_atomic(target: str | Path, write: Callable[[Path], object]) -> 
     shutil.rmtree(partial, ignore_errors=True)
     try:
         write(partial)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(partial, ignore_errors=True)
-        raise
+        if not isinstance(err, Exception) or not disk_full(err):
+            raise
+        free = shutil.disk_usage(target.parent).free / 1024**2
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left to write {target} ({free:.0f} MiB free in {target.parent}); nothing "
+            f"half-written is left there: {fix}",
+        ) from err
     old = target.parent / f".{target.name}.old"
     shutil.rmtree(old, ignore_errors=True)
     if target.is_symlink():

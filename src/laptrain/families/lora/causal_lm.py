@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics.aggregation import MeanMetric
 
+from laptrain.families.lora.adapter_folders import step_adapters
 from laptrain.families.lora.base_dtype import check_ranks_agree
 from laptrain.files import write_folder_atomic
 from laptrain.model.checkpointing import enable_checkpointing, parse_setting
@@ -304,6 +305,8 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self._window_count = 0
         self._window_ref: int | None = None
         self._adapter_step: int | None = None
+        self._resumed_step = 0  # step folders up to here are this run's lineage, and...
+        self._written_steps: set[int] = set()  # ...those this process wrote
         self._report_sizes(dtype, quantization)
 
     def _report_sizes(self, dtype: torch.dtype, quantization: str | None) -> None:
@@ -597,6 +600,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
             self._write_step_adapter(trainer, checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resumed_step = int(checkpoint.get("global_step", 0))
         saved = checkpoint.get(FINGERPRINT_KEY)
         if saved is None:
             raise ValueError(
@@ -653,15 +657,29 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         (folder / "training_config.json").write_text(json.dumps(self.training_config(), indent=1))
 
     def _write_step_adapter(self, trainer: pl.Trainer, state_dict: dict[str, Any]) -> None:
-        """``adapters/step-NNNNNN/`` for this checkpoint; only the last ``KEEP_ADAPTERS`` stay."""
+        """``adapters/step-NNNNNN/`` for this checkpoint; only the last ``KEEP_ADAPTERS`` of this
+        run's lineage stay: the steps up to the one it resumed from and those it wrote since. Those
+        of an abandoned later lineage (a resume from an earlier ``ckpt_path``) and any folder not
+        named ``step-N`` are left alone."""
         step = trainer.global_step
         if step == self._adapter_step:  # top-k and last.ckpt of one step: one folder
             return
         root = Path(self.adapters_dir or Path(trainer.default_root_dir) / "adapters")
         # written beside its place and swapped in; a symlink there is replaced, not followed
-        write_folder_atomic(root / f"step-{step:06d}", partial(self.export, state_dict=state_dict))
+        write_folder_atomic(
+            root / f"step-{step:06d}",
+            partial(self.export, state_dict=state_dict),
+            fix="free some space, or set model.adapters_dir=<folder on another disk>, and rerun "
+            "the same command",
+        )
         self._adapter_step = step
-        for old in sorted(root.glob("step-*"))[:-KEEP_ADAPTERS]:
+        self._written_steps.add(step)
+        lineage = [
+            folder
+            for n, folder in step_adapters(root)
+            if n <= self._resumed_step or n in self._written_steps
+        ]
+        for old in lineage[:-KEEP_ADAPTERS]:
             shutil.rmtree(old, ignore_errors=True)
 
 

@@ -45,13 +45,15 @@ def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
             raise ValueError(
                 "--dtype is for --format hf: a GGUF is merged in float32, then --quant"
             )
-        done = export_gguf(args.path, args.out, args.quant or "f16", device=args.device)
+        done = export_gguf(
+            args.path, args.out, args.quant or "f16", device=args.device, force=args.force
+        )
         print(f"GGUF ({done.quant}, {done.bytes / 1024**2:.1f} MiB) written to {done.file}")
         print(f"Ollama: ollama create NAME -f {done.folder / 'Modelfile'}")
     elif args.command == "export":
         if args.quant is not None:
             raise ValueError("--quant is for --format gguf: add --format gguf, or drop --quant")
-        out = lora_tools.export_merged(args.path, args.out, **where)
+        out = lora_tools.export_merged(args.path, args.out, **where, force=args.force)
         print(f"merged model written to {out}")
     elif args.command == "generate":
         model, tokenizer = lora_tools.load_for_generation(args.path, **where)
@@ -117,6 +119,12 @@ def add_commands(commands: Any) -> None:
         default="hf",
         help="hf: a transformers folder; gguf: model.gguf for llama.cpp, Ollama and LM "
         "Studio, with an Ollama Modelfile beside it (Llama-family bases) (default: %(default)s)",
+    )
+    export.add_argument(
+        "--force",
+        action="store_true",
+        help="replace --out even when it holds files no export wrote (never the base or the "
+        "adapter being read)",
     )
     export.add_argument(
         "--quant",

@@ -2,8 +2,10 @@
 before the run folder exists (``laptrain.data.precheck.check_data_config``) by the same rules
 ``InstructionDataModule`` applies when it builds its cache.
 
-Rows are ``{prompt, response}``, ``{prompt, completion}`` or ``{messages: [{role, content}, ...]}``;
-a bad row is named by ``file:line`` with the reason. Checks that need the tokenizer (a response
+Rows are ``{prompt, response}``, ``{prompt, completion}`` or ``{messages: [{role, content}, ...]}``,
+with TRL's conversational prompt-completion too (``prompt`` and ``completion`` as message lists);
+a bad row is named by ``file:line`` with the reason (a field that is neither a string nor a list
+of ``{role, content}`` messages is named). Checks that need the tokenizer (a response
 that does not fit ``data.max_length``) stay in the datamodule.
 """
 
@@ -124,6 +126,34 @@ def _read_csv_rows(path: Path, encoding: str, delimiter: str) -> list[tuple[str,
     return out
 
 
+def field_value(row: Mapping[str, Any], key: str) -> tuple[str | Messages | None, str | None]:
+    """``(value, why)`` of ``row[key]``: a string, a list of ``{role, content}`` messages (TRL's
+    conversational form, also as a JSON list in a CSV cell), None when absent, or why it is
+    neither (any other value is never turned into text)."""
+    value = row.get(key)
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        if not value.lstrip().startswith("[{"):
+            return value, None
+        parsed, why = parse_json(value)
+        if why is not None or not _message_list(parsed):
+            return value, None  # text that only looks like a list
+        value = parsed
+    if not _message_list(value):
+        return None, f"{key} is {type(value).__name__}, not a string or a list of {{role, content}}"
+    for m in value:
+        if m.get("role") not in ROLES:
+            return None, f"{key}: unknown role {m.get('role')!r}"
+        if not isinstance(m.get("content"), str):
+            return None, f"{key}: a message's content is not a string"
+    return [{"role": m["role"], "content": m["content"]} for m in value], None
+
+
+def _message_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, Mapping) and "role" in m for m in value)
+
+
 def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
     """The row as messages, or why it is a bad row (a short string)."""
     if not isinstance(row, Mapping):
@@ -142,23 +172,36 @@ def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
                 return f"unknown role {m.get('role')!r}"
             if m.get("content") is None:
                 return "message without content"
-        messages = to_messages(messages, system)
-        assistant = [m for m in messages if m["role"] == "assistant"]
-        if not assistant:
-            return "no assistant turn"
-        if not assistant[-1]["content"]:
-            return "empty response"
-        return _too_long(messages) or messages
-    prompt = row.get("prompt")
-    response = row.get("response", row.get("completion"))
+            if not isinstance(m["content"], str):
+                return "messages: a message's content is not a string"
+        return _with_response(to_messages(messages, system))
+    key = "response" if row.get("response") is not None else "completion"
+    prompt, why = field_value(row, "prompt")
+    response, why_response = field_value(row, key)
+    if why or why_response:
+        return why or str(why_response)
+    if prompt is None and row.get("text") is not None:
+        return (
+            "a text row (TRL's language-modeling form) has no response to learn: use "
+            "prompt+completion or messages"
+        )
     if prompt is None:
         return "no prompt"
     if response is None:
         return "no response"
-    if not str(response).strip():
+    if isinstance(response, str):
+        response = [{"role": "assistant", "content": response}]
+    elif any(m["role"] != "assistant" for m in response):
+        return f"{key} holds a turn other than the assistant's"
+    return _with_response(to_messages(prompt, system) + to_messages(response))
+
+
+def _with_response(messages: Messages) -> Messages | str:
+    assistant = [m for m in messages if m["role"] == "assistant"]
+    if not assistant:
+        return "no assistant turn"
+    if not assistant[-1]["content"]:
         return "empty response"
-    messages = to_messages(str(prompt), system)
-    messages = [*messages, {"role": "assistant", "content": str(response).strip()}]
     return _too_long(messages) or messages
 
 

@@ -1,16 +1,20 @@
 """Preference rows (a prompt, a chosen and a rejected answer) read and checked, named by line.
 
-Three row shapes, in JSONL, JSON, CSV or Parquet (read by ``instruction_rows.read_rows``, by suffix):
+Every preference shape TRL documents, and one of laptrain's own, in JSONL, JSON, CSV or Parquet
+(read by ``instruction_rows.read_rows``, by suffix):
 
-- ``{prompt, chosen, rejected}``: three strings (``system`` optional, as for instructions);
-- ``{messages, chosen, rejected}``: the conversation so far (ending with a user turn) and two
-  answer strings;
+- ``{prompt, chosen, rejected}``: three strings (``system`` optional, as for instructions), or
+  TRL's conversational explicit prompt: ``prompt`` a list of messages, ``chosen`` and
+  ``rejected`` each one assistant message;
+- ``{chosen, rejected}`` strings (TRL's implicit prompt): their shared beginning is the prompt;
 - ``{chosen: [messages], rejected: [messages]}``: two whole conversations that differ only in
-  their last assistant turn (TRL's conversational form); the shared part is the prompt.
+  their last assistant turn (TRL's conversational implicit prompt); the shared part is the prompt;
+- ``{messages, chosen, rejected}``: the conversation so far (ending with a user turn) and two
+  answer strings.
 
 A bad row is named with its reason, and all of them are refused in one line (``DataError``):
 no chosen or rejected answer, chosen equal to rejected, an empty prompt, conversations whose
-prompts differ.
+prompts differ, a field that is neither a string nor a list of ``{role, content}`` messages.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from laptrain.families.lora.instruction_rows import (
     ROLES,
     _too_long,
     check_instructions,
+    field_value,
     parse_json,
     read_named_rows,
     to_messages,
@@ -47,20 +52,35 @@ def _messages(value: Any, what: str) -> Messages | str:
     return [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
 
 
-def _conversations(row: Mapping[str, Any], system: str | None) -> Preference | str:
+def _conversations(pair: list[Messages], system: str | None) -> Preference | str:
     """The ``{chosen: [messages], rejected: [messages]}`` shape."""
-    pair = []
-    for key in ("chosen", "rejected"):
-        messages = _messages(row[key], key)
-        if isinstance(messages, str):
-            return messages
+    for key, messages in zip(("chosen", "rejected"), pair, strict=True):
         if not messages or messages[-1]["role"] != "assistant":
             return f"{key} does not end with an assistant turn"
-        pair.append(messages)
     (*prompt, chosen), (*other, rejected) = pair
     if prompt != other:
         return "prompts differ between chosen and rejected (only the last assistant turn may)"
     return to_messages(prompt, system), chosen["content"], rejected["content"]
+
+
+def _shared_prompt(chosen: str, rejected: str, system: str | None) -> Preference | str:
+    """TRL's implicit prompt of two strings: their shared beginning (``extract_prompt`` in
+    trl/data_utils.py: cut where they first differ, before a space there)."""
+    cut = next((i for i, (a, b) in enumerate(zip(chosen, rejected)) if a != b), 0)
+    if cut and chosen[cut - 1] == " ":
+        cut -= 1
+    if not chosen[:cut].strip():
+        return "no prompt (or messages), and chosen and rejected share no beginning to take as one"
+    return to_messages(chosen[:cut], system), chosen[cut:], rejected[cut:]
+
+
+def _answer(value: str | Messages, key: str) -> str:
+    """An answer string, or (a list) the content of its one assistant message; else why not."""
+    if isinstance(value, str):
+        return value
+    if len(value) != 1 or value[0]["role"] != "assistant":
+        raise ValueError(f"{key} is a list but not one assistant message")
+    return value[0]["content"]
 
 
 def row_preference(row: Any, system_prompt: str | None = None) -> Preference | str:
@@ -68,28 +88,37 @@ def row_preference(row: Any, system_prompt: str | None = None) -> Preference | s
     if not isinstance(row, Mapping):
         return row if isinstance(row, str) else "not an object"
     system = row.get("system") or system_prompt
+    values = {}
+    for key in ("prompt", "chosen", "rejected"):
+        values[key], why = field_value(row, key)
+        if why is not None:
+            return why
+    prompt_value, chosen_raw, rejected_raw = values.values()
     for key in ("chosen", "rejected"):
-        if row.get(key) is None or row.get(key) == "":
+        if values[key] is None or values[key] == "":
             return f"no {key}"
-    chosen_raw = row["chosen"]
-    as_list = isinstance(chosen_raw, list) or (
-        isinstance(chosen_raw, str) and chosen_raw.lstrip().startswith("[{")
-    )
-    if as_list and row.get("prompt") is None and row.get("messages") is None:
-        found = _conversations(row, system)
+    has_messages = row.get("messages") not in (None, "")
+    if prompt_value is None and not has_messages:
+        if isinstance(chosen_raw, list) and isinstance(rejected_raw, list):
+            found = _conversations([chosen_raw, rejected_raw], system)
+        elif isinstance(chosen_raw, str) and isinstance(rejected_raw, str):
+            found = _shared_prompt(chosen_raw, rejected_raw, system)
+        else:
+            return "chosen and rejected: both strings or both conversations"
     else:
-        if row.get("messages") not in (None, ""):
+        if has_messages:
             prompt = _messages(row["messages"], "messages")
             if isinstance(prompt, str):
                 return prompt
-            if prompt and prompt[-1]["role"] == "assistant":
-                return "messages end with an assistant turn: the prompt must end with the user's"
             prompt = to_messages(prompt, system)
-        elif row.get("prompt") is not None:
-            prompt = to_messages(str(row["prompt"]), system)
         else:
-            return "no prompt (or messages)"
-        found = prompt, str(chosen_raw), str(row["rejected"])
+            prompt = to_messages(prompt_value, system)
+        if prompt and prompt[-1]["role"] == "assistant":
+            return "prompt ends with an assistant turn: it must end with the user's"
+        try:
+            found = prompt, _answer(chosen_raw, "chosen"), _answer(rejected_raw, "rejected")
+        except ValueError as err:
+            return str(err)
     if isinstance(found, str):
         return found
     prompt, chosen, rejected = found

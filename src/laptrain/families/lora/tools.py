@@ -26,8 +26,12 @@ from typing import Any
 
 import torch
 
-from laptrain.families.lora.adapter_folders import ADAPTER_CONFIG, find_adapter
-from laptrain.files import write_folder_atomic
+from laptrain.commands.export_folder import export_target
+from laptrain.families.lora.adapter_folders import (
+    ADAPTER_CONFIG,
+    default_export_dir,
+    find_adapter,
+)
 from laptrain.hardware.probe import DEVICE_KINDS, DeviceProbe, TorchProbe
 from laptrain.preflight.batch import PreflightError
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK
@@ -416,46 +420,36 @@ def load_for_generation(
     return model, _load_tokenizer(adapter, name)
 
 
-def default_export_dir(adapter: Path) -> Path:
-    """``<run>/merged`` beside a run's ``adapter/``; else ``<adapter>-merged``."""
-    if adapter.name in ("adapter", "model"):
-        return adapter.parent / "merged"
-    return adapter.with_name(f"{adapter.name}-merged")
-
-
-def write_folder(target: Path, write: Callable[[Path], None]) -> Path:
-    """``write`` the export into place through :func:`laptrain.files.write_folder_atomic`: a failed
-    or interrupted export leaves no half-written folder under the name asked for, and a non-empty
-    ``--out`` that is not an earlier export is refused."""
-    return write_folder_atomic(target, write)
-
-
 def export_merged(
     path: str | Path,
     out: str | Path | None = None,
     dtype: str | None = None,
     device: str | None = None,
     probe: ProbeFactory | None = None,
+    force: bool = False,
 ) -> Path:
     """Merge the adapter into its base (``merge_and_unload``) and write a plain transformers model
     folder with the tokenizer: ``AutoModelForCausalLM.from_pretrained(out)`` needs no peft.
 
     The merged weights are written in ``dtype`` (default: the run's base dtype; a 4-bit run's in
-    bfloat16 where the device has it). Nothing is written when the base does not fit."""
+    bfloat16 where the device has it). Nothing is written when the base does not fit, nor where
+    :func:`laptrain.commands.export_folder.export_target` refuses ``out`` (``force``: ``--force``)."""
     adapter = find_adapter(path)
-    target = Path(out) if out else default_export_dir(adapter)
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"{target} is a file: give --out a folder")
     name = base_name_of(adapter)
+    target = export_target(
+        out or default_export_dir(adapter, "merged"), "hf", (adapter, name), force
+    )
     plan = checked_plan(read_record(adapter), name, device, dtype, probe, quantized=False)
     tokenizer = _load_tokenizer(adapter, name)
     merged = load_adapter_model(adapter, plan).merge_and_unload()
+    tensors = {t.data_ptr(): t for t in merged.state_dict().values()}.values()  # tied: once
+    target.check_space(sum(t.numel() * t.element_size() for t in tensors))
 
     def write(folder: Path) -> None:
         merged.save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))
 
-    return write_folder(target, write)
+    return target.write(write)
 
 
 def end_of_turn_ids(tokenizer: Any) -> list[int]:

@@ -132,9 +132,43 @@ def modelfile(gguf_name: str, tokenizer: Any, stops: list[str]) -> str:
     if tokenizer.chat_template:
         lines.append(f'TEMPLATE """{go_template(chat_parts(tokenizer))}"""')
     for stop in dict.fromkeys(s for s in stops if s):
-        lines.append(f"PARAMETER stop {_quoted(stop)}")
+        lines.append(f"PARAMETER stop {stop_value(stop)}")
     return "\n".join(lines) + "\n"
 
 
-def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def stop_value(stop: str) -> str:
+    """``stop`` quoted so that Ollama reads it back whole: in double quotes, else in triple ones
+    (its parser has no escapes; see :func:`read_value`); one line when neither form can hold it."""
+    for written in (f'"{stop}"', f'"""{stop}"""'):
+        if read_value(written) == (stop, ""):
+            return written
+    raise ValueError(
+        f"the end-of-turn token {stop!r} cannot be written as an Ollama PARAMETER stop (a quote "
+        "before a line break, or a control character): the GGUF keeps it; write the Modelfile's "
+        "stop by hand"
+    )
+
+
+def read_value(written: str) -> tuple[str, str] | None:
+    """``(value, rest)`` as Ollama reads a command's value from ``written`` (ParseFile in
+    ollama's parser/parser.go): the value runs to the first line break where the text so far,
+    trimmed, is bare or whole in double or triple quotes (quotes only stripped, no escapes),
+    spaces and tabs kept, other unprintable characters dropped; None when it never ends."""
+    text = ""
+    for i, char in enumerate(written + "\n"):
+        if char in "\r\n":
+            value = _unquote(text.strip())
+            if value is not None:
+                return value, written[i + 1 :]
+            text += char
+        elif char in " \t" or char.isprintable():
+            text += char
+    return None
+
+
+def _unquote(text: str) -> str | None:
+    if text.startswith('"""'):
+        return text[3:-3] if len(text) >= 6 and text.endswith('"""') else None
+    if text.startswith('"'):
+        return text[1:-1] if len(text) >= 2 and text.endswith('"') else None
+    return text

@@ -6,28 +6,28 @@ a base that is not a Llama, a tokenizer llama.cpp would split differently, a cha
 template language cannot express, a quantisation the ``gguf`` package cannot write, and a disk
 without room for the file (its size is known exactly from the tensor shapes and types). The file
 and the Modelfile are written into a hidden folder beside the target, the file fsynced, and the
-folder renamed into place (:func:`laptrain.files.write_folder_atomic`): a kill mid-write leaves no
-file under the asked-for name.
+folder renamed into place (:func:`laptrain.commands.export_folder.export_target`, the rule every
+export format follows): a kill mid-write leaves no file under the asked-for name. The tensors are
+encoded and written one at a time, from the merged model moved to the host.
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from laptrain.commands.export_folder import ExportTarget, export_target
+from laptrain.families.lora.adapter_folders import default_export_dir
 from laptrain.families.lora.gguf import llama_metadata, llama_tensors, modelfile, vocab
-from laptrain.files import fsync_file, write_folder_atomic
+from laptrain.files import fsync_file
 
 GGUF_NAME = "model.gguf"
 MODELFILE = "Modelfile"
-# Beyond the tensors: the header, the vocabulary and merges (~10 MB for a 128k vocabulary), the
-# alignment padding of every tensor, and room for the filesystem not to end up full.
-DISK_HEADROOM = 64 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,6 @@ class GgufExport:
     file: Path
     bytes: int
     quant: str
-
-
-def default_gguf_dir(adapter: Path, quant: str) -> Path:
-    """``<run>/gguf-<quant>`` beside a run's ``adapter/``; else ``<adapter>-gguf-<quant>``."""
-    if adapter.name in ("adapter", "model"):
-        return adapter.parent / f"gguf-{quant}"
-    return adapter.with_name(f"{adapter.name}-gguf-{quant}")
 
 
 def check_quant(quant: str) -> None:
@@ -72,30 +65,18 @@ def refuse_non_lora(path: Path) -> None:
         )
 
 
-def disk_check(folder: Path, need: int) -> None:
-    probe = folder
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
-    if free < need + DISK_HEADROOM:
-        raise ValueError(
-            f"not enough disk for the GGUF: it needs {need / 1024**3:.2f} GiB (+ "
-            f"{DISK_HEADROOM // 1024**2} MiB headroom), {probe} has {free / 1024**3:.2f} GiB "
-            "free: free some space or give --out on another disk"
-        )
-
-
 def write_gguf(
     model: Any,
     tokenizer: Any,
-    target: Path,
+    target: ExportTarget,
     quant: str,
     name: str,
-    free_check: Callable[[Path, int], None] = disk_check,
+    free_check: Callable[[int], None] | None = None,
 ) -> GgufExport:
-    """Write ``model`` (a merged transformers Llama) and ``tokenizer`` as ``target/model.gguf`` and
-    ``target/Modelfile`` (its stops: the chat template's end-of-turn token and EOS); every check
-    runs before anything is written."""
+    """Write ``model`` (a merged transformers Llama, moved to the host) and ``tokenizer`` as
+    ``target/model.gguf`` and ``target/Modelfile`` (its stops: the chat template's end-of-turn
+    token and EOS), the tensors encoded and written one at a time; every check runs before
+    anything is written."""
     import gguf
 
     from laptrain.families.lora.instructions import end_of_turn
@@ -107,10 +88,12 @@ def write_gguf(
     eot = end_of_turn(tokenizer) if tokenizer.chat_template else None
     stops = [end for end in (eot, tokenizer.eos_token) if end]
     text = modelfile.modelfile(GGUF_NAME, tokenizer, stops)  # refuses an inexpressible template
-    # float32 views of the weights (copies only for the reordered q/k rows): sized, then written
-    tensors = list(llama_tensors.llama_tensors(model.state_dict(), config, quant))
-    size = sum(llama_tensors.written_bytes(data.shape, qtype) for _, data, qtype in tensors)
-    free_check(target.parent, size)
+    # on the host first (a device's copy freed), then float32 views of its weights, one at a time
+    # (copies only for the reordered q/k rows): sized here, encoded and written one by one below
+    state = model.to("cpu").state_dict()
+    planned = [(n, d.shape, q) for n, d, q in llama_tensors.llama_tensors(state, config, quant)]
+    size = sum(llama_tensors.written_bytes(shape, qtype) for _, shape, qtype in planned)
+    (free_check or target.check_space)(size)
 
     def write(folder: Path) -> None:
         folder.mkdir(parents=True)
@@ -122,17 +105,24 @@ def write_gguf(
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         vocab.add_tokenizer(writer, tokenizer, int(config.vocab_size), eot)
         if rope_freqs is not None:
-            writer.add_tensor("rope_freqs.weight", rope_freqs)
-        for gguf_name, data, qtype in tensors:
-            writer.add_tensor(gguf_name, llama_tensors.encode(data, qtype), raw_dtype=qtype)
+            writer.add_tensor_info(
+                "rope_freqs.weight", rope_freqs.shape, rope_freqs.dtype, rope_freqs.nbytes
+            )
+        for gguf_name, shape, qtype in planned:  # the infos first, the data streamed after them
+            nbytes = llama_tensors.written_bytes(shape, qtype)
+            writer.add_tensor_info(gguf_name, shape, np.float32, nbytes, raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        if rope_freqs is not None:
+            writer.write_tensor_data(rope_freqs)
+        for _, data, qtype in llama_tensors.llama_tensors(state, config, quant):
+            writer.write_tensor_data(llama_tensors.encode(data, qtype))
         writer.close()
         fsync_file(path)
         (folder / MODELFILE).write_text(text)
 
-    folder = write_folder_atomic(target, write)
+    folder = target.write(write)
     file = folder / GGUF_NAME
     return GgufExport(folder=folder, file=file, bytes=file.stat().st_size, quant=quant)
 
@@ -143,9 +133,10 @@ def export_gguf(
     quant: str = "f16",
     device: str | None = None,
     probe: Any = None,
-    free_check: Callable[[Path, int], None] = disk_check,
+    force: bool = False,
 ) -> GgufExport:
-    """Merge the run's adapter into its base in float32 and write it as GGUF (see the module)."""
+    """Merge the run's adapter into its base in float32 and write it as GGUF (see the module);
+    ``force``: replace an ``out`` no export wrote (``--force``)."""
     import laptrain.families.lora.tools as lora_tools
 
     check_quant(quant)
@@ -154,18 +145,29 @@ def export_gguf(
     adapter = lora_tools.find_adapter(path)
     base = lora_tools.base_name_of(adapter)
     _check_base_config(base)
-    target = Path(out) if out else default_gguf_dir(adapter, quant)
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"{target} is a file: give --out a folder")
-    plan = lora_tools.checked_plan(
-        lora_tools.read_record(adapter), base, device, "float32", probe, quantized=False
-    )
+    folder = out or default_export_dir(adapter, f"gguf-{quant}")
+    target = export_target(folder, "gguf", (adapter, base), force)
+    record = lora_tools.read_record(adapter)
+    plan = lora_tools.checked_plan(record, base, device, "float32", probe, False, encoding_extra)
+    if plan.device != "cpu":  # merged there, the weights then come to the host to be written
+        lora_tools.checked_plan(record, base, "cpu", "float32", probe, False, encoding_extra)
     tokenizer = lora_tools._load_tokenizer(adapter, base)
     merged = lora_tools.load_adapter_model(adapter, plan).merge_and_unload()
     run = lora_tools.run_folder_of(adapter)
     name = f"{Path(base).name}-{run.name if run else adapter.name}"
     with torch.no_grad():
-        return write_gguf(merged, tokenizer, target, quant, name, free_check)
+        return write_gguf(merged, tokenizer, target, quant, name)
+
+
+def encoding_extra(plan: Any, size: Any) -> Any:
+    """The host's memory beyond the float32 weights while one tensor is encoded: its reordered
+    copy and its float16-rounded copy (``llama_tensors.encode``), counted as the embedding's;
+    nothing on a device, which only merges."""
+    from laptrain.families.lora.tools import Extra
+
+    if plan.device != "cpu":
+        return Extra()
+    return Extra(2.0 * 4 * size.embedding, "one tensor being encoded")
 
 
 def _check_base_config(base: str) -> None:
