@@ -36,6 +36,7 @@ from laptrain.checkpoints.resume import (
     resuming_line,
     written_last,
 )
+from laptrain.checkpoints.trusted import TrustedGlobals, trusted_globals
 from laptrain.config.batch_request import batch_request
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
 from laptrain.config.tree import print_config
@@ -237,13 +238,16 @@ def _train(
 ) -> Outcome:
     _set_up_process(cfg)
     datamodule, model, plan, remake = build(cfg, job_device(cfg, launched), output_dir)
-    trainer, callbacks, loggers = _make_trainer(cfg, plan, model, datamodule)
+    # what the config builds may be in the checkpoints (a network, partial optimizers): allowed
+    sections = [OmegaConf.to_container(cfg[name], resolve=True) for name in ("model", "data")]
+    trusted = trusted_globals(sections, model, datamodule)
+    trainer, callbacks, loggers = _make_trainer(cfg, plan, model, datamodule, trusted)
     _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan)
     ckpt_path = checked_resume_checkpoint(
-        cfg.get("ckpt_path"), cfg.resume, cfg.paths.ckpt_dir, cfg.paths.last_ckpt, model
+        cfg.get("ckpt_path"), cfg.resume, cfg.paths.ckpt_dir, cfg.paths.last_ckpt, model, trusted
     )
     if ckpt_path:
-        rank_zero_info(resuming_line(ckpt_path))
+        rank_zero_info(resuming_line(ckpt_path, trusted))
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     except SystemExit as stop:
@@ -255,14 +259,14 @@ def _train(
     stopped = _stopped(cfg, output_dir, trainer, callbacks)
     if stopped is not None:
         return stopped
-    best = _best(trainer, callbacks)  # before test, which restores the callbacks' older state
-    step = final_step(trainer.global_step, cfg.paths.last_ckpt)
+    best = _best(trainer, callbacks, trusted)  # before test: it restores older callback states
+    step = final_step(trainer.global_step, cfg.paths.last_ckpt, trusted)
     try:
         metrics, model = _test(cfg, trainer, model, datamodule, remake)
     except SystemExit as stop:
         return _interrupted(stop, "test", cfg, output_dir, trainer)
     # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
-    metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
+    metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir, trusted)
     log_hparams(loggers, cfg, model, plan, metrics, step)
     # under FSDP the weights are gathered from every rank's shards (a collective), else None
     state = whole_state_dict(trainer) if isinstance(model, ExportsModel) else None
@@ -291,10 +295,11 @@ def _set_up_process(cfg: DictConfig) -> None:
 
 
 def _make_trainer(
-    cfg: DictConfig, plan: RunPlan, model: Any, datamodule: Any
+    cfg: DictConfig, plan: RunPlan, model: Any, datamodule: Any, trusted: TrustedGlobals
 ) -> tuple[pl.Trainer, list[Any], list[Any]]:
-    """The Trainer of the config with the plan's arguments, its callbacks and its loggers; a
-    user's datamodule gets Lightning's distributed sampler and a resumable train loader."""
+    """The Trainer of the config with the plan's arguments, its callbacks and its loggers (its
+    checkpoints loaded with ``trusted``'s objects allowed); a user's datamodule gets Lightning's
+    distributed sampler and a resumable train loader."""
     callbacks = _instantiate_all(cfg.get("callbacks"))
     # MLflow / W&B: the run folder's tracking runs continued, W&B offline without a key
     section = prepared_loggers(cfg.get("logger"), Path(cfg.paths.output_dir))
@@ -304,7 +309,7 @@ def _make_trainer(
     callbacks.append(MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model))
     sampler = prepare_user_loaders(datamodule, cfg.trainer.get("use_distributed_sampler"))
     trainer = instantiate_trainer(
-        cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
+        cfg, plan, model, callbacks, loggers, trusted, use_distributed_sampler=sampler
     )
     if trainer.is_global_zero:
         remember_tracking_runs(section, loggers, Path(cfg.paths.output_dir))
@@ -324,10 +329,11 @@ def instantiate_trainer(
     model: Any,
     callbacks: list[Any],
     loggers: list[Any],
+    trusted: TrustedGlobals | None = None,
     **overrides: Any,
 ) -> pl.Trainer:
     """``cfg.trainer`` with the plan's arguments, these callbacks and loggers, and the
-    checkpoint plugins; keyword arguments win over the config's keys (``laptrain bench`` passes
+    checkpoint plugins (loading ``trusted``'s objects); keyword arguments win over the config's keys (``laptrain bench`` passes
     its step count and folder this way). Every stop and save of its fit writes
     ``paths.last_ckpt``. Under ``trainer=fsdp`` the strategy gets ``model``'s units (one per
     layer: laptrain.model.fsdp_units)."""
@@ -336,7 +342,7 @@ def instantiate_trainer(
         **plan.trainer_kwargs(),
         callbacks=callbacks,
         logger=loggers or False,
-        plugins=checkpoint_plugins(_instantiate_list(cfg.trainer.get("plugins"))),
+        plugins=checkpoint_plugins(_instantiate_list(cfg.trainer.get("plugins")), trusted),
         _convert_="all",
         **overrides,
     )
@@ -468,13 +474,15 @@ def resume_hint(cfg: DictConfig, output_dir: Path) -> str:
     return f"Resume with: {command}"
 
 
-def _best(trainer: pl.Trainer, callbacks: list[Any]) -> tuple[str, str, float] | None:
+def _best(
+    trainer: pl.Trainer, callbacks: list[Any], trusted: TrustedGlobals
+) -> tuple[str, str, float] | None:
     """The best checkpoint, its metric and score; after a ``ddp_spawn`` fit the main process gets
     back only the path (docs/sweeps.md), so the score comes from that checkpoint."""
     best = best_checkpoint(trainer)
     if best is None or math.isfinite(best[2]):
         return best
-    score = best_score(callbacks, best[1])
+    score = best_score(callbacks, best[1], trusted)
     return best if score is None else (best[0], best[1], score)
 
 

@@ -1,0 +1,99 @@
+"""A module and datamodule written exactly as lightning-hydra-template's MNIST example
+(tests/lht_style.py) train, test on their best checkpoint, resume exactly after a SIGTERM, take
+the profile's batch per device and run on 2 DDP CPU ranks (issue 48, item 1). Their checkpoints
+hold the network object and the partial optimizer and scheduler their config builds: loaded with
+``weights_only=True`` and exactly those allowed (laptrain.checkpoints.trusted)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from subprocess import CompletedProcess
+
+import pytest
+import torch
+
+from tests.conftest import run_train
+from tests.in_process import train_here
+from tests.lht_style import lht_env, write_lht_project
+
+
+def train(args: list[str], folder: Path, monkeypatch) -> CompletedProcess:
+    """``python train.py <args>`` in this process, ``user.lht_task`` imported from ``folder``."""
+    for name in [m for m in sys.modules if m == "user" or m.startswith("user.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return train_here(args, folder, env=lht_env(folder))
+
+
+def last(folder: Path, run: str) -> dict:
+    """A run's last.ckpt, read in full (this test's own file: the network object included)."""
+    path = folder / "outputs" / run / "checkpoints" / "last.ckpt"
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def tensors(value) -> list[torch.Tensor]:
+    """Every tensor in a nested state (optimizer states), in a fixed order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k in sorted(value, key=str) for t in tensors(value[k])]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in tensors(v)]
+    return []
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> list[str]:
+    monkeypatch.syspath_prepend(str(tmp_path))  # for last(): the checkpoint names user.lht_task
+    return write_lht_project(tmp_path)
+
+
+def test_trains_and_tests_its_best_checkpoint(project, tmp_path, monkeypatch):
+    """Before: the test on the best checkpoint ended in an UnpicklingError traceback (exit 1)."""
+    done = train([*project, "trainer.max_epochs=2"], tmp_path, monkeypatch)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done at global step 20" in done.stdout  # 320 rows at batch 32, 2 epochs
+    assert any(line.startswith("test: acc") for line in done.stdout.splitlines()), done.stdout
+    saved = last(tmp_path, "lht_mnist-lht_mnist")["hyper_parameters"]
+    assert type(saved["net"]).__name__ == "SimpleDenseNet"
+
+
+def test_sigterm_and_rerun_ends_equal_to_a_run_never_stopped(project, tmp_path, monkeypatch):
+    """Default trainer (deterministic off). Before: the rerun said ``last.ckpt is not a readable
+    checkpoint`` (exit 2), so the run could never resume."""
+    args = [*project, "trainer.max_epochs=2", "test=false"]
+    straight = train([*args, "run_name=straight"], tmp_path, monkeypatch)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    signal = [
+        "+callbacks.sig._target_=tests.signal_at.SignalAt",
+        "+callbacks.sig.step=13",  # in the second epoch, after a validation
+        "+callbacks.sig.signum=SIGTERM",
+    ]
+    cut = run_train([*args, "run_name=cut", *signal], tmp_path, env=lht_env(tmp_path))
+    assert cut.returncode == 143, cut.stderr[-3000:]
+    assert last(tmp_path, "cut")["global_step"] == 13
+    rerun = train([*args, "run_name=cut"], tmp_path, monkeypatch)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resuming from" in rerun.stdout
+    a, b = last(tmp_path, "straight"), last(tmp_path, "cut")
+    assert a["global_step"] == b["global_step"] == 20
+    differ = [k for k, v in a["state_dict"].items() if not torch.equal(v, b["state_dict"][k])]
+    assert differ == []
+    pairs = zip(tensors(a["optimizer_states"]), tensors(b["optimizer_states"]), strict=True)
+    assert all(torch.equal(x, y) for x, y in pairs)
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+
+
+def test_an_object_the_config_does_not_build_is_refused_in_one_line(project, tmp_path, monkeypatch):
+    """Anything besides what the config builds stays refused: one line naming it and the fix."""
+    done = train([*project, "trainer.max_epochs=1", "test=false"], tmp_path, monkeypatch)
+    assert done.returncode == 0, done.stderr[-3000:]
+    path = tmp_path / "outputs" / "lht_mnist-lht_mnist" / "checkpoints" / "last.ckpt"
+    state = last(tmp_path, "lht_mnist-lht_mnist")
+    state["hyper_parameters"]["criterion"] = torch.nn.CrossEntropyLoss()
+    torch.save(state, path)
+    rerun = train([*project, "trainer.max_epochs=2"], tmp_path, monkeypatch)
+    assert rerun.returncode == 2 and "Traceback" not in rerun.stderr, rerun.stderr[-3000:]
+    (line,) = [line for line in rerun.stderr.splitlines() if line.startswith("error: ")]
+    assert "holds a torch.nn.modules.loss.CrossEntropyLoss, which this run's config" in line
+    assert "self.save_hyperparameters(ignore=[" in line
