@@ -9,9 +9,12 @@ as an object, the optimizer and scheduler as ``_partial_: true`` objects kept by
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tests.conftest import ROOT
+
+PYTHONPATH = os.environ.get("PYTHONPATH")  # the laptrain under test, where it is not installed
 
 NET = """
 from torch import nn
@@ -280,4 +283,4 @@ def write_lht_project(folder: Path) -> list[str]:
 
 def lht_env(folder: Path) -> dict[str, str]:
     """The environment a train.py process needs: ``user.lht_task``, and ``tests`` (signals)."""
-    return {"PYTHONPATH": f"{folder}:{ROOT}"}
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(folder), str(ROOT), PYTHONPATH]))}

@@ -97,3 +97,43 @@ def test_an_object_the_config_does_not_build_is_refused_in_one_line(project, tmp
     (line,) = [line for line in rerun.stderr.splitlines() if line.startswith("error: ")]
     assert "holds a torch.nn.modules.loss.CrossEntropyLoss, which this run's config" in line
     assert "self.save_hyperparameters(ignore=[" in line
+
+
+def test_the_profiles_batch_is_the_batch_each_process_uses(project, tmp_path, monkeypatch):
+    done = train(
+        [*project, "data.batch_size=from_profile", "trainer.max_epochs=1", "test=false"],
+        tmp_path,
+        monkeypatch,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "micro batch size: 16 (hardware.batch_size, set on MNISTDataModule.batch_size_per_device)"
+        in done.stdout
+    )
+    assert "done at global step 20" in done.stdout  # 320 rows at hardware=cpu's 16
+
+
+def test_two_ddp_cpu_ranks_train_and_test_at_the_profiles_batch_each(project, tmp_path):
+    """Before: its checkpoints did not load, and each rank ran half the batch the console
+    reported (setup divided the profile's 16 by the 2 processes)."""
+    args = [*project, "data.batch_size=from_profile", "trainer=ddp_cpu", "trainer.max_epochs=1"]
+    done = run_train(args, tmp_path, env=lht_env(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "set on MNISTDataModule.batch_size_per_device" in done.stdout
+    assert "effective batch size: 32" in done.stdout
+    assert "done at global step 10" in done.stdout  # 160 rows a rank at 16
+    assert any(line.startswith("test: acc") for line in done.stdout.splitlines()), done.stdout
+
+
+def test_its_own_batch_is_split_over_the_processes_and_reported_so(project, tmp_path):
+    from laptrain.job.datamodule_settings import find_setting, set_up
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from user.lht_task.mnist_datamodule import MNISTDataModule
+    finally:
+        sys.path.remove(str(tmp_path))
+    data = MNISTDataModule(batch_size=32)
+    set_up(data, 2, follows_profile=False)
+    assert find_setting(None, data, "batch_size").value == 16
+    assert data.train_dataloader().batch_size == 16

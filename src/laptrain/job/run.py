@@ -54,10 +54,16 @@ from laptrain.family import family_of
 from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
-from laptrain.job.datamodule_settings import build_datamodule
+from laptrain.job.datamodule_settings import build_datamodule, set_up
 from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
 from laptrain.job.plan import RunPlan, build_run_plan, planned_datamodule
-from laptrain.launch.device import RunDevice, decide_device, job_device, without_unsafe_fused
+from laptrain.launch.device import (
+    RunDevice,
+    decide_device,
+    device_count,
+    job_device,
+    without_unsafe_fused,
+)
 from laptrain.loggers.tracking import prepared as prepared_loggers
 from laptrain.loggers.tracking import remember as remember_tracking_runs
 from laptrain.loggers.tracking import runs_ended
@@ -65,7 +71,7 @@ from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.preflight.budget import capacity_budget, device_budget
-from laptrain.ranks.processes import shards_model_state
+from laptrain.ranks.processes import asked_devices, shards_model_state
 from laptrain.run_folder.listing import resume_command
 from laptrain.run_folder.lock import hold_run_folder, made_here, release_run_folder
 from laptrain.versions import package_versions
@@ -167,7 +173,8 @@ def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
     batch = batch_request(cfg)  # parsed once: the datamodule and the plan are given it
     datamodule = build_datamodule(cfg.data, batch.follows_profile)
     datamodule.prepare_data()
-    datamodule.setup("fit")
+    processes = device_count(asked_devices(cfg), kind) * int(cfg.trainer.get("num_nodes") or 1)
+    set_up(datamodule, processes, batch.follows_profile)
     model_kwargs = datamodule.model_kwargs() if isinstance(datamodule, SizesTheModel) else {}
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     for key in LAPTRAIN_KEYS:  # read by the launcher, not arguments of the module
