@@ -30,12 +30,18 @@ the same way), with the objects the run's config builds allowed (:mod:`.trusted`
 memory-maps it for the few values a reader wants (its step, a saved score), :func:`read_checkpoint`
 also says in one line why a file is not a checkpoint (:mod:`.resume` checks its weights against the
 model).
+
+Under FSDP Lightning reads a full checkpoint without its checkpoint IO: ``FSDPStrategy.
+load_checkpoint`` calls ``_lazy_load`` (lightning/pytorch/strategies/fsdp.py:631), an unrestricted
+unpickler (lightning/fabric/utilities/load.py:179-213). :func:`weights_only_under_fsdp` makes that
+call :func:`load_state` (``weights_only=True``, memory-mapped as lazily, the IO's allowed objects).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import shutil
@@ -122,6 +128,27 @@ def checkpoint_plugins(configured: Any, trusted: TrustedGlobals | None = None) -
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO(trusted))
     return plugins
+
+
+def weights_only_under_fsdp(strategy: Any) -> None:
+    """Make ``strategy``, when it is Lightning's ``FSDPStrategy``, load full checkpoints with
+    :func:`load_state` instead of Lightning's unrestricted ``_lazy_load`` (see module)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if isinstance(strategy, FSDPStrategy):
+        strategy.load_checkpoint = functools.partial(_load_weights_only, strategy)
+
+
+def _load_weights_only(strategy: Any, checkpoint_path: Any, weights_only: Any = None) -> Any:
+    import lightning.pytorch.strategies.fsdp as lightning_fsdp
+
+    trusted = getattr(strategy.checkpoint_io, "trusted", None)
+    lazy = lightning_fsdp._lazy_load
+    lightning_fsdp._lazy_load = functools.partial(load_state, trusted=trusted)
+    try:
+        return type(strategy).load_checkpoint(strategy, checkpoint_path, weights_only)
+    finally:
+        lightning_fsdp._lazy_load = lazy
 
 
 def move_into_place(source: str | Path, target: str | Path) -> None:

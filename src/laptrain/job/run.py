@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from laptrain.callbacks.contracts import signal_stop, stop_reason
 from laptrain.callbacks.idle_hooks import skip_idle_hooks
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
-from laptrain.checkpoints.files import checkpoint_plugins
+from laptrain.checkpoints.files import checkpoint_plugins, weights_only_under_fsdp
 from laptrain.checkpoints.last import use_last_checkpoint
 from laptrain.checkpoints.resume import (
     checked_resume_checkpoint,
@@ -340,10 +340,10 @@ def instantiate_trainer(
     **overrides: Any,
 ) -> pl.Trainer:
     """``cfg.trainer`` with the plan's arguments, these callbacks and loggers, and the
-    checkpoint plugins (loading ``trusted``'s objects); keyword arguments win over the config's keys (``laptrain bench`` passes
-    its step count and folder this way). Every stop and save of its fit writes
-    ``paths.last_ckpt``. Under ``trainer=fsdp`` the strategy gets ``model``'s units (one per
-    layer: laptrain.model.fsdp_units)."""
+    checkpoint plugins (loading ``trusted``'s objects); keyword arguments win over the config's
+    keys (``laptrain bench`` passes its step count and folder this way). Every stop and save of
+    its fit writes ``paths.last_ckpt``. Under ``trainer=fsdp`` the strategy gets ``model``'s units
+    (one per layer: laptrain.model.fsdp_units) and loads full checkpoints ``weights_only``."""
     trainer = instantiate(
         cfg.trainer,
         **plan.trainer_kwargs(),
@@ -355,6 +355,7 @@ def instantiate_trainer(
     )
     use_last_checkpoint(trainer, cfg.paths.last_ckpt)
     fsdp_strategy_for(model, trainer.strategy)
+    weights_only_under_fsdp(trainer.strategy)  # full checkpoints too: Lightning's own load is not
     skip_idle_hooks(trainer.callbacks)  # Lightning's empty per-batch hooks: ~0.1 ms a step
     return trainer
 
