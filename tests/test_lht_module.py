@@ -16,6 +16,7 @@ import torch
 from tests.conftest import run_train
 from tests.in_process import train_here
 from tests.lht_style import lht_env, write_lht_project
+from tests.test_user_resume import optimizer_states_equal
 
 
 def train(args: list[str], folder: Path, monkeypatch) -> CompletedProcess:
@@ -29,17 +30,6 @@ def last(folder: Path, run: str) -> dict:
     """A run's last.ckpt, read in full (this test's own file: the network object included)."""
     path = folder / "outputs" / run / "checkpoints" / "last.ckpt"
     return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def tensors(value) -> list[torch.Tensor]:
-    """Every tensor in a nested state (optimizer states), in a fixed order."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for k in sorted(value, key=str) for t in tensors(value[k])]
-    if isinstance(value, list | tuple):
-        return [t for v in value for t in tensors(v)]
-    return []
 
 
 @pytest.fixture
@@ -79,8 +69,7 @@ def test_sigterm_and_rerun_ends_equal_to_a_run_never_stopped(project, tmp_path, 
     assert a["global_step"] == b["global_step"] == 20
     differ = [k for k, v in a["state_dict"].items() if not torch.equal(v, b["state_dict"][k])]
     assert differ == []
-    pairs = zip(tensors(a["optimizer_states"]), tensors(b["optimizer_states"]), strict=True)
-    assert all(torch.equal(x, y) for x, y in pairs)
+    assert optimizer_states_equal(a["optimizer_states"], b["optimizer_states"])
     assert a["lr_schedulers"] == b["lr_schedulers"]
 
 
