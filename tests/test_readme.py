@@ -181,11 +181,9 @@ def test_the_readme_commands_are_the_ones_a_newcomer_sees():
 
 
 def test_the_dev_extra_installs_every_extra_the_suite_tests():
-    import tomllib
+    from tests.test_dependencies import PROJECT
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    extras = PROJECT["optional-dependencies"]
     assert (
         "laptrain[sweep]" in extras["dev"]
     )  # the optuna sweeper and the slurm launcher are tested
