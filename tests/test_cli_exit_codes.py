@@ -16,6 +16,7 @@ from laptrain.families.lora.tools import BaseTooLarge
 from laptrain.job.run import DOES_NOT_FIT_EXIT, NONFINITE_EXIT, PAUSED_EXIT
 from laptrain.preflight.batch import PreflightError
 from tests.conftest import ROOT, TINY, write_texts
+from tests.in_process import train_here
 
 
 def test_the_codes_are_sysexits_distinct_and_in_the_docs_table() -> None:
@@ -63,3 +64,15 @@ def test_bench_of_a_job_the_preflight_refuses_exits_does_not_fit(
     assert bench_main(argv) == DOES_NOT_FIT_EXIT
     [line] = capsys.readouterr().err.strip().splitlines()[-1:]
     assert line.startswith("error: ") and "does not fit" in line, line
+
+
+def test_train_py_of_a_job_the_preflight_refuses_exits_does_not_fit(tmp_path: Path) -> None:
+    """train.py itself (not only bench): one error line, exit 69, no checkpoint written."""
+    csv = write_texts(tmp_path / "texts.csv", rows=120)
+    args = [*TINY, "data=text_csv", f"data.files.train={csv}", "hardware=cpu"]
+    done = train_here([*args, "hardware.memory_budget_gb=0.01", "run_name=big"], tmp_path)
+    assert done.returncode == DOES_NOT_FIT_EXIT, done.stderr[-3000:]
+    [line] = [line for line in done.stderr.splitlines() if line.strip()][-1:]
+    assert line.startswith("error: ") and "does not fit" in line, line
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.rglob("*.ckpt"))

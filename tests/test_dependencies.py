@@ -7,9 +7,12 @@ import re
 import sys
 from importlib import metadata
 
-import tomllib
-
 from tests.conftest import ROOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10, which pyproject.toml supports: the dev extra installs tomli there
+    import tomli as tomllib
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Imports whose distribution is only installed on some machines (not findable in this environment).
@@ -64,3 +67,16 @@ def test_installed_versions_meet_the_floors():
         if floor:
             installed = Version(metadata.version(_name(spec)))
             assert installed >= Version(floor.group(1)), spec
+
+
+def test_the_suite_reads_toml_on_python_3_10_too():
+    """tomllib is Python 3.11's; requires-python says 3.10, where the dev extra brings tomli."""
+    assert PROJECT["requires-python"] == ">=3.10"
+    assert "tomli>=2; python_version < '3.11'" in PROJECT["optional-dependencies"]["dev"]
+    bare = [
+        path.name
+        for path in (ROOT / "tests").glob("*.py")
+        if "import tomllib" in path.read_text()
+        and "import tomli as tomllib" not in path.read_text()
+    ]
+    assert bare == []

@@ -12,7 +12,7 @@ from tests.test_benchmarks import run
 
 @pytest.mark.slow  # ~50 s with a cold cache: five processes; the fast suite stays under 10 minutes
 def test_dpo_vs_trl_smoke_prints_both_tables(tmp_path) -> None:
-    pytest.importorskip("trl")
+    pytest.importorskip("trl", reason="pip install trl")
     out = run("dpo_vs_trl.py", ["--smoke"], tmp_path)
     assert "load average" in out and "versions: trl " in out
     assert "token-identical pairs: " in out  # both arms trained on the same rows

@@ -4,6 +4,7 @@ training and passing its own test."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,17 @@ def test_the_generated_test_passes(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "2 passed" in done.stdout
+
+
+def test_the_generated_tests_fit_passes(tmp_path, monkeypatch):
+    """The fast twin of the slow test above: the generated file imports from the clone and its
+    plain Lightning fit passes in seconds (its train.py run is what test_user_project.py runs)."""
+    clone = new_project(tmp_path / "clone")
+    monkeypatch.syspath_prepend(str(clone))
+    for name in [m for m in sys.modules if m == "user" or m.startswith("user.")]:
+        monkeypatch.delitem(sys.modules, name)
+    generated = importlib.import_module("user.my_task.test_my_task")
+    assert generated.__file__.startswith(str(clone))
+    generated.test_the_module_learns_the_data()
+    for name in [m for m in sys.modules if m == "user" or m.startswith("user.")]:
+        del sys.modules[name]

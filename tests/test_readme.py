@@ -181,11 +181,9 @@ def test_the_readme_commands_are_the_ones_a_newcomer_sees():
 
 
 def test_the_dev_extra_installs_every_extra_the_suite_tests():
-    import tomllib
+    from tests.test_dependencies import PROJECT
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    extras = PROJECT["optional-dependencies"]
     assert (
         "laptrain[sweep]" in extras["dev"]
     )  # the optuna sweeper and the slurm launcher are tested
@@ -208,6 +206,19 @@ def test_the_status_table_keeps_to_eight_claims_with_dates():
     ]
     assert 1 <= len(rows) <= 8
     assert all(re.search(r"\| 20\d\d-\d\d-\d\d \|$", row) for row in rows), rows
+
+
+def test_every_status_figure_names_the_command_that_reproduces_it():
+    rows = [
+        line
+        for line in _section("Status and numbers").splitlines()
+        if line.startswith("| ") and not line.startswith("| claim")
+    ]
+    commands = [row.split(" | ")[2] for row in rows]
+    assert all(re.search(r"`(python|laptrain) [^`]+`", c) for c in commands), commands
+    for test in ("tests/test_gguf_llama_cpp.py", "tests/test_dpo_vs_trl_smoke.py"):
+        assert f"pytest -m slow -n 0 {test}`" in _section("Status and numbers")
+        assert (ROOT / test).is_file()
 
 
 def test_every_file_the_readme_links_exists():

@@ -9,6 +9,14 @@ built without its position, ``setup_data`` is not run again, and the resumed run
 interrupted epoch from its first batch in a new order: measured through ``train.py``, every weight
 differed from an uninterrupted run's. This callback loads the position that is still pending when
 training starts, before the first batch is drawn (the loader's iterator is lazy).
+
+Second gap of the same flag: ``FitLoop.on_advance_end`` steps the ``interval: epoch`` schedulers
+only ``if not self.restarting`` (fit_loop.py:488), and after a mid-epoch resume the loop is
+restarting until that epoch has ended (``on_iteration_done``, loop.py:109-110). The resumed epoch's
+scheduler step was skipped: a ReduceLROnPlateau on ``val/loss`` (lightning-hydra-template's)
+ended one step behind a run never stopped. At the end of that epoch, after its last batch, the
+loop is told it is no longer restarting, as it is told right after anyway, so the schedulers step
+as they do in a run never stopped.
 """
 
 from __future__ import annotations
@@ -22,6 +30,11 @@ class LoaderPosition(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         restore_pending_loader_state(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loop = trainer.fit_loop
+        if loop.restarting and loop.epoch_loop._num_ready_batches_reached():
+            loop._restarting = False  # its own flag only: what on_iteration_done does next
 
 
 def restore_pending_loader_state(trainer: pl.Trainer) -> bool:

@@ -25,16 +25,23 @@ failed writing file``), is one line too, with that reason and the free space (do
 A stop checkpoint is written beside its target and moved over it later (:mod:`.stop`):
 :func:`move_into_place` is that rename, fsynced like the writer's own.
 
-Reading: every checkpoint laptrain writes holds only tensors and plain values, so it is opened with
-``weights_only=True`` (and Lightning is asked to load it the same way): :func:`load_state` memory-maps
-it for the few values a reader wants (its step, a saved score), :func:`read_checkpoint` also says in
-one line why a file is not a checkpoint (:mod:`.resume` checks its weights against the model).
+Reading: every checkpoint is opened with ``weights_only=True`` (and Lightning is asked to load it
+the same way), with the objects the run's config builds allowed (:mod:`.trusted`): :func:`load_state`
+memory-maps it for the few values a reader wants (its step, a saved score), :func:`read_checkpoint`
+also says in one line why a file is not a checkpoint (:mod:`.resume` checks its weights against the
+model).
+
+Under FSDP Lightning reads a full checkpoint without its checkpoint IO: ``FSDPStrategy.
+load_checkpoint`` calls ``_lazy_load`` (lightning/pytorch/strategies/fsdp.py:631), an unrestricted
+unpickler (lightning/fabric/utilities/load.py:179-213). :func:`weights_only_under_fsdp` makes that
+call :func:`load_state` (``weights_only=True``, memory-mapped as lazily, the IO's allowed objects).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import shutil
@@ -45,6 +52,7 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from laptrain.checkpoints.trusted import RefusedGlobal, TrustedGlobals
 from laptrain.console import exception_chain
 from laptrain.files import fsync_dir
 
@@ -62,7 +70,11 @@ class CheckpointWriteError(OSError):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` whose local saves are write-temp-in-place, fsync, rename (see module)."""
+    """``TorchCheckpointIO`` whose local saves are write-temp-in-place, fsync, rename (see module),
+    and whose loads allow the objects of ``trusted`` (held here: spawned ranks get it too)."""
+
+    def __init__(self, trusted: TrustedGlobals | None = None) -> None:
+        self.trusted = trusted or TrustedGlobals()
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -99,21 +111,44 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         fsync_dir(folder)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None) -> Any:
-        # Lightning passes weights_only=None unless told; laptrain's checkpoints hold only
-        # tensors and plain values, so load them the safe way (and without torch's warning).
-        return super().load_checkpoint(
-            path,
-            map_location=map_location or (lambda storage, loc: storage),
-            weights_only=True if weights_only is None else weights_only,
-        )
+        # Lightning passes weights_only=None unless told; a run's checkpoints hold tensors, plain
+        # values and what its config builds, so load them the safe way (without torch's warning).
+        with self.trusted.loading(path):
+            return super().load_checkpoint(
+                path,
+                map_location=map_location or (lambda storage, loc: storage),
+                weights_only=True if weights_only is None else weights_only,
+            )
 
 
-def checkpoint_plugins(configured: Any) -> list[Any]:
-    """The trainer's plugins with laptrain's crash-safe checkpoint writer, unless one is given."""
+def checkpoint_plugins(configured: Any, trusted: TrustedGlobals | None = None) -> list[Any]:
+    """The trainer's plugins with laptrain's crash-safe checkpoint writer (loading ``trusted``'s
+    objects), unless one is given."""
     plugins = list(configured or [])
     if not any(isinstance(p, CheckpointIO) for p in plugins):
-        plugins.append(AtomicCheckpointIO())
+        plugins.append(AtomicCheckpointIO(trusted))
     return plugins
+
+
+def weights_only_under_fsdp(strategy: Any) -> None:
+    """Make ``strategy``, when it is Lightning's ``FSDPStrategy``, load full checkpoints with
+    :func:`load_state` instead of Lightning's unrestricted ``_lazy_load`` (see module)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if isinstance(strategy, FSDPStrategy):
+        strategy.load_checkpoint = functools.partial(_load_weights_only, strategy)
+
+
+def _load_weights_only(strategy: Any, checkpoint_path: Any, weights_only: Any = None) -> Any:
+    import lightning.pytorch.strategies.fsdp as lightning_fsdp
+
+    trusted = getattr(strategy.checkpoint_io, "trusted", None)
+    lazy = lightning_fsdp._lazy_load
+    lightning_fsdp._lazy_load = functools.partial(load_state, trusted=trusted)
+    try:
+        return type(strategy).load_checkpoint(strategy, checkpoint_path, weights_only)
+    finally:
+        lightning_fsdp._lazy_load = lazy
 
 
 def move_into_place(source: str | Path, target: str | Path) -> None:
@@ -157,20 +192,23 @@ def clean_leftovers(folder: str | Path) -> int:
     return len(leftovers)
 
 
-def load_state(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's contents, tensors memory-mapped (nothing is read until used); torch's errors
-    as they are (:func:`read_checkpoint` turns them into one line)."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+def load_state(path: str | Path, trusted: TrustedGlobals | None = None) -> dict[str, Any]:
+    """A checkpoint's contents, tensors memory-mapped (nothing is read until used), ``trusted``'s
+    objects allowed; a refused global is one :class:`RefusedGlobal` line, torch's other errors as they are
+    (:func:`read_checkpoint` turns them into one line)."""
+    with (trusted or TrustedGlobals()).loading(path):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-def checkpoint_step(path: str | Path) -> tuple[int, int]:
+def checkpoint_step(path: str | Path, trusted: TrustedGlobals | None = None) -> tuple[int, int]:
     """(global step, epoch) stored in a Lightning checkpoint, read without loading the tensors."""
-    state = load_state(path)
+    state = load_state(path, trusted)
     return int(state.get("global_step", 0)), int(state.get("epoch", 0))
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's contents, memory-mapped, tensors and plain values only; one-line errors."""
+def read_checkpoint(path: str | Path, trusted: TrustedGlobals | None = None) -> dict[str, Any]:
+    """A checkpoint's contents, memory-mapped, tensors, plain values and ``trusted``'s objects
+    only; one-line errors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -178,7 +216,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             "e.g. outputs/<run>/checkpoints/last.ckpt)"
         )
     try:
-        state = load_state(path)
+        state = load_state(path, trusted)
+    except RefusedGlobal:  # an object the config does not build, named with its fix
+        raise
     except Exception as err:  # truncated zip, a pickle with objects, not a torch file at all
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from laptrain.checkpoints.files import checkpoint_step, clean_leftovers, read_checkpoint
+from laptrain.checkpoints.trusted import TrustedGlobals
 
 
 def resume_checkpoint(ckpt_path: str | None, resume: bool, last: str | Path) -> str | None:
@@ -35,39 +36,46 @@ def written_last(last: str | Path) -> str | None:
 
 
 def checked_resume_checkpoint(
-    ckpt_path: str | None, resume: bool, ckpt_dir: str | Path, last: str | Path, model: Any
+    ckpt_path: str | None,
+    resume: bool,
+    ckpt_dir: str | Path,
+    last: str | Path,
+    model: Any,
+    trusted: TrustedGlobals | None = None,
 ) -> str | None:
-    """:func:`resume_checkpoint`, refused in one line before any training when it is unreadable
-    or holds another model's weights; temporary files of saves a kill interrupted in ``ckpt_dir``
-    are removed."""
+    """:func:`resume_checkpoint`, refused in one line before any training when it is unreadable,
+    holds an object the config does not build (``trusted``) or another model's weights; temporary
+    files of saves a kill interrupted in ``ckpt_dir`` are removed."""
     clean_leftovers(ckpt_dir)
     path = resume_checkpoint(ckpt_path, resume, last)
     if path:
         option = "ckpt_path" if ckpt_path else "this run's last checkpoint"
-        check_resume_checkpoint(path, model, option)
+        check_resume_checkpoint(path, model, option, trusted)
     return path
 
 
-def resuming_line(path: str) -> str:
+def resuming_line(path: str, trusted: TrustedGlobals | None = None) -> str:
     """What the run says before it resumes from ``path``."""
-    step, epoch = checkpoint_step(path)
+    step, epoch = checkpoint_step(path, trusted)
     return (
         f"resuming from {path} (global step {step}, epoch {epoch}); resume=false starts a new run"
     )
 
 
-def final_step(global_step: int, last: str | Path) -> int:
+def final_step(global_step: int, last: str | Path, trusted: TrustedGlobals | None = None) -> int:
     """The fit's last optimizer step; after a ``ddp_spawn`` fit the main process's Trainer still
     says 0 (``global_step``), so it is read from ``last``."""
     if global_step or written_last(last) is None:
         return global_step
-    return checkpoint_step(last)[0]
+    return checkpoint_step(last, trusted)[0]
 
 
-def check_resume_checkpoint(path: str | Path, model: torch.nn.Module, option: str) -> None:
+def check_resume_checkpoint(
+    path: str | Path, model: torch.nn.Module, option: str, trusted: TrustedGlobals | None = None
+) -> None:
     """Refuse, in one line, a checkpoint whose weights do not fit ``model``: the keys and shapes
     of its ``state_dict`` must be the model's. ``option`` names how the file was chosen."""
-    saved = read_checkpoint(path)["state_dict"]
+    saved = read_checkpoint(path, trusted)["state_dict"]
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     # A module with strict_loading=False (LoRA: adapters only) saves a subset of its weights.
     strict = bool(getattr(model, "strict_loading", True))

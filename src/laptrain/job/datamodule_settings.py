@@ -10,6 +10,13 @@ with ``batch_size=self.hparams.batch_size``) gets the run's batch without knowin
 Lightning's functions reach the datamodule through ``model.trainer.datamodule``, which exists only
 once ``fit`` has started; the plan is made before the Trainer is. :func:`_as_fit_sees_it` gives the
 module a stand-in holding only the datamodule for the time of one lookup.
+
+A datamodule written as lightning-hydra-template's MNIST one splits its ``batch_size`` over the
+processes in ``setup`` (``hparams.batch_size // trainer.world_size`` into ``batch_size_per_device``)
+and builds its loaders with that. laptrain's batch is per process, so for such a datamodule the
+batch read is ``batch_size_per_device`` and a batch set (the profile's) is multiplied by the
+processes into ``batch_size``: :func:`set_up` shows it the run's process count as
+``trainer.world_size`` until the Trainer attaches itself.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from lightning.pytorch.utilities.parsing import (
 from omegaconf import DictConfig, OmegaConf
 
 BATCH = "batch_size"
+PER_DEVICE = "batch_size_per_device"  # lightning-hydra-template's: batch_size // world_size
 LOADER_KNOBS = ("num_workers", "pin_memory", "persistent_workers")
 
 
@@ -49,6 +57,26 @@ def users_datamodule(obj: Any) -> bool:
     from lightning.pytorch import LightningDataModule
 
     return isinstance(obj, LightningDataModule) and type(obj).__module__.split(".")[0] != "laptrain"
+
+
+def splits_its_batch(datamodule: Any) -> bool:
+    """Whether ``datamodule`` is a user's that splits its batch over the processes into
+    ``batch_size_per_device`` (lightning-hydra-template's), the batch its loaders use."""
+    return users_datamodule(datamodule) and hasattr(datamodule, PER_DEVICE)
+
+
+def set_up(datamodule: Any, processes: int, follows_profile: bool) -> None:
+    """``datamodule.setup("fit")`` before the Trainer exists. One that splits its batch sees
+    ``processes`` as ``trainer.world_size`` (a stand-in the Trainer replaces when fit attaches
+    it): its own batch is split now as fit will split it; a batch that follows the profile is not
+    set yet, so it is split only once set (:func:`set_setting`)."""
+    splits = splits_its_batch(datamodule)
+    stand_in = SimpleNamespace(world_size=processes)
+    if splits and not follows_profile:
+        datamodule.trainer = stand_in
+    datamodule.setup("fit")
+    if splits:
+        datamodule.trainer = stand_in
 
 
 @dataclass(frozen=True)
@@ -89,6 +117,8 @@ def _where(model: Any, datamodule: Any, name: str) -> str:
     """The holder Lightning reads ``name`` from: the last of module, module.hparams, datamodule,
     datamodule.hparams that has it (lightning/pytorch/utilities/parsing.py, _lightning_get_all_attr_holders
     and _lightning_get_first_attr_holder)."""
+    if name == BATCH and splits_its_batch(datamodule):
+        return f"{type(datamodule).__name__}.{PER_DEVICE}"
     holders = []
     for obj in (_module(model), datamodule):
         if obj is None:
@@ -108,18 +138,25 @@ def find_setting(model: Any, datamodule: Any, name: str) -> Found | None:
         if not lightning_hasattr(seen, name):
             return None
         value = lightning_getattr(seen, name)
+    if name == BATCH and splits_its_batch(datamodule):
+        value = getattr(datamodule, PER_DEVICE)
     return Found(value, _where(model, datamodule, name))
 
 
 def set_setting(model: Any, datamodule: Any, name: str, value: Any) -> str:
     """Set ``name`` wherever Lightning finds it (model None: on the datamodule only); return
-    where it is read from.
+    where it is read from. A batch for a datamodule that splits its batch is per process: its
+    ``batch_size`` gets ``value`` times the processes it was shown (:func:`set_up`).
 
     Raises:
         AttributeError: neither has ``name``.
     """
+    processes = 1
+    if name == BATCH and splits_its_batch(datamodule):
+        processes = getattr(datamodule.trainer, "world_size", 1)
+        setattr(datamodule, PER_DEVICE, value)
     with _as_fit_sees_it(model, datamodule) as seen:
-        lightning_setattr(seen, name, value)
+        lightning_setattr(seen, name, value * processes)
     return _where(model, datamodule, name)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.checkpoints.files import load_state
+from laptrain.checkpoints.trusted import TrustedGlobals
 
 METRICS_FILE = "metrics.json"
 
@@ -30,7 +31,9 @@ def hp_keys(optimized_metric: str) -> tuple[str, str, str]:
     return f"hp/best_val_{name}", f"hp/test_{name}", f"test/{optimized_metric.removeprefix('val/')}"
 
 
-def best_score(callbacks: list[Any], monitor: str) -> float | None:
+def best_score(
+    callbacks: list[Any], monitor: str, trusted: TrustedGlobals | None = None
+) -> float | None:
     """The best value the checkpoint callback that monitors ``monitor`` has seen, or None.
 
     Lightning restores it from the checkpoint when a run resumes; after a spawned fit
@@ -42,14 +45,14 @@ def best_score(callbacks: list[Any], monitor: str) -> float | None:
         score = getattr(callback, "best_model_score", None)
         path = getattr(callback, "best_model_path", "")
         if score is None and path and Path(path).is_file():
-            score = _saved_best_score(Path(path), monitor)
+            score = _saved_best_score(Path(path), monitor, trusted)
         if score is not None and math.isfinite(float(score)):
             return float(score)
     return None
 
 
-def _saved_best_score(path: Path, monitor: str) -> float | None:
-    state = load_state(path)
+def _saved_best_score(path: Path, monitor: str, trusted: TrustedGlobals | None) -> float | None:
+    state = load_state(path, trusted)
     for key, value in state.get("callbacks", {}).items():
         if "ModelCheckpoint" in str(key) and value.get("monitor") == monitor:
             score = value.get("best_model_score")
@@ -67,14 +70,18 @@ def recorded_metrics(folder: Path) -> dict[str, float]:
 
 
 def final_metrics(
-    callbacks: list[Any], metrics: Mapping[str, float], optimized_metric: str, folder: Path
+    callbacks: list[Any],
+    metrics: Mapping[str, float],
+    optimized_metric: str,
+    folder: Path,
+    trusted: TrustedGlobals | None = None,
 ) -> dict[str, float]:
     """``metrics`` with ``hp/best_val_<m>`` and ``hp/test_<m>`` added. The best validation value
     comes from the checkpoint callback, else this run's last one; what this process did not
     measure (a rerun of a finished run measures no validation) comes from ``metrics.json``."""
     best_key, test_key, test_name = hp_keys(optimized_metric)
     out = {**recorded_metrics(folder), **metrics}
-    best = best_score(callbacks, optimized_metric)
+    best = best_score(callbacks, optimized_metric, trusted)
     if best is None and optimized_metric in metrics:
         best = float(metrics[optimized_metric])
     if best is not None:

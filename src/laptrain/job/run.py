@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from laptrain.callbacks.acting import build_callbacks, guards_line, without_lightning_no_ops
 from laptrain.callbacks.contracts import signal_stop, stop_reason
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
-from laptrain.checkpoints.files import checkpoint_plugins
+from laptrain.checkpoints.files import checkpoint_plugins, weights_only_under_fsdp
 from laptrain.checkpoints.resume import (
     checked_resume_checkpoint,
     final_step,
@@ -36,6 +36,7 @@ from laptrain.checkpoints.resume import (
     written_last,
 )
 from laptrain.checkpoints.stop import use_last_checkpoint
+from laptrain.checkpoints.trusted import TrustedGlobals, trusted_globals
 from laptrain.config.batch_request import batch_request
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
 from laptrain.config.tree import print_config
@@ -53,10 +54,16 @@ from laptrain.family import family_of
 from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
-from laptrain.job.datamodule_settings import build_datamodule
+from laptrain.job.datamodule_settings import build_datamodule, set_up
 from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
 from laptrain.job.plan import RunPlan, build_run_plan, planned_datamodule
-from laptrain.launch.device import RunDevice, decide_device, job_device, without_unsafe_fused
+from laptrain.launch.device import (
+    RunDevice,
+    decide_device,
+    device_count,
+    job_device,
+    without_unsafe_fused,
+)
 from laptrain.loggers.tracking import prepared as prepared_loggers
 from laptrain.loggers.tracking import remember as remember_tracking_runs
 from laptrain.loggers.tracking import runs_ended
@@ -64,7 +71,7 @@ from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.preflight.budget import capacity_budget, device_budget
-from laptrain.ranks.processes import shards_model_state
+from laptrain.ranks.processes import asked_devices, shards_model_state
 from laptrain.run_folder.listing import resume_command
 from laptrain.run_folder.lock import hold_run_folder, made_here, release_run_folder
 from laptrain.versions import package_versions
@@ -166,7 +173,8 @@ def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
     batch = batch_request(cfg)  # parsed once: the datamodule and the plan are given it
     datamodule = build_datamodule(cfg.data, batch.follows_profile)
     datamodule.prepare_data()
-    datamodule.setup("fit")
+    processes = device_count(asked_devices(cfg), kind) * int(cfg.trainer.get("num_nodes") or 1)
+    set_up(datamodule, processes, batch.follows_profile)
     model_kwargs = datamodule.model_kwargs() if isinstance(datamodule, SizesTheModel) else {}
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     for key in LAPTRAIN_KEYS:  # read by the launcher, not arguments of the module
@@ -238,13 +246,16 @@ def _train(
 ) -> Outcome:
     _set_up_process(cfg)
     datamodule, model, plan, remake = build(cfg, job_device(cfg, launched), output_dir)
-    trainer, callbacks, loggers, guards = _make_trainer(cfg, plan, model, datamodule)
+    # what the config builds may be in the checkpoints (a network, partial optimizers): allowed
+    sections = [OmegaConf.to_container(cfg[name], resolve=True) for name in ("model", "data")]
+    trusted = trusted_globals(sections, model, datamodule)
+    trainer, callbacks, loggers, guards = _make_trainer(cfg, plan, model, datamodule, trusted)
     _announce(cfg, env, output_dir, trainer, loggers, datamodule, model, plan, guards)
     ckpt_path = checked_resume_checkpoint(
-        cfg.get("ckpt_path"), cfg.resume, cfg.paths.ckpt_dir, cfg.paths.last_ckpt, model
+        cfg.get("ckpt_path"), cfg.resume, cfg.paths.ckpt_dir, cfg.paths.last_ckpt, model, trusted
     )
     if ckpt_path:
-        rank_zero_info(resuming_line(ckpt_path))
+        rank_zero_info(resuming_line(ckpt_path, trusted))
     try:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     except SystemExit as stop:
@@ -256,14 +267,14 @@ def _train(
     stopped = _stopped(cfg, output_dir, trainer, callbacks)
     if stopped is not None:
         return stopped
-    best = _best(trainer, callbacks)  # before test, which restores the callbacks' older state
-    step = final_step(trainer.global_step, cfg.paths.last_ckpt)
+    best = _best(trainer, callbacks, trusted)  # before test: it restores older callback states
+    step = final_step(trainer.global_step, cfg.paths.last_ckpt, trusted)
     try:
         metrics, model = _test(cfg, trainer, model, datamodule, remake)
     except SystemExit as stop:
         return _interrupted(stop, "test", cfg, output_dir, trainer)
     # laptrain.job.hparams: best validation (what sweepers get), HPARAMS row; issue 14
-    metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir)
+    metrics = final_metrics(callbacks, metrics, str(cfg.optimized_metric), output_dir, trusted)
     log_hparams(loggers, cfg, model, plan, metrics, step)
     # under FSDP the weights are gathered from every rank's shards (a collective), else None
     state = whole_state_dict(trainer) if isinstance(model, ExportsModel) else None
@@ -292,11 +303,12 @@ def _set_up_process(cfg: DictConfig) -> None:
 
 
 def _make_trainer(
-    cfg: DictConfig, plan: RunPlan, model: Any, datamodule: Any
+    cfg: DictConfig, plan: RunPlan, model: Any, datamodule: Any, trusted: TrustedGlobals
 ) -> tuple[pl.Trainer, list[Any], list[Any], str]:
     """The Trainer of the config with the plan's arguments, its callbacks (those that can act on
-    ``model``'s run), its loggers and the console line naming the guards built; a user's
-    datamodule gets Lightning's distributed sampler and a resumable train loader."""
+    ``model``'s run), its loggers and the console line naming the guards built (its checkpoints
+    loaded with ``trusted``'s objects allowed); a user's datamodule gets Lightning's distributed
+    sampler and a resumable train loader."""
     built = build_callbacks(cfg.get("callbacks"), model)
     # MLflow / W&B: the run folder's tracking runs continued, W&B offline without a key
     section = prepared_loggers(cfg.get("logger"), Path(cfg.paths.output_dir))
@@ -306,7 +318,7 @@ def _make_trainer(
     callbacks = [*built.values(), MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model)]
     sampler = prepare_user_loaders(datamodule, cfg.trainer.get("use_distributed_sampler"))
     trainer = instantiate_trainer(
-        cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
+        cfg, plan, model, callbacks, loggers, trusted, use_distributed_sampler=sampler
     )
     if trainer.is_global_zero:
         remember_tracking_runs(section, loggers, Path(cfg.paths.output_dir))
@@ -326,24 +338,26 @@ def instantiate_trainer(
     model: Any,
     callbacks: list[Any],
     loggers: list[Any],
+    trusted: TrustedGlobals | None = None,
     **overrides: Any,
 ) -> pl.Trainer:
     """``cfg.trainer`` with the plan's arguments, these callbacks and loggers, and the
-    checkpoint plugins; keyword arguments win over the config's keys (``laptrain bench`` passes
-    its step count and folder this way). Every stop and save of its fit writes
-    ``paths.last_ckpt``. Under ``trainer=fsdp`` the strategy gets ``model``'s units (one per
-    layer: laptrain.model.fsdp_units)."""
+    checkpoint plugins (loading ``trusted``'s objects); keyword arguments win over the config's
+    keys (``laptrain bench`` passes its step count and folder this way). Every stop and save of
+    its fit writes ``paths.last_ckpt``. Under ``trainer=fsdp`` the strategy gets ``model``'s units
+    (one per layer: laptrain.model.fsdp_units) and loads full checkpoints ``weights_only``."""
     trainer = instantiate(
         cfg.trainer,
         **plan.trainer_kwargs(),
         callbacks=callbacks,
         logger=loggers or False,
-        plugins=checkpoint_plugins(_instantiate_list(cfg.trainer.get("plugins"))),
+        plugins=checkpoint_plugins(_instantiate_list(cfg.trainer.get("plugins")), trusted),
         _convert_="all",
         **overrides,
     )
     use_last_checkpoint(trainer, cfg.paths.last_ckpt)
     fsdp_strategy_for(model, trainer.strategy)
+    weights_only_under_fsdp(trainer.strategy)  # full checkpoints too: Lightning's own load is not
     without_lightning_no_ops(trainer.callbacks)
     return trainer
 
@@ -471,13 +485,15 @@ def resume_hint(cfg: DictConfig, output_dir: Path) -> str:
     return f"Resume with: {command}"
 
 
-def _best(trainer: pl.Trainer, callbacks: list[Any]) -> tuple[str, str, float] | None:
+def _best(
+    trainer: pl.Trainer, callbacks: list[Any], trusted: TrustedGlobals
+) -> tuple[str, str, float] | None:
     """The best checkpoint, its metric and score; after a ``ddp_spawn`` fit the main process gets
     back only the path (docs/sweeps.md), so the score comes from that checkpoint."""
     best = best_checkpoint(trainer)
     if best is None or math.isfinite(best[2]):
         return best
-    score = best_score(callbacks, best[1])
+    score = best_score(callbacks, best[1], trusted)
     return best if score is None else (best[0], best[1], score)
 
 
