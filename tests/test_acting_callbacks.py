@@ -17,6 +17,7 @@ from laptrain.callbacks.oom_backoff import OOMBackoff
 from laptrain.callbacks.power_guard import PowerGuard
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
+from laptrain.checkpoints.trusted import TrustedGlobals
 from laptrain.job.run import _make_trainer, build
 from tests.conftest import compose_train
 from tests.test_oom_backoff import ChunkedModel
@@ -71,7 +72,7 @@ class CountsCallbackHooks(PassThroughProfiler):
 def test_a_cpu_run_of_a_users_module_builds_only_the_guards_that_act(project, tmp_path):
     cfg = user_run(project, tmp_path, "hardware=cpu", "trainer.max_epochs=1")
     datamodule, model, plan, _ = build(cfg, None, tmp_path / "run")
-    trainer, callbacks, _, guards = _make_trainer(cfg, plan, model, datamodule)
+    trainer, callbacks, _, guards = _make_trainer(cfg, plan, model, datamodule, TrustedGlobals())
     built = {type(cb) for cb in trainer.callbacks}
     for idle in (MemoryMonitor, ThermalGuard, PowerGuard, OOMBackoff, SessionBudget):
         assert idle not in built, idle.__name__
