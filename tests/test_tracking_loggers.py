@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from laptrain.config import plugin_extras
 from laptrain.config.check import ConfigError
 from laptrain.config.plugin_extras import MissingExtra, check_config_extras, check_plugin_extras
 from laptrain.loggers import resume, tracking
-from tests.conftest import CONF, compose_train, tiny_classifier_job
+from tests.conftest import CONF, TRAIN, compose_train, tiny_classifier_job
 from tests.in_process import train_here
 from tests.wandb_records import run_view
 
@@ -279,3 +282,32 @@ def test_train_py_with_wandb_online_and_no_key_refuses_in_one_line_before_writin
         "(WANDB_API_KEY, or `wandb login`); set one, or leave the mode unset to log offline"
     ]
     assert not (tmp_path / "outputs").exists()
+
+
+def test_torchrun_with_mlflow_on_a_fresh_folder_trains_and_logs_one_run(tmp_path, monkeypatch):
+    """torchrun starts both ranks at once; each one opening the new SQLite store ran MLflow's
+    migrations twice at the same time (``OperationalError``): one rank died, the other waited for
+    it. Only rank 0 builds the tracking loggers."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = [
+        *job(tmp_path),
+        "trainer.max_steps=2",
+        "test=false",
+        "trainer=ddp_cpu",
+        "trainer.strategy=ddp",
+        "logger=mlflow",
+        "run_name=ranks",
+    ]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run(
+        [*launcher, str(TRAIN), *args],
+        cwd=tmp_path,
+        env={**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run = tmp_path / "outputs" / "ranks"
+    _, (only,) = mlflow_runs(f"sqlite:///{run}/mlflow.db")
+    assert only.data.params["trainer/max_steps"] == "2" and only.data.metrics["val/acc"] >= 0

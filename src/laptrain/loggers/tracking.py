@@ -16,6 +16,10 @@ Gaps it fills:
 - Text no tracker got: Lightning's logger API takes numbers and hyperparameters, so the path of the
   best checkpoint reached none. :func:`log_text` puts it in the MLflow run's tags and the W&B run's
   summary (laptrain.callbacks.run_report calls it at the end of fit).
+- A store opened by every rank: torchrun and srun start all ranks at once, and each one building
+  MLFlowLogger opened (and, on a fresh folder, created and migrated) the SQLite store at the same
+  time: one rank died on ``OperationalError`` and the others waited for it until the timeout.
+  Only global rank 0 logs to a tracker, so only rank 0 builds the MLflow and W&B loggers.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.errors import ConfigError
 from laptrain.loggers import resume
+from laptrain.ranks.environment import extra_rank
 
 # Set unless the user set them: nothing leaves the machine that the user did not ask to send.
 QUIET_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "WANDB_ERROR_REPORTING": "false"}
@@ -102,15 +107,18 @@ def prepared(
 ) -> DictConfig | None:
     """The ``logger`` section as the job builds it: resolved, with the ids of the run folder's
     MLflow / W&B runs (laptrain.loggers.resume), W&B's mode decided and MLflow's local artifacts
-    beside its store. Exports :data:`QUIET_ENV` first."""
+    beside its store; without MLflow and W&B on a rank other than 0. Exports :data:`QUIET_ENV`
+    first."""
     if not section:
         return None
     quiet_env(environ)
     built = OmegaConf.create(OmegaConf.to_container(section, resolve=True))
     resume.with_stored_ids(built, folder)
-    for name, node in resume.entries(built):
+    for name, node in list(resume.entries(built)):
         kind = resume.kind_of(node)
-        if kind == "wandb":
+        if kind is not None and extra_rank(environ):
+            del built[name]
+        elif kind == "wandb":
             configured = "offline" if node.get("offline") else node.get("mode")
             node.mode = wandb_mode(configured, environ, where=f"logger.{name}")
             node.offline = False  # True would set WANDB_MODE=dryrun for the whole process
