@@ -64,6 +64,7 @@ from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.preflight.budget import capacity_budget, device_budget
+from laptrain.ranks.environment import extra_rank
 from laptrain.ranks.processes import shards_model_state
 from laptrain.run_folder.listing import resume_command
 from laptrain.run_folder.lock import hold_run_folder, made_here, release_run_folder
@@ -297,7 +298,8 @@ def _make_trainer(
     user's datamodule gets Lightning's distributed sampler and a resumable train loader."""
     callbacks = _instantiate_all(cfg.get("callbacks"))
     # MLflow / W&B: the run folder's tracking runs continued, W&B offline without a key
-    section = prepared_loggers(cfg.get("logger"), Path(cfg.paths.output_dir))
+    folder = Path(cfg.paths.output_dir)
+    section = prepared_loggers(cfg.get("logger"), folder, tracked=not extra_rank())
     loggers = _instantiate_all(section)
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
@@ -307,7 +309,7 @@ def _make_trainer(
         cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
     )
     if trainer.is_global_zero:
-        remember_tracking_runs(section, loggers, Path(cfg.paths.output_dir))
+        remember_tracking_runs(section, loggers, folder)
     return trainer, callbacks, loggers
 
 

@@ -37,7 +37,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.errors import ConfigError
 from laptrain.loggers import resume
-from laptrain.ranks.environment import extra_rank
 
 # Set unless the user set them: nothing leaves the machine that the user did not ask to send.
 QUIET_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "WANDB_ERROR_REPORTING": "false"}
@@ -103,12 +102,15 @@ def check_wandb_modes(section: Any, environ: Mapping[str, str] = os.environ) -> 
 
 
 def prepared(
-    section: Any, folder: Path, environ: dict[str, str] | os._Environ = os.environ
+    section: Any,
+    folder: Path,
+    environ: dict[str, str] | os._Environ = os.environ,
+    tracked: bool = True,
 ) -> DictConfig | None:
     """The ``logger`` section as the job builds it: resolved, with the ids of the run folder's
     MLflow / W&B runs (laptrain.loggers.resume), W&B's mode decided and MLflow's local artifacts
-    beside its store; without MLflow and W&B on a rank other than 0. Exports :data:`QUIET_ENV`
-    first."""
+    beside its store; without MLflow and W&B unless ``tracked`` (False on a rank other than
+    global rank 0). Exports :data:`QUIET_ENV` first."""
     if not section:
         return None
     quiet_env(environ)
@@ -116,7 +118,7 @@ def prepared(
     resume.with_stored_ids(built, folder)
     for name, node in list(resume.entries(built)):
         kind = resume.kind_of(node)
-        if kind is not None and extra_rank(environ):
+        if kind is not None and not tracked:
             del built[name]
         elif kind == "wandb":
             configured = "offline" if node.get("offline") else node.get("mode")
