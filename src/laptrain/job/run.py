@@ -38,6 +38,7 @@ from laptrain.checkpoints.resume import (
 )
 from laptrain.config.batch_request import batch_request
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
+from laptrain.config.secrets import masked
 from laptrain.config.tree import print_config
 from laptrain.console import (
     best_checkpoint,
@@ -367,10 +368,9 @@ def _announce(
         write_run_info(output_dir, plan, lines, env)
         if isinstance(datamodule, SavesArtifacts):
             datamodule.save_artifacts(output_dir)
+    config = masked({**OmegaConf.to_container(cfg, resolve=True), "plan": plan.trainer_kwargs()})
     for lg in loggers:
-        lg.log_hyperparams(
-            {**OmegaConf.to_container(cfg, resolve=True), "plan": plan.trainer_kwargs()}
-        )
+        lg.log_hyperparams(config)
 
 
 def _stopped(
