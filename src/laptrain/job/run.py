@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.callbacks.fused_optimizer_check import FusedOptimizerCheck
 from laptrain.callbacks.idle_hooks import skip_idle_hooks
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.checkpoints.files import checkpoint_plugins
@@ -54,10 +55,17 @@ from laptrain.family import family_of
 from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
+from laptrain.hardware.profile import fused_optimizer_unsafe
 from laptrain.job.datamodule_settings import build_datamodule
 from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
 from laptrain.job.plan import RunPlan, build_run_plan, planned_datamodule
-from laptrain.launch.device import RunDevice, decide_device, job_device, without_unsafe_fused
+from laptrain.launch.device import (
+    RunDevice,
+    decide_device,
+    fused_risk,
+    job_device,
+    without_unsafe_fused,
+)
 from laptrain.loggers.tracking import prepared as prepared_loggers
 from laptrain.loggers.tracking import remember as remember_tracking_runs
 from laptrain.loggers.tracking import runs_ended
@@ -305,6 +313,9 @@ def _make_trainer(
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     callbacks.append(MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model))
+    sharded = shards_model_state(cfg.trainer.get("strategy"))
+    if fused_optimizer_unsafe(plan.device, plan.precision, sharded):  # the module's own optimizer
+        callbacks.append(FusedOptimizerCheck(fused_risk(plan.device)))
     sampler = prepare_user_loaders(datamodule, cfg.trainer.get("use_distributed_sampler"))
     trainer = instantiate_trainer(
         cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
