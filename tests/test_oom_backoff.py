@@ -307,20 +307,23 @@ class UserModel(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit_plain(tmp_path, fail_step=None, accumulate=1, epochs=2):
+def fit_plain(tmp_path, fail_step=None, accumulate=1, epochs=2, max_steps=-1, ckpt_path=None):
     seed_everything(0)
     model, data = UserModel(fail_step), RowsData()
     prepare_user_loaders(data, None)  # as the job does: the loader rebuilt as a resumable one
     backoff = OOMBackoff(probe=FakeProbe())
+    saves = ModelCheckpoint(tmp_path, save_last=True, every_n_train_steps=1, save_top_k=0)
     trainer = quiet_trainer(
         accelerator="cpu",
         max_epochs=epochs,
+        max_steps=max_steps,
         accumulate_grad_batches=accumulate,
         limit_val_batches=0,
-        callbacks=[backoff],
+        callbacks=[backoff, saves],
+        enable_checkpointing=True,
         default_root_dir=tmp_path,
     )
-    trainer.fit(model, datamodule=data)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     return trainer, backoff, model
 
 
@@ -374,3 +377,20 @@ def test_a_plain_module_whose_loader_cannot_be_cut_says_so_once_in_the_report(tm
         "own), so it cannot be cut mid-epoch: an out-of-memory error ends the run"
     )
     assert not [r for r in caplog.records if "oom_backoff" in r.getMessage()]
+
+
+def test_a_run_resumed_after_a_plain_module_s_backoff_keeps_the_small_batch_and_its_position(
+    tmp_path,
+):
+    """Stopped at step 5, mid-epoch on batches of 4 (an OOM at step 2 cut them from 8), and
+    resumed: the checkpoint's batch counters and loader position are in batches of 4, and the run
+    ends with the weights of one never stopped."""
+    _, _, whole = fit_plain(tmp_path / "whole", 2)
+    fit_plain(tmp_path / "cut", 2, max_steps=5)
+    trainer, backoff, resumed = fit_plain(
+        tmp_path / "cut", ckpt_path=tmp_path / "cut" / "last.ckpt"
+    )
+    assert backoff.micro_batch == BATCH // 2 and trainer.accumulate_grad_batches == 2
+    assert trainer.global_step == 16 and len(resumed.rows) == 2 * (16 - 5)
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -121,7 +121,7 @@ class OOMBackoff(VersionedState, Callback):
             ) + ": an out-of-memory error ends the run"
             return
         if self.micro_batch is not None and self.micro_batch < loader.batch_size:
-            cut_loader(trainer, self.micro_batch, rescale_progress=False)  # a resumed run
+            cut_loader(trainer, self.micro_batch, resumed=True)
             self.batch_size, self.chunks = self.micro_batch, 1
         loop = trainer.fit_loop.epoch_loop
         advance = loop.advance
@@ -144,7 +144,7 @@ class OOMBackoff(VersionedState, Callback):
         optimizers_cleared(trainer)
         size = cuttable_loader(trainer).batch_size
         new = self.handle_oom(failure, size, trainer, smaller_divisor(size) if size > 1 else 1)
-        cut_loader(trainer, new, rescale_progress=True)
+        cut_loader(trainer, new)
         self.batch_size, self.chunks = new, 1
 
     def inactive_because(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | None:

@@ -36,25 +36,28 @@ def smaller_divisor(size: int) -> int:
     return next(d for d in range(size // 2, 0, -1) if size % d == 0)
 
 
-def cut_loader(trainer: pl.Trainer, micro_batch: int, rescale_progress: bool) -> None:
+def cut_loader(trainer: pl.Trainer, micro_batch: int, resumed: bool = False) -> None:
     """Train on batches of ``micro_batch`` from the start of the current optimizer step on, with
-    accumulation grown by the same factor. ``rescale_progress``: the epoch's batch counters are
-    counted in the old batches (an OOM mid-epoch: the unfinished step's batches are undone); a
-    resumed run's are counted in the new ones already."""
+    accumulation grown by the same factor. After an OOM (``resumed`` False) the epoch's batch
+    counters are in the old batches and the unfinished step's batches are undone; a resumed run
+    saved its counters and its loader's position in batches of ``micro_batch`` already."""
     loop, fit = trainer.fit_loop.epoch_loop, trainer.fit_loop
     loader = cuttable_loader(trainer)
     assert loader is not None and loader.batch_size % micro_batch == 0
     factor = loader.batch_size // micro_batch
     accumulate = trainer.accumulate_grad_batches
-    done = loop.batch_progress.current.completed
-    start = done - done % accumulate  # the first batch of the step the OOM interrupted
-    new_start = start * factor if rescale_progress else start
-    for name in COUNTERS:
-        current = loop.batch_progress.current
-        total = loop.batch_progress.total
-        setattr(total, name, getattr(total, name) - getattr(current, name) + new_start)
-        setattr(current, name, new_start)
-    smaller = resized_loader(loader, micro_batch, skip=new_start * micro_batch)
+    smaller = resized_loader(loader, micro_batch, skip=0)
+    if resumed:  # as ResumableDataLoader.load_state_dict: an epoch's end resumes at the next one
+        ready = loop.batch_progress.current.ready
+        new_start = ready if ready < len(smaller) else 0
+    else:
+        done = loop.batch_progress.current.completed
+        new_start = (done - done % accumulate) * factor  # the interrupted step's first batch
+        for name in COUNTERS:
+            current, total = loop.batch_progress.current, loop.batch_progress.total
+            setattr(total, name, getattr(total, name) - getattr(current, name) + new_start)
+            setattr(current, name, new_start)
+    smaller.sampler.skip = new_start * micro_batch
     trainer.accumulate_grad_batches = accumulate * factor
     whole = fit.max_batches == len(loader)  # else limit_train_batches cut the epoch
     fit.max_batches = len(smaller) if whole else fit.max_batches * factor
@@ -67,7 +70,7 @@ def cut_loader(trainer: pl.Trainer, micro_batch: int, rescale_progress: bool) ->
     if fit._data_fetcher is not None:
         iter(fit._data_fetcher)  # the smaller loader's iterator, from the step's first sample
         # a resumed run: Lightning adds the epoch's batches when the epoch loop starts
-        fit._data_fetcher.fetched = new_start if rescale_progress else 0
+        fit._data_fetcher.fetched = 0 if resumed else new_start
 
 
 def optimizers_cleared(trainer: pl.Trainer) -> None:
