@@ -108,17 +108,18 @@ class OOMBackoff(VersionedState, Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A module with Lightning's own backward: the train loader is cut on an OOM."""
-        chunked = isinstance(pl_module, BackPropagatesInChunks)
-        if not self.enabled or chunked or wraps_the_module(trainer.strategy):
+        if not self.enabled or isinstance(pl_module, BackPropagatesInChunks):
             return
         loader = cuttable_loader(trainer)
-        if not pl_module.automatic_optimization or loader is None:
+        if self.not_applied is None and (not pl_module.automatic_optimization or loader is None):
             self.not_applied = (
                 f"{type(pl_module).__name__} optimizes manually"
                 if loader is not None
                 else "its train loader is not one laptrain rebuilt (an IterableDataset, or a "
                 "sampler of its own), so it cannot be cut mid-epoch"
             ) + ": an out-of-memory error ends the run"
+        if self.not_applied or loader is None:  # (set at fit start under DDP / FSDP)
+            skip_hooks(self, ("on_train_batch_end",))
             return
         if self.micro_batch is not None and self.micro_batch < loader.batch_size:
             cut_loader(trainer, self.micro_batch, resumed=True)
