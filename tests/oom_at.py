@@ -1,9 +1,10 @@
-"""A callback that makes a real family's model run out of memory, for end-to-end backoff tests.
+"""A callback that makes a real model run out of memory, for end-to-end backoff tests.
 
 ``+callbacks.oom._target_=tests.oom_at.OutOfMemoryAbove +callbacks.oom.step=2
 +callbacks.oom.fits=8``: from optimizer step ``step`` on, the module's transformers model (its
-``model`` attribute; the hook sits on its input embeddings) raises torch's ``OutOfMemoryError`` for any training forward over
-``fits`` samples, as a device would for a batch too large for it.
+``model`` attribute; the hook sits on its input embeddings; a user's module without one: on the
+module itself) raises torch's ``OutOfMemoryError`` for any training forward over ``fits`` samples,
+as a device would for a batch too large for it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class OutOfMemoryAbove(Callback):
         self.raised = 0
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        embeddings = pl_module.model.get_input_embeddings()  # every family's first layer
+        model = getattr(pl_module, "model", None)
+        embeddings = model.get_input_embeddings() if model is not None else pl_module
 
         def oom_above_fits(module: Any, inputs: tuple) -> None:
             rows = inputs[0].shape[0]

@@ -1,6 +1,5 @@
 """A run builds only the callbacks that can act on it (laptrain.callbacks.acting): a guard the
-profile turns off, a session budget without a limit and an OOM backoff with nothing to halve are
-never in the Trainer; Lightning's dispatch per step stays as short as when they were built and
+profile turns off and a session budget without a limit are never in the Trainer; Lightning's dispatch per step stays as short as when they were built and
 switched off; the console names the guards that are on."""
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ DEFAULT = {
     "progress_bar",
     "run_report",
 }
-IDLE_ON_CPU = {"memory_monitor", "thermal_guard", "power_guard", "oom_backoff", "session_budget"}
+IDLE_ON_CPU = {"memory_monitor", "thermal_guard", "power_guard", "session_budget"}
 TRAIN_STEP_HOOKS = ("batch_start", "backward", "optimizer_step", "zero_grad", "train_batch_end")
 
 
@@ -74,10 +73,10 @@ def test_a_cpu_run_of_a_users_module_builds_only_the_guards_that_act(project, tm
     datamodule, model, plan, _ = build(cfg, None, tmp_path / "run")
     trainer, callbacks, _, guards = _make_trainer(cfg, plan, model, datamodule, TrustedGlobals())
     built = {type(cb) for cb in trainer.callbacks}
-    for idle in (MemoryMonitor, ThermalGuard, PowerGuard, OOMBackoff, SessionBudget):
+    for idle in (MemoryMonitor, ThermalGuard, PowerGuard, SessionBudget):
         assert idle not in built, idle.__name__
     assert len(callbacks) == len(DEFAULT - IDLE_ON_CPU) + 1  # + the monitored-metric check
-    assert guards == "guards: graceful stop, nonfinite"
+    assert guards == "guards: graceful stop, nonfinite, OOM backoff"  # it cuts the user's loader
 
     profiler = CountsCallbackHooks()
     trainer.profiler = profiler
@@ -87,27 +86,29 @@ def test_a_cpu_run_of_a_users_module_builds_only_the_guards_that_act(project, tm
         for action, n in profiler.calls.items()
         if action.endswith(TRAIN_STEP_HOOKS) and "validation" not in action
     )
-    # 10 calls a step, as when the idle guards were built and their hooks taken off (the stop
-    # queue's on_train_batch_end among them); 60 if Lightning's empty hooks were dispatched too
-    assert per_step / trainer.global_step <= 10, profiler.calls
+    # 11 calls a step: the 10 of the guards that acted before (the stop queue's among them) and
+    # the OOM backoff's, which now acts on a user's module; 60 with Lightning's empty hooks too
+    assert per_step / trainer.global_step <= 11, profiler.calls
 
 
 def test_an_apple_profile_builds_the_laptop_guards_and_a_setting_turns_one_off(project, tmp_path):
     model = importlib.import_module("mytask").MLPModule()
     built = build_callbacks(user_run(project, tmp_path, "hardware=m2_air").callbacks, model)
-    assert DEFAULT - {"oom_backoff", "session_budget"} == set(built)
+    assert DEFAULT - {"session_budget"} == set(built)
     assert isinstance(built["thermal_guard"], ThermalGuard)
     line = guards_line(built)
-    assert line == "guards: graceful stop, nonfinite, memory, thermal, power"
+    assert line == "guards: graceful stop, nonfinite, memory, thermal, power, OOM backoff"
     off = user_run(project, tmp_path, "hardware=m2_air", "callbacks.power_guard.enabled=false")
     assert "power_guard" not in build_callbacks(off.callbacks, model)
 
 
-def test_a_session_limit_and_a_chunked_module_build_their_guards(project, tmp_path):
+def test_a_session_limit_builds_its_guard_and_a_setting_turns_the_oom_backoff_off(
+    project, tmp_path
+):
     cfg = user_run(project, tmp_path, "hardware=cpu", "callbacks.session_budget.max_epochs=2")
     built = build_callbacks(cfg.callbacks, ChunkedModel())
     assert built["session_budget"].max_epochs == 2
-    assert isinstance(built["oom_backoff"], OOMBackoff)  # it has a chunked backward to halve
+    assert isinstance(built["oom_backoff"], OOMBackoff)
     assert guards_line(built) == "guards: graceful stop, nonfinite, OOM backoff, session budget"
     off = user_run(project, tmp_path, "hardware=cpu", "callbacks.oom_backoff.enabled=false")
     assert "oom_backoff" not in build_callbacks(off.callbacks, ChunkedModel())

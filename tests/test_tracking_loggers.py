@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,8 @@ from laptrain.config import plugin_extras
 from laptrain.config.check import ConfigError
 from laptrain.config.plugin_extras import MissingExtra, check_config_extras, check_plugin_extras
 from laptrain.loggers import resume, tracking
-from tests.conftest import CONF, compose_train, tiny_classifier_job
+from laptrain.run_folder.lock import LOCK_NAME, hold_run_folder, release_run_folder
+from tests.conftest import CONF, TRAIN, compose_train, tiny_classifier_job
 from tests.in_process import train_here
 from tests.wandb_records import run_view
 
@@ -279,3 +283,84 @@ def test_train_py_with_wandb_online_and_no_key_refuses_in_one_line_before_writin
         "(WANDB_API_KEY, or `wandb login`); set one, or leave the mode unset to log offline"
     ]
     assert not (tmp_path / "outputs").exists()
+
+
+def test_torchrun_with_mlflow_on_a_fresh_folder_trains_and_logs_one_run(tmp_path, monkeypatch):
+    """torchrun starts both ranks at once; each one opening the new SQLite store ran MLflow's
+    migrations twice at the same time (``OperationalError``): one rank died, the other waited for
+    it. Only rank 0 builds the tracking loggers."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = [
+        *job(tmp_path),
+        "trainer.max_steps=2",
+        "test=false",
+        "trainer=ddp_cpu",
+        "trainer.strategy=ddp",
+        "logger=mlflow",
+        "run_name=ranks",
+    ]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run(
+        [*launcher, str(TRAIN), *args],
+        cwd=tmp_path,
+        env={**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    run = tmp_path / "outputs" / "ranks"
+    _, (only,) = mlflow_runs(f"sqlite:///{run}/mlflow.db")
+    assert only.data.params["trainer/max_steps"] == "2" and only.data.metrics["val/acc"] >= 0
+
+
+def test_credentials_in_the_config_reach_no_tracker_and_no_file_laptrain_writes(
+    tmp_path, monkeypatch, no_network
+):
+    """A token given as an option and a URI with its login were copied whole into TensorBoard's
+    and CSV's hparams.yaml, MLflow's params, the run report's resume command and the lock file."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = [
+        *job(tmp_path),
+        "trainer.max_steps=2",
+        "logger=[tensorboard,csv,mlflow]",
+        "run_name=secret",
+        "+hub.hf_token=hf_SeCrEt1",
+        "+hub.mirror=https://me:hunter2@hub.example.com/models",
+        "+hub.pad_token=PAD",  # a token of the vocabulary, no credential
+    ]
+    done = train_here(args, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "outputs" / "secret"
+    written = [p for p in run.rglob("*") if p.is_file() and ".hydra" not in p.parts]
+    leaks = [p for p in written if b"hf_SeCrEt1" in p.read_bytes() or b"hunter2" in p.read_bytes()]
+    assert leaks == []  # mlflow.db included; only Hydra's own .hydra/ keeps the command
+    (board,) = run.glob("tensorboard/**/hparams.yaml")
+    assert (
+        "hf_token: '***'" in board.read_text()
+        and "https://***@hub.example.com" in board.read_text()
+    )
+    _, (only,) = mlflow_runs(f"sqlite:///{run}/mlflow.db")
+    assert only.data.params["hub/hf_token"] == "***"
+    assert only.data.params["hub/pad_token"] == "PAD"
+    report = json.loads((run / "report.json").read_text())
+    assert "+hub.hf_token=***" in report["checkpoint"]["resume"]
+    held = tmp_path / "held"
+    hold_run_folder(held, ["train.py", "+hub.hf_token=hf_SeCrEt1"])
+    try:
+        assert json.loads((held / LOCK_NAME).read_text())["command"] == "train.py +hub.hf_token=***"
+    finally:
+        release_run_folder(held)
+
+
+def test_a_tracking_uri_with_a_login_is_kept_without_it_and_still_continues_its_run(tmp_path):
+    class Run:
+        run_id = "abc"
+
+    uri = "https://me:hunter2@mlflow.example.com"
+    section = compose_train(["logger=mlflow", f"logger.mlflow.tracking_uri={uri}"]).logger
+    resume.remember(section, [Run()], tmp_path)
+    kept = json.loads((tmp_path / resume.TRACKING_FILE).read_text())["mlflow"]
+    assert kept == {"run_id": "abc", "tracking_uri": "https://***@mlflow.example.com"}
+    resume.with_stored_ids(section, tmp_path)
+    assert section.mlflow.run_id == "abc"

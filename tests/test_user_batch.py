@@ -5,6 +5,7 @@ item 3)."""
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import re
 import types
@@ -163,8 +164,8 @@ def test_train_py_gives_the_profiles_batch_to_a_user_datamodule(tmp_path, monkey
     )
     assert "done at global step 30" in out  # 240 training rows / 8: the loader got the batch
     assert "test: acc" in out
-    # one line names the guards built; the OOM backoff, with nothing to halve, is not one of them
-    assert "guards: graceful stop, nonfinite\n" in out
+    # one line names the guards built; the OOM backoff cuts its map-style loader, and says nothing
+    assert "guards: graceful stop, nonfinite, OOM backoff\n" in out
     assert "oom_backoff" not in out + done.stderr and "UserWarning" not in done.stderr
 
 
@@ -193,3 +194,32 @@ def test_train_py_gives_an_auto_batch_to_a_user_datamodule(tmp_path, monkeypatch
     assert found, done.stdout[-3000:]
     steps = math.ceil(240 / int(found.group(1)))  # 240 training rows, one epoch
     assert f"done at global step {steps}" in done.stdout
+
+
+def test_train_py_backs_off_a_user_module_s_oom_and_trains_to_its_last_step(tmp_path, monkeypatch):
+    """issue 48, item 3: an injected out-of-memory error in MLPModule's forward at step 3, for
+    batches over 4 rows. Before, it ended the run; now the loader's batch is cut to 4 and
+    accumulated twice, and the epoch ends at the step it would have."""
+    project = write_user_project(tmp_path / "project")
+    oom = ["+callbacks.oom._target_=tests.oom_at.OutOfMemoryAbove", "+callbacks.oom.step=3"]
+    done = train_user(
+        [
+            "model=mlp",
+            "data=blobs",
+            *FAST,
+            "hardware.batch_size=8",
+            "data.batch_size=from_profile",
+            *oom,
+            "+callbacks.oom.fits=4",
+            *user_args(project),
+        ],
+        tmp_path,
+        project,
+        monkeypatch,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "done at global step 30" in done.stdout  # 240 rows / 8, as without the error
+    said = done.stdout + done.stderr
+    assert "oom_backoff: out of memory in step 3 with micro-batch 8; retrying with 4" in said
+    report = json.loads((tmp_path / "outputs" / "mlp-blobs" / "report.json").read_text())
+    assert [(e["step"], e["from"], e["to"]) for e in report["oom"]["events"]] == [(3, 8, 4)]

@@ -11,6 +11,7 @@ import pytest
 
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.config.check import TargetNotFound, _locate, _role_problem
+from laptrain.job import run
 from tests.conftest import quiet_trainer
 from tests.in_process import train_here
 from tests.user_style import FAST, user_args, user_env, write_user_project
@@ -196,3 +197,29 @@ def test_a_user_target_run_from_outside_the_clone_says_where_to_run_it(monkeypat
     )
     with pytest.raises(TargetNotFound, match=r"^there is no user package on the import path: run "):
         _locate("user.my_task.model.MyTaskModule")
+
+
+def test_a_module_s_own_fused_adamw_is_refused_where_fused_trains_wrongly(
+    tmp_path, project, monkeypatch
+):
+    """``trainer=fsdp`` at 16-mixed on GPUs, stood in for on this CPU: a config key cannot reach
+    the optimizer a module builds itself, and its ``AdamW(fused=True)`` let the ranks' loss scales
+    drift apart with no error. The optimizer the module built is what is checked."""
+    mytask = project / "mytask.py"
+    mytask.write_text(
+        mytask.read_text().replace(
+            "torch.optim.Adam(self.parameters(), lr=self.hparams.lr)",
+            "torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, fused=True)",
+        )
+    )
+    monkeypatch.setattr(run, "fused_optimizer_unsafe", lambda kind, precision, sharded: True)
+    args = [*user_args(project), *FAST, "model=mlp", "data=blobs"]
+    line = refused(train_user(args, tmp_path, project, monkeypatch))
+    assert line == (
+        "error: MLPModule.configure_optimizers builds AdamW(fused=True) with 16-mixed under FSDP: "
+        "Lightning leaves a fused optimizer's unscale to its kernel, so the ranks never share an "
+        "overflow and their loss scales drift apart (docs/hardware.md §3): build it with "
+        "fused=False"
+    )
+    assert not checkpoints(tmp_path / "outputs")
+    assert not [p for p in (tmp_path / "outputs").iterdir() if p.name != "multirun"]

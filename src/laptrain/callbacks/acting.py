@@ -2,8 +2,8 @@
 
 Lightning calls every per-batch hook of every callback at every step, whether it does anything or
 not (``_call_callback_hooks``, lightning/pytorch/trainer/call.py). So an entry with ``enabled:
-false`` (the laptop guards follow ``hardware.guards``), a session budget without a limit and the
-OOM backoff for a module that does not back-propagate in chunks are not built at all.
+false`` (the laptop guards follow ``hardware.guards``) and a session budget without a limit are
+not built at all.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import lightning.pytorch as pl
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.callbacks.contracts import BackPropagatesInChunks
-from laptrain.callbacks.oom_backoff import OOMBackoff
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.config.check import BUILD_SWITCH
 
@@ -42,8 +40,6 @@ def acts(spec: Mapping[str, Any], model: Any) -> bool:
     target = get_object(spec["_target_"])
     if isinstance(target, type) and issubclass(target, SessionBudget):
         return spec.get("max_minutes") is not None or spec.get("max_epochs") is not None
-    if isinstance(target, type) and issubclass(target, OOMBackoff):
-        return isinstance(model, BackPropagatesInChunks)
     return True
 
 

@@ -14,6 +14,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from laptrain.callbacks.contracts import BackPropagatesInChunks, VersionedState
+from laptrain.callbacks.smaller_loader import (
+    cut_loader,
+    cuttable_loader,
+    optimizers_cleared,
+    smaller_divisor,
+)
 from laptrain.hardware.probe import DeviceProbe, probe_for
 from laptrain.ranks.processes import wraps_the_module
 
@@ -42,7 +48,11 @@ class OOMBackoff(VersionedState, Callback):
     callback and a module whose ``training_step`` goes through ``ChunkedBackward``
     (``laptrain.model.chunked_backward``), an OOM frees memory, halves the micro-batch and
     retries only the failed part of the batch: the effective batch, the optimizer-step count and the
-    samples seen are those of an uninterrupted run. The micro-batch is kept in the checkpoint, so a
+    samples seen are those of an uninterrupted run. Any other module (Lightning's own backward)
+    gets the same from its train loader: the optimizer step the OOM interrupted starts over on
+    batches half as large (or a smaller divisor), accumulated twice as often
+    (``laptrain.callbacks.smaller_loader``); that needs the map-style loader laptrain rebuilds, and
+    where it cannot hold the run report says so. The micro-batch is kept in the checkpoint, so a
     resumed run starts with the size that fits. At micro-batch 1 it gives up with what to change.
 
     Args:
@@ -77,6 +87,7 @@ class OOMBackoff(VersionedState, Callback):
         self.events: list[dict[str, Any]] = []
         self.batch_size, self.chunks = 0, 0
         self._last_step, self._pending = -1, False
+        self.not_applied: str | None = None  # why a module's OOM ends the run (the report says)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -91,18 +102,60 @@ class OOMBackoff(VersionedState, Callback):
         elif self.micro_batch is not None:
             rank_zero_info(f"oom_backoff: resuming with micro-batch {self.micro_batch}")
 
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A module with Lightning's own backward: the train loader is cut on an OOM."""
+        if not self.enabled or isinstance(pl_module, BackPropagatesInChunks):
+            return
+        loader = cuttable_loader(trainer)
+        if self.not_applied is None and (not pl_module.automatic_optimization or loader is None):
+            self.not_applied = (
+                f"{type(pl_module).__name__} optimizes manually"
+                if loader is not None
+                else "its train loader is not one laptrain rebuilt (an IterableDataset, or a "
+                "sampler of its own), so it cannot be cut mid-epoch"
+            ) + ": an out-of-memory error ends the run"
+        if self.not_applied or loader is None:  # (set at fit start under DDP / FSDP)
+            self.on_train_batch_end = None  # type: ignore[assignment]  # off Lightning's dispatch
+            return
+        if self.micro_batch is not None and self.micro_batch < loader.batch_size:
+            cut_loader(trainer, self.micro_batch, resumed=True)
+            self.batch_size, self.chunks = self.micro_batch, 1
+        loop = trainer.fit_loop.epoch_loop
+        advance = loop.advance
+
+        def advance_or_back_off(data_fetcher: Any) -> None:
+            while True:
+                failure = None
+                try:
+                    return advance(data_fetcher)
+                except Exception as exc:  # only out-of-memory errors are kept
+                    if not is_oom(exc):
+                        raise
+                    failure = f"{type(exc).__name__}: {exc}"
+                self.cut_after_oom(failure, trainer)  # outside except: the batch is freed
+
+        loop.advance = advance_or_back_off
+
+    def cut_after_oom(self, failure: str, trainer: pl.Trainer) -> None:
+        """Start the interrupted optimizer step over on smaller batches of the train loader."""
+        optimizers_cleared(trainer)
+        size = cuttable_loader(trainer).batch_size
+        new = self.handle_oom(failure, size, trainer, smaller_divisor(size) if size > 1 else 1)
+        cut_loader(trainer, new)
+        self.batch_size, self.chunks = new, 1
+
     def inactive_because(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | None:
         """The one console line saying why out-of-memory errors end this run, or None when the
-        backoff applies (said once at start: a plain module is a supported choice, not a fault)."""
+        backoff applies or a module's loader decides it (laptrain.callbacks.smaller_loader)."""
         if not self.enabled:
             return None
         if not isinstance(pl_module, BackPropagatesInChunks):
-            return (
-                f"oom_backoff: does not apply to {type(pl_module).__name__} (an out-of-memory "
-                "error ends the run); it applies to a module that inherits "
-                "laptrain.model.chunked_backward.ChunkedBackward and calls "
-                "self.chunked_backward(batch, loss_fn) in training_step"
-            )
+            if wraps_the_module(trainer.strategy):
+                self.not_applied = (
+                    f"under {type(trainer.strategy).__name__} an out-of-memory error ends the run"
+                )
+            return None
         if wraps_the_module(trainer.strategy):
             return (
                 "oom_backoff: inactive with more than one process (DDP refuses a backward inside "
@@ -127,8 +180,11 @@ class OOMBackoff(VersionedState, Callback):
             raise ValueError(f"oom_backoff: the chunk divisor must be >= 1, got {divisor}")
         self.chunk_divisor = divisor
 
-    def handle_oom(self, message: str, size: int, trainer: pl.Trainer) -> int:
-        """Free memory after an OOM on ``size`` samples; return the new micro-batch."""
+    def handle_oom(
+        self, message: str, size: int, trainer: pl.Trainer, new: int | None = None
+    ) -> int:
+        """Free memory after an OOM on ``size`` samples; return the new micro-batch (``new``, or
+        half of ``size``)."""
         gc.collect()
         self.probe.empty_cache()
         first_line = message.splitlines()[0][:300]
@@ -136,7 +192,7 @@ class OOMBackoff(VersionedState, Callback):
             raise RuntimeError(
                 f"oom_backoff: out of memory at micro-batch 1; {GIVE_UP_HINT}. {first_line}"
             )
-        new = math.ceil(size / 2)
+        new = math.ceil(size / 2) if new is None else new
         self.micro_batch = min(self.micro_batch or size, new)
         step = trainer.global_step + 1  # the optimizer step being computed, as loggers number it
         self.events.append({"step": step, "from": size, "to": new, "error": first_line})
@@ -182,6 +238,7 @@ class OOMBackoff(VersionedState, Callback):
             else self.micro_batch,
             "chunks_per_batch": self.chunks,
             "events": self.events,
+            **({"not_applied": self.not_applied} if self.not_applied else {}),
         }
 
     def saved_state(self) -> dict[str, Any]:

@@ -117,6 +117,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     for title, events in (
         ("cooling breaks", report.get("thermal", {}).get("events", [])),
         ("OOM backoffs", report.get("oom", {}).get("events", [])),
+        ("OOM backoff", [s] if (s := report.get("oom", {}).get("not_applied")) else []),
         ("battery pauses and stops", report.get("power", {}).get("events", [])),
         ("NaN guard stop", [s] if (s := report.get("nonfinite", {}).get("stop")) else []),
     ):

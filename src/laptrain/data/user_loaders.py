@@ -112,6 +112,15 @@ def resumable_train_loader(
     return ResumableDataLoader(loader.dataset, sampler=order, **_settings(loader, rank)), ""
 
 
+def resized_loader(loader: ResumableDataLoader, batch_size: int, skip: int) -> ResumableDataLoader:
+    """``loader`` with batches of ``batch_size``, over the same order, starting ``skip`` indices
+    into this epoch (laptrain.callbacks.smaller_loader)."""
+    loader.sampler.skip = skip
+    return ResumableDataLoader(
+        loader.dataset, sampler=loader.sampler, **{**_settings(loader, 0), "batch_size": batch_size}
+    )
+
+
 def _settings(loader: DataLoader, rank: int) -> dict[str, Any]:
     """Every setting of ``loader`` but its order. Workers with no ``worker_init_fn`` of the user's
     get laptrain's, which leaves Ctrl-C and SIGTERM to the main process (data/workers.py), and a

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from laptrain.checkpoints.files import load_state
 from laptrain.checkpoints.trusted import TrustedGlobals
+from laptrain.config.secrets import masked
 
 METRICS_FILE = "metrics.json"
 
@@ -115,7 +116,7 @@ def hparams_row(
     row["parameters"] = int(sum(p.numel() for p in model.parameters()))
     row["profile"] = str(plan.profile)
     row["seed"] = int(cfg.seed)
-    return row
+    return masked(row)
 
 
 def log_hparams(

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.acting import build_callbacks, guards_line, without_lightning_no_ops
 from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.callbacks.fused_optimizer_check import FusedOptimizerCheck
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.checkpoints.files import checkpoint_plugins, weights_only_under_fsdp
 from laptrain.checkpoints.resume import (
@@ -39,6 +40,7 @@ from laptrain.checkpoints.stop import use_last_checkpoint
 from laptrain.checkpoints.trusted import TrustedGlobals, trusted_globals
 from laptrain.config.batch_request import batch_request
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
+from laptrain.config.secrets import masked
 from laptrain.config.tree import print_config
 from laptrain.console import (
     best_checkpoint,
@@ -54,6 +56,7 @@ from laptrain.family import family_of
 from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
 from laptrain.hardware.probe import TorchProbe
+from laptrain.hardware.profile import fused_optimizer_unsafe
 from laptrain.job.datamodule_settings import build_datamodule, set_up
 from laptrain.job.hparams import best_score, final_metrics, hp_keys, log_hparams
 from laptrain.job.plan import RunPlan, build_run_plan, planned_datamodule
@@ -61,6 +64,7 @@ from laptrain.launch.device import (
     RunDevice,
     decide_device,
     device_count,
+    fused_risk,
     job_device,
     without_unsafe_fused,
 )
@@ -71,6 +75,7 @@ from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
 from laptrain.preflight.budget import capacity_budget, device_budget
+from laptrain.ranks.environment import extra_rank
 from laptrain.ranks.processes import asked_devices, shards_model_state
 from laptrain.run_folder.listing import resume_command
 from laptrain.run_folder.lock import hold_run_folder, made_here, release_run_folder
@@ -311,17 +316,21 @@ def _make_trainer(
     sampler and a resumable train loader."""
     built = build_callbacks(cfg.get("callbacks"), model)
     # MLflow / W&B: the run folder's tracking runs continued, W&B offline without a key
-    section = prepared_loggers(cfg.get("logger"), Path(cfg.paths.output_dir))
+    folder = Path(cfg.paths.output_dir)
+    section = prepared_loggers(cfg.get("logger"), folder, tracked=not extra_rank())
     loggers = _instantiate_all(section)
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         built = {k: cb for k, cb in built.items() if not isinstance(cb, LearningRateMonitor)}
     callbacks = [*built.values(), MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model)]
+    sharded = shards_model_state(cfg.trainer.get("strategy"))
+    if fused_optimizer_unsafe(plan.device, plan.precision, sharded):  # the module's own optimizer
+        callbacks.append(FusedOptimizerCheck(fused_risk(plan.device)))
     sampler = prepare_user_loaders(datamodule, cfg.trainer.get("use_distributed_sampler"))
     trainer = instantiate_trainer(
         cfg, plan, model, callbacks, loggers, trusted, use_distributed_sampler=sampler
     )
     if trainer.is_global_zero:
-        remember_tracking_runs(section, loggers, Path(cfg.paths.output_dir))
+        remember_tracking_runs(section, loggers, folder)
     return trainer, callbacks, loggers, guards_line(built)
 
 
@@ -382,10 +391,9 @@ def _announce(
         write_run_info(output_dir, plan, lines, env)
         if isinstance(datamodule, SavesArtifacts):
             datamodule.save_artifacts(output_dir)
+    config = masked({**OmegaConf.to_container(cfg, resolve=True), "plan": plan.trainer_kwargs()})
     for lg in loggers:
-        lg.log_hyperparams(
-            {**OmegaConf.to_container(cfg, resolve=True), "plan": plan.trainer_kwargs()}
-        )
+        lg.log_hyperparams(config)
 
 
 def _stopped(

@@ -29,16 +29,17 @@ from laptrain.hardware.profile import (
 )
 from laptrain.ranks.processes import asked_devices, rank_cuda_index, requested_devices
 
-UNFUSED_ON_MPS_FP16 = (
-    "model.optimizer.fused=false with 16-mixed on MPS: torch's fused Adam/AdamW on MPS ignored the "
-    "grad scaler's skip of overflowing steps before pytorch PR #186360, so one overflow would write "
-    "inf/NaN into the weights (docs/hardware.md §3)"
+FUSED_ON_MPS_FP16 = (
+    "with 16-mixed on MPS: torch's fused Adam/AdamW on MPS ignored the grad scaler's skip of "
+    "overflowing steps before pytorch PR #186360, so one overflow would write inf/NaN into the "
+    "weights (docs/hardware.md §3)"
 )
-UNFUSED_UNDER_FSDP_FP16 = (
-    "model.optimizer.fused=false with 16-mixed under FSDP: Lightning leaves a fused optimizer's "
-    "unscale to its kernel, so the ranks never share an overflow and their loss scales drift "
-    "apart (docs/hardware.md §3)"
+FUSED_UNDER_FSDP_FP16 = (
+    "with 16-mixed under FSDP: Lightning leaves a fused optimizer's unscale to its kernel, so the "
+    "ranks never share an overflow and their loss scales drift apart (docs/hardware.md §3)"
 )
+UNFUSED_ON_MPS_FP16 = f"model.optimizer.fused=false {FUSED_ON_MPS_FP16}"
+UNFUSED_UNDER_FSDP_FP16 = f"model.optimizer.fused=false {FUSED_UNDER_FSDP_FP16}"
 
 
 @dataclass(frozen=True)
@@ -188,5 +189,10 @@ def without_unsafe_fused(
     fused = isinstance(optimizer, Mapping) and bool(optimizer.get("fused"))
     if not fused or not fused_optimizer_unsafe(kind, precision, sharded):
         return model_cfg
-    say(UNFUSED_ON_MPS_FP16 if kind == "mps" else UNFUSED_UNDER_FSDP_FP16)
+    say(f"model.optimizer.fused=false {fused_risk(kind)}")
     return {**model_cfg, "optimizer": {**optimizer, "fused": False}}
+
+
+def fused_risk(kind: str) -> str:
+    """Why a fused Adam/AdamW trains wrongly where :func:`fused_optimizer_unsafe` says so."""
+    return FUSED_ON_MPS_FP16 if kind == "mps" else FUSED_UNDER_FSDP_FP16

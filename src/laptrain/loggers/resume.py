@@ -7,8 +7,8 @@ second run and W&B a second run id for every session. Here the ids are kept in t
 ``tracking.json`` (written atomically, by rank 0, once the runs exist) and passed back the next
 time: ``MLFlowLogger(run_id=...)``, ``WandbLogger(id=..., resume="allow")``.
 
-An MLflow id is passed back only to the store that made it (the same tracking URI): a resumed run
-pointed at another store starts a new run there. An id given in the config (``logger.mlflow.run_id``,
+An MLflow id is passed back only to the store that made it (the same tracking URI, kept without
+its ``user:password@``): a resumed run pointed at another store starts a new run there. An id given in the config (``logger.mlflow.run_id``,
 ``logger.wandb.id``) wins over the stored one.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from laptrain.config.secrets import without_login
 from laptrain.files import write_text_atomic
 
 TRACKING_FILE = "tracking.json"
@@ -96,7 +97,7 @@ def remember(section: Any, loggers: list[Any], folder: Path) -> None:
 
 def _resolved(node: DictConfig, key: str) -> Any:
     value = OmegaConf.select(node, key, default=None)
-    return str(value) if value is not None else None
+    return without_login(str(value)) if value is not None else None
 
 
 def _real_wandb_run(logger: Any) -> bool:

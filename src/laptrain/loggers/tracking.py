@@ -16,6 +16,10 @@ Gaps it fills:
 - Text no tracker got: Lightning's logger API takes numbers and hyperparameters, so the path of the
   best checkpoint reached none. :func:`log_text` puts it in the MLflow run's tags and the W&B run's
   summary (laptrain.callbacks.run_report calls it at the end of fit).
+- A store opened by every rank: torchrun and srun start all ranks at once, and each one building
+  MLFlowLogger opened (and, on a fresh folder, created and migrated) the SQLite store at the same
+  time: one rank died on ``OperationalError`` and the others waited for it until the timeout.
+  Only global rank 0 logs to a tracker, so only rank 0 builds the MLflow and W&B loggers.
 """
 
 from __future__ import annotations
@@ -98,19 +102,25 @@ def check_wandb_modes(section: Any, environ: Mapping[str, str] = os.environ) -> 
 
 
 def prepared(
-    section: Any, folder: Path, environ: dict[str, str] | os._Environ = os.environ
+    section: Any,
+    folder: Path,
+    environ: dict[str, str] | os._Environ = os.environ,
+    tracked: bool = True,
 ) -> DictConfig | None:
     """The ``logger`` section as the job builds it: resolved, with the ids of the run folder's
     MLflow / W&B runs (laptrain.loggers.resume), W&B's mode decided and MLflow's local artifacts
-    beside its store. Exports :data:`QUIET_ENV` first."""
+    beside its store; without MLflow and W&B unless ``tracked`` (False on a rank other than
+    global rank 0). Exports :data:`QUIET_ENV` first."""
     if not section:
         return None
     quiet_env(environ)
     built = OmegaConf.create(OmegaConf.to_container(section, resolve=True))
     resume.with_stored_ids(built, folder)
-    for name, node in resume.entries(built):
+    for name, node in list(resume.entries(built)):
         kind = resume.kind_of(node)
-        if kind == "wandb":
+        if kind is not None and not tracked:
+            del built[name]
+        elif kind == "wandb":
             configured = "offline" if node.get("offline") else node.get("mode")
             node.mode = wandb_mode(configured, environ, where=f"logger.{name}")
             node.offline = False  # True would set WANDB_MODE=dryrun for the whole process

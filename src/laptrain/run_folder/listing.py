@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from laptrain.checkpoints.last import run_last_checkpoint
+from laptrain.config.secrets import masked_argument
 from laptrain.run_folder.lock import LOCK_NAME, is_locked
 
 # where runs are written: conf/train.yaml's hydra.run.dir, outputs/<run_name> in the working folder
@@ -70,7 +71,11 @@ def resume_command(folder: str | Path) -> str | None:
         return None
     hydra = (_yaml(folder / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
     sweep = hydra.get("mode") == "MULTIRUN"
-    kept = [str(o) for o in overrides if str(o).split("=", 1)[0].lstrip("+~") not in _START_KEYS]
+    kept = [
+        masked_argument(str(o))
+        for o in overrides
+        if str(o).split("=", 1)[0].lstrip("+~") not in _START_KEYS
+    ]
     named = [str(o).split("=", 1)[1] for o in overrides if str(o).split("=", 1)[0] == "run_name"]
     # a sweep job's folder is <sweep folder>/<its overrides>; the sweep folder carries the name
     home = folder.parent if sweep else folder

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from laptrain.config.secrets import masked_argument
 from laptrain.ranks.environment import extra_rank
 
 LOCK_NAME = ".laptrain.lock"
@@ -94,13 +95,15 @@ def launch_of(environ: Mapping[str, str] | None = None) -> str | None:
 
 def _record_holder(command: list[str] | None) -> Callable[[int], None]:
     """filelock's ``on_acquired``: write who holds the folder into the lock file, for the line a
-    second process prints. Only into a native lock's descriptor (re-locking it succeeds): with
-    filelock's pid-marker fallback the file is filelock's own record and is left alone."""
+    second process prints, credentials masked (laptrain.config.secrets). Only into a native lock's
+    descriptor (re-locking it succeeds): with filelock's pid-marker fallback the file is filelock's
+    own record and is left alone."""
+    argv = command if command is not None else sys.argv
     info = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "started": time.time(),
-        "command": " ".join(command if command is not None else sys.argv)[:300],
+        "command": " ".join(map(masked_argument, argv))[:300],
         "launch": launch_of(),
     }
 

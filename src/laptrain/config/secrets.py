@@ -1,0 +1,58 @@
+"""Credentials kept out of what laptrain writes: the trackers' copy of the config, ``tracking.json``,
+the run report's resume command and the run folder's lock file.
+
+Gap it fills: the whole resolved config goes to TensorBoard/CSV ``hparams.yaml``, MLflow's params
+and W&B's config, so a token given as an option (``+model.hf_token=...``) or a tracking URI with
+its login (``MLFLOW_TRACKING_URI=https://user:password@host``) ended up in files and servers that
+are shared more widely than the shell it was typed in. Here a value whose key is named like a
+credential becomes :data:`MASK`, and a URI keeps its scheme and host without its ``user:password@``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MASK = "***"
+# a key named like a credential: password, secret, api_key, hf_token, ...; not pad_token or
+# text_key, which name a token or a column
+SECRET_NAME = re.compile(
+    r"(^|_)(password|passwd|secret|credentials?)(_|$)"
+    r"|^(token|key)$|(^|_)(api|access|auth|hf|hub|github|private|bearer|refresh|session|tracking)"
+    r"_?(token|key)$",
+    re.IGNORECASE,
+)
+URI_LOGIN = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@]+@", re.IGNORECASE)
+
+
+def secret_name(key: str) -> bool:
+    """Whether a config key (its last part: ``model.hf_token`` -> ``hf_token``) names a
+    credential."""
+    return bool(SECRET_NAME.search(key.rsplit(".", 1)[-1].lstrip("+~")))
+
+
+def without_login(text: str) -> str:
+    """``text`` with the ``user:password@`` of each URI in it replaced by ``***@``."""
+    return URI_LOGIN.sub(rf"\1{MASK}@", text)
+
+
+def masked(value: Any) -> Any:
+    """A copy of a config container (dicts, lists, scalars) with credentials masked: values of
+    keys named like one, and URI logins in every string."""
+    if isinstance(value, dict):
+        return {
+            k: MASK if secret_name(str(k)) and value[k] not in (None, "") else masked(value[k])
+            for k in value
+        }
+    if isinstance(value, list | tuple):
+        return [masked(v) for v in value]
+    return without_login(value) if isinstance(value, str) else value
+
+
+def masked_argument(argument: str) -> str:
+    """A command-line argument or Hydra override with its credential masked:
+    ``+model.hf_token=hf_abc`` -> ``+model.hf_token=***``."""
+    key, equals, value = argument.partition("=")
+    if equals and value and secret_name(key):
+        return f"{key}={MASK}"
+    return without_login(argument)
