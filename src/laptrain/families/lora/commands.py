@@ -102,13 +102,21 @@ def _add_load_options(parser: argparse.ArgumentParser, export: bool = False) -> 
     )
 
 
+WHERE = "a LoRA run as `laptrain runs` names it, its folder, or an adapter folder"
+
+
 def add_commands(commands: Any) -> None:
     """``laptrain export``, ``generate`` and ``eval`` in the CLI's parser."""
-    where = "a LoRA run as `laptrain runs` names it, its folder, or an adapter folder"
+    _add_export(commands)
+    _add_generate(commands)
+    _add_eval(commands)
+
+
+def _add_export(commands: Any) -> None:
     export = commands.add_parser(
         "export", help="merge a LoRA adapter into its base model (a transformers folder or a GGUF)"
     )
-    add_run_argument(export, where, "path")
+    add_run_argument(export, WHERE, "path")
     export.add_argument(
         "--out",
         help="output folder (default: <run>/merged, or <run>/gguf-<quant> with --format gguf)",
@@ -132,8 +140,11 @@ def add_commands(commands: Any) -> None:
         help="with --format gguf: f16, q8_0 or q4_0 (default: f16)",
     )
     _add_load_options(export, export=True)
+
+
+def _add_generate(commands: Any) -> None:
     gen = commands.add_parser("generate", help="reply to a prompt with a LoRA (or merged) model")
-    add_run_argument(gen, f"{where}, or a merged model folder", "path")
+    add_run_argument(gen, f"{WHERE}, or a merged model folder", "path")
     gen.add_argument("--prompt", required=True, help="the user's message (required)")
     gen.add_argument(
         "--system", default=None, help="system prompt (default: none, the chat template's own)"
@@ -145,11 +156,14 @@ def add_commands(commands: Any) -> None:
         "--temperature", type=float, default=0.0, help="sampling temperature, 0: greedy"
     )
     _add_load_options(gen)
+
+
+def _add_eval(commands: Any) -> None:
     ev = commands.add_parser(
         "eval",
         help="masked loss/perplexity of base vs adapter on a file; DPO metrics on preference pairs",
     )
-    add_run_argument(ev, where, "path")
+    add_run_argument(ev, WHERE, "path")
     ev.add_argument(
         "--data", required=True, help="JSONL/CSV/Parquet rows as in training (required)"
     )

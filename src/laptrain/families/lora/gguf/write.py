@@ -65,6 +65,49 @@ def refuse_non_lora(path: Path) -> None:
         )
 
 
+def _write_files(
+    folder: Path,
+    model: Any,
+    tokenizer: Any,
+    tensors: tuple[Any, list[Any]],
+    quant: str,
+    name: str,
+    eot: str | None,
+    text: str,
+) -> None:
+    """``folder/model.gguf`` (metadata, vocabulary, the tensor infos, then each tensor encoded and
+    written in turn) and ``folder/Modelfile``."""
+    import gguf
+
+    state, planned = tensors
+    config = model.config
+    folder.mkdir(parents=True)
+    path = folder / GGUF_NAME
+    writer = gguf.GGUFWriter(str(path), "llama")
+    rope_freqs = llama_metadata.add_llama_metadata(
+        writer, config, name, llama_tensors.file_type_of(quant)
+    )
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    vocab.add_tokenizer(writer, tokenizer, int(config.vocab_size), eot)
+    if rope_freqs is not None:
+        writer.add_tensor_info(
+            "rope_freqs.weight", rope_freqs.shape, rope_freqs.dtype, rope_freqs.nbytes
+        )
+    for gguf_name, shape, qtype in planned:  # the infos first, the data streamed after them
+        nbytes = llama_tensors.written_bytes(shape, qtype)
+        writer.add_tensor_info(gguf_name, shape, np.float32, nbytes, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    if rope_freqs is not None:
+        writer.write_tensor_data(rope_freqs)
+    for _, data, qtype in llama_tensors.llama_tensors(state, config, quant):
+        writer.write_tensor_data(llama_tensors.encode(data, qtype))
+    writer.close()
+    fsync_file(path)
+    (folder / MODELFILE).write_text(text)
+
+
 def write_gguf(
     model: Any,
     tokenizer: Any,
@@ -77,7 +120,6 @@ def write_gguf(
     ``target/model.gguf`` and ``target/Modelfile`` (its stops: the chat template's end-of-turn
     token and EOS), the tensors encoded and written one at a time; every check runs before
     anything is written."""
-    import gguf
 
     from laptrain.families.lora.instructions import end_of_turn
 
@@ -95,34 +137,9 @@ def write_gguf(
     size = sum(llama_tensors.written_bytes(shape, qtype) for _, shape, qtype in planned)
     (free_check or target.check_space)(size)
 
-    def write(folder: Path) -> None:
-        folder.mkdir(parents=True)
-        path = folder / GGUF_NAME
-        writer = gguf.GGUFWriter(str(path), "llama")
-        rope_freqs = llama_metadata.add_llama_metadata(
-            writer, config, name, llama_tensors.file_type_of(quant)
-        )
-        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        vocab.add_tokenizer(writer, tokenizer, int(config.vocab_size), eot)
-        if rope_freqs is not None:
-            writer.add_tensor_info(
-                "rope_freqs.weight", rope_freqs.shape, rope_freqs.dtype, rope_freqs.nbytes
-            )
-        for gguf_name, shape, qtype in planned:  # the infos first, the data streamed after them
-            nbytes = llama_tensors.written_bytes(shape, qtype)
-            writer.add_tensor_info(gguf_name, shape, np.float32, nbytes, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        if rope_freqs is not None:
-            writer.write_tensor_data(rope_freqs)
-        for _, data, qtype in llama_tensors.llama_tensors(state, config, quant):
-            writer.write_tensor_data(llama_tensors.encode(data, qtype))
-        writer.close()
-        fsync_file(path)
-        (folder / MODELFILE).write_text(text)
-
-    folder = target.write(write)
+    folder = target.write(
+        lambda out: _write_files(out, model, tokenizer, (state, planned), quant, name, eot, text)
+    )
     file = folder / GGUF_NAME
     return GgufExport(folder=folder, file=file, bytes=file.stat().st_size, quant=quant)
 
