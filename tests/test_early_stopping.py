@@ -1,0 +1,80 @@
+"""Early stopping (conf/callbacks/early_stopping.yaml, laptrain.callbacks.early_stopping) through
+`python train.py`: off until patience is set, stops a run exit 0 with the report and `laptrain runs`
+saying where, and a run stopped by a signal and rerun stops where a run never stopped stops, on the
+same best checkpoint (torch.equal weights). ``min_delta=1`` makes the first validation the only
+improvement an accuracy can make, so the stop is known in advance: patience 2 stops in epoch 3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from laptrain.run_folder.listing import run_state
+from tests.test_exact_resume import classifier_args, load, run_ok, signal_at
+
+EARLY = ["callbacks.early_stopping.patience=2", "callbacks.early_stopping.min_delta=1"]
+
+
+def best_weights(run: Path) -> dict:
+    (best,) = (run / "checkpoints").glob("best-*.ckpt")
+    return load(best)["state_dict"]
+
+
+def test_off_until_patience_is_set(tmp_path):
+    out = run_ok(
+        classifier_args(
+            tmp_path, "trainer.max_epochs=3", "callbacks.early_stopping.min_delta=1", "run_name=off"
+        ),
+        tmp_path,
+    )
+    run = tmp_path / "outputs" / "off"
+    assert "stopped early" not in out
+    assert load(run / "checkpoints" / "last.ckpt")["global_step"] == 36  # 3 epochs of 12 steps
+
+
+STOPS = {
+    # SIGTERM in epoch 2 (step 18): saved there, exit 143
+    "sigterm": (signal_at("SIGTERM", step=18), 143, 18),
+    # killed in epoch 2 (step 14): nothing saves; last.ckpt is epoch 1's, written at its validation,
+    # which must hold that validation's check (Lightning checks at epoch end, after that save)
+    "kill": (
+        ["+callbacks.kill._target_=tests.signal_at.KillAt", "+callbacks.kill.step=14"],
+        -9,
+        12,
+    ),
+}
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_a_stopped_run_rerun_stops_early_where_one_never_stopped_does(tmp_path, stop):
+    args = classifier_args(
+        tmp_path,
+        "trainer.max_epochs=6",
+        "callbacks.model_checkpoint.save_top_k=1",
+        *EARLY,
+    )
+    run_ok([*args, "run_name=straight"], tmp_path)
+    straight = tmp_path / "outputs" / "straight"
+    report = json.loads((straight / "report.json").read_text())
+    line = "stopped early at epoch 3 (best val/acc"
+    assert report["run"]["status"].startswith(f"finished: {line}")
+    assert report["run"]["status"].endswith(" at epoch 1)")
+    assert run_state(straight).status.startswith(f"done: {line}")
+    assert load(straight / "checkpoints" / "last.ckpt")["global_step"] == 36
+
+    stopper, code, saved = STOPS[stop]
+    run_ok([*args, "run_name=cut", *stopper], tmp_path, code)
+    cut = tmp_path / "outputs" / "cut"
+    assert load(cut / "checkpoints" / "last.ckpt")["global_step"] == saved
+    run_ok([*args, "run_name=cut"], tmp_path)
+    assert load(cut / "checkpoints" / "last.ckpt")["global_step"] == 36
+    for key, weights in best_weights(straight).items():
+        assert torch.equal(weights, best_weights(cut)[key]), key
+    assert json.loads((cut / "report.json").read_text())["run"]["status"] == report["run"]["status"]
+
+    # the same command again: the run stays stopped (Lightning would train epochs 4-6)
+    run_ok([*args, "run_name=cut"], tmp_path)
+    assert load(cut / "checkpoints" / "last.ckpt")["global_step"] == 36
