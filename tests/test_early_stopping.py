@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from laptrain.run_folder.listing import run_state
+from tests.in_process import train_here
 from tests.test_exact_resume import classifier_args, load, run_ok, signal_at
 
 EARLY = ["callbacks.early_stopping.patience=2", "callbacks.early_stopping.min_delta=1"]
@@ -78,3 +79,20 @@ def test_a_stopped_run_rerun_stops_early_where_one_never_stopped_does(tmp_path, 
     # the same command again: the run stays stopped (Lightning would train epochs 4-6)
     run_ok([*args, "run_name=cut"], tmp_path)
     assert load(cut / "checkpoints" / "last.ckpt")["global_step"] == 36
+
+
+def test_a_watched_metric_the_module_never_logs_is_one_line_naming_those_it_logs(tmp_path):
+    """Before: Lightning's RuntimeError traceback from EarlyStopping at the first validation."""
+    args = classifier_args(
+        tmp_path, "callbacks.early_stopping.patience=2", "callbacks.early_stopping.monitor=val/f2"
+    )
+    done = train_here([*args, "run_name=typo"], tmp_path)
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert errors == [
+        "error: early stopping watches val/f2, which TextClassifierModule does not log (it logs: "
+        "lr-AdamW/pg1, lr-AdamW/pg2, train/loss, val/acc, val/f1, val/loss): log it in "
+        "validation_step with "
+        "self.log('val/f2', value), or watch a logged one: callbacks.early_stopping.monitor=val/acc"
+    ]
+    assert not (tmp_path / "outputs" / "typo").exists()  # a first run: nothing of it is kept

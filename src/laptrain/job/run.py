@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from laptrain.callbacks.contracts import signal_stop, stop_reason
 from laptrain.callbacks.idle_hooks import skip_idle_hooks
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
+from laptrain.callbacks.trial_pruning import TrialPruning, sweep_trial_number, trial_of
 from laptrain.checkpoints.files import checkpoint_plugins
 from laptrain.checkpoints.last import use_last_checkpoint
 from laptrain.checkpoints.resume import (
@@ -132,6 +133,10 @@ DOES_NOT_FIT_EXIT = 69
 # "the input data was incorrect": the same command stops again; the data, learning rate or
 # precision must change (bad input stays 2, Python's and argparse's code for a usage error).
 NONFINITE_EXIT = 65
+# An Optuna sweep's pruner stopped the trial (hydra.sweeper.pruner): sysexits.h's EX_CONFIG, "something
+# was found in an unconfigured or misconfigured state": these hyperparameters are not worth finishing.
+# Inside the sweep the job raises optuna.TrialPruned instead (train.py), which the sweeper records.
+PRUNED_EXIT = 78
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class Outcome:
     128 + signal number after Ctrl-C/SIGTERM) and the metric a sweeper optimises (None unless
     done)."""
 
-    status: str  # "done", "paused" (session budget, swap) or "interrupted"
+    status: str  # "done", "paused" (session budget, swap), "interrupted" or "pruned"
     exit_code: int = 0
     metric: float | None = None
 
@@ -301,7 +306,9 @@ def _make_trainer(
     loggers = _instantiate_all(section)
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
-    callbacks.append(MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model))
+    callbacks += _trial_pruning(str(cfg.optimized_metric))
+    # first: before Lightning's EarlyStopping raises its own error for an unlogged metric
+    callbacks.insert(0, MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model))
     sampler = prepare_user_loaders(datamodule, cfg.trainer.get("use_distributed_sampler"))
     trainer = instantiate_trainer(
         cfg, plan, model, callbacks, loggers, use_distributed_sampler=sampler
@@ -309,6 +316,17 @@ def _make_trainer(
     if trainer.is_global_zero:
         remember_tracking_runs(section, loggers, Path(cfg.paths.output_dir))
     return trainer, callbacks, loggers
+
+
+def _trial_pruning(monitor: str) -> list[TrialPruning]:
+    """The pruning callback of the Optuna trial a laptrain sweep started this job for (its number
+    in the job's environment, the study's storage, name and pruner in ``hydra.sweeper``)."""
+    number = sweep_trial_number()
+    if number is None or not HydraConfig.initialized():
+        return []
+    sweeper = HydraConfig.get().sweeper
+    trial = trial_of(str(sweeper.storage), str(sweeper.study_name), number, sweeper.get("pruner"))
+    return [TrialPruning(trial, monitor)]
 
 
 def _model_preset() -> str:
@@ -383,6 +401,10 @@ def _stopped(
             f"checkpoint {last}. {resume_hint(cfg, output_dir)} (or ckpt_path=<that file>)."
         )
         return Outcome("interrupted", 128 + signum)
+    pruned = next((cb for cb in callbacks if isinstance(cb, TrialPruning) and cb.ended_early), None)
+    if pruned is not None:
+        rank_zero_info(f"{pruned.ended_early}; checkpoints kept in {relative(last.parent)}")
+        return Outcome("pruned", PRUNED_EXIT, pruned.value)
     # A callback that stops the run on purpose (session budget, swap) leaves it resumable.
     paused = stop_reason(callbacks)
     if paused:

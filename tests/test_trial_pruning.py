@@ -1,0 +1,59 @@
+"""Pruning in Optuna sweeps (laptrain.callbacks.trial_pruning and laptrain's sweeper): each job
+reports its monitored metric to its trial after every validation, stops when pruned with one line,
+keeps its checkpoints, and the study records a PRUNED trial that a rerun of the sweep does not run
+again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+optuna = pytest.importorskip("optuna", reason="the [sweep] extra: pip install -e '.[sweep]'")
+
+from laptrain.callbacks.trial_pruning import pruner_named  # noqa: E402
+from tests.conftest import CONF_FIXTURES, write_texts  # noqa: E402
+from tests.in_process import train_here  # noqa: E402
+
+
+def test_optuna_pruners_by_name():
+    assert isinstance(pruner_named("median"), optuna.pruners.MedianPruner)
+    assert isinstance(pruner_named("successive_halving"), optuna.pruners.SuccessiveHalvingPruner)
+    assert isinstance(pruner_named("hyperband"), optuna.pruners.HyperbandPruner)
+    with pytest.raises(ValueError, match=r"^hydra.sweeper.pruner=medain: no such Optuna pruner"):
+        pruner_named("medain")
+
+
+def test_a_sweep_prunes_its_trials_finishes_and_resumes_without_running_them_again(tmp_path):
+    """A threshold no accuracy reaches (1.1) prunes every trial at its first validation."""
+    args = [
+        "-m",
+        "hardware=cpu",
+        "hparams_search=optuna",
+        "experiment=tiny_sweep",
+        f"hydra.searchpath=[file://{CONF_FIXTURES}]",
+        f"data.files.train={write_texts(tmp_path / 'texts.csv')}",
+        "trainer.max_steps=6",  # validations after steps 2, 4 and 6
+        "hydra.sweeper.n_trials=2",
+        "+hydra.sweeper.pruner._target_=optuna.pruners.ThresholdPruner",
+        "+hydra.sweeper.pruner.lower=1.1",
+    ]
+    first = train_here(args, tmp_path)
+    log = first.stdout + first.stderr
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert log.count("pruned at validation 1 (val/acc ") == 2, log[-3000:]
+    sweep = tmp_path / "outputs" / "multirun" / "t"
+    storage = f"sqlite:///{sweep / 'optuna.db'}"
+    trials = optuna.load_study(study_name="t", storage=storage).trials
+    assert [t.state.name for t in trials] == ["PRUNED", "PRUNED"]
+    assert [list(t.intermediate_values) for t in trials] == [[1], [1]]  # the validation's index
+    jobs = sorted(p for p in sweep.iterdir() if (p / "checkpoints" / "last.ckpt").is_file())
+    assert len(jobs) == 2  # stopped at step 2, checkpoints kept
+    for job in jobs:
+        status = json.loads((job / "report.json").read_text())["run"]["status"]
+        assert status.startswith("finished: pruned at validation 1 (val/acc ")
+
+    again = train_here(args, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "2 finished trials, 0 to run" in again.stdout + again.stderr
+    assert len(optuna.load_study(study_name="t", storage=storage).trials) == 2
