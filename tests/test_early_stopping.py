@@ -7,15 +7,22 @@ improvement an accuracy can make, so the stop is known in advance: patience 2 st
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from laptrain.run_folder.listing import run_state
+from tests.conftest import ROOT
 from tests.in_process import train_here
+from tests.new_project import new_project
 from tests.test_exact_resume import classifier_args, load, run_ok, signal_at
 
+SRC = str(Path(__import__("laptrain").__file__).parents[1])  # the laptrain under test
+ROOT_PATH = str(ROOT)  # tests.signal_at in the child
 EARLY = ["callbacks.early_stopping.patience=2", "callbacks.early_stopping.min_delta=1"]
 
 
@@ -96,3 +103,48 @@ def test_a_watched_metric_the_module_never_logs_is_one_line_naming_those_it_logs
         "self.log('val/f2', value), or watch a logged one: callbacks.early_stopping.monitor=val/acc"
     ]
     assert not (tmp_path / "outputs" / "typo").exists()  # a first run: nothing of it is kept
+
+
+def test_a_laptrain_new_module_stopped_and_rerun_stops_early_where_one_never_stopped_does(
+    tmp_path,
+):
+    """The module and data `laptrain new` writes, through the clone's own train.py."""
+    clone = new_project(tmp_path / "clone")
+    args = [
+        "model=my_task",
+        "data=my_task",
+        "hardware=cpu",
+        "hardware.torch_threads=1",
+        "data.rows=320",
+        "data.batch_size=32",
+        "trainer.max_epochs=6",
+        "trainer.deterministic=true",
+        "logger=none",
+        "test=false",
+        "callbacks.model_checkpoint.save_top_k=1",
+        *EARLY,
+    ]
+
+    def train(*extra: str, code: int = 0) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT_PATH, SRC])}
+        done = subprocess.run(
+            [sys.executable, str(clone / "train.py"), *args, *extra],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == code, done.stderr[-3000:]
+
+    train("run_name=straight")
+    straight = clone / "outputs" / "straight"
+    steps = load(straight / "checkpoints" / "last.ckpt")["global_step"]
+    epoch = steps // 3  # stopped in epoch 3
+    assert run_state(straight).status.startswith("done: stopped early at epoch 3 (best val/acc")
+    train("run_name=cut", *signal_at("SIGTERM", step=epoch + 2), code=143)
+    train("run_name=cut")
+    cut = clone / "outputs" / "cut"
+    assert load(cut / "checkpoints" / "last.ckpt")["global_step"] == steps
+    for key, weights in best_weights(straight).items():
+        assert torch.equal(weights, best_weights(cut)[key]), key
