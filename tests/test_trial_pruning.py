@@ -6,13 +6,15 @@ again."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 optuna = pytest.importorskip("optuna", reason="the [sweep] extra: pip install -e '.[sweep]'")
 
 from laptrain.callbacks.trial_pruning import pruner_named  # noqa: E402
-from tests.conftest import CONF_FIXTURES, write_texts  # noqa: E402
+from tests.conftest import CONF_FIXTURES, ROOT, run_train, write_texts  # noqa: E402
 from tests.in_process import train_here  # noqa: E402
 
 
@@ -24,9 +26,10 @@ def test_optuna_pruners_by_name():
         pruner_named("medain")
 
 
-def test_a_sweep_prunes_its_trials_finishes_and_resumes_without_running_them_again(tmp_path):
-    """A threshold no accuracy reaches (1.1) prunes every trial at its first validation."""
-    args = [
+def pruned_sweep(tmp_path: Path) -> list[str]:
+    """A sweep of 2 trials of 3 validations each whose pruner, a threshold no accuracy reaches
+    (1.1), prunes every trial at its first validation."""
+    return [
         "-m",
         "hardware=cpu",
         "hparams_search=optuna",
@@ -38,6 +41,10 @@ def test_a_sweep_prunes_its_trials_finishes_and_resumes_without_running_them_aga
         "+hydra.sweeper.pruner._target_=optuna.pruners.ThresholdPruner",
         "+hydra.sweeper.pruner.lower=1.1",
     ]
+
+
+def test_a_sweep_prunes_its_trials_finishes_and_resumes_without_running_them_again(tmp_path):
+    args = pruned_sweep(tmp_path)
     first = train_here(args, tmp_path)
     log = first.stdout + first.stderr
     assert first.returncode == 0, first.stderr[-3000:]
@@ -57,3 +64,18 @@ def test_a_sweep_prunes_its_trials_finishes_and_resumes_without_running_them_aga
     assert again.returncode == 0, again.stderr[-3000:]
     assert "2 finished trials, 0 to run" in again.stdout + again.stderr
     assert len(optuna.load_study(study_name="t", storage=storage).trials) == 2
+
+
+@pytest.mark.slow  # ~20 s: two submitit jobs, each a process of its own (fast twin above)
+def test_submitit_jobs_find_their_trial_through_the_storage_and_are_pruned(tmp_path):
+    """hydra/launcher=submitit_local runs each job in its own process: the trial comes from the
+    study's storage, not the sweeper's memory."""
+    launcher = ["hydra/launcher=submitit_local", "hydra.sweeper.n_jobs=2"]
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = run_train([*pruned_sweep(tmp_path), *launcher], tmp_path, env=env, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    storage = f"sqlite:///{tmp_path / 'outputs' / 'multirun' / 't' / 'optuna.db'}"
+    trials = optuna.load_study(study_name="t", storage=storage).trials
+    assert [t.state.name for t in trials] == ["PRUNED", "PRUNED"]
+    logs = (tmp_path / "outputs" / "multirun" / "t" / ".submitit").glob("*/*_log.out")
+    assert sum("pruned at validation 1 (val/acc " in p.read_text() for p in logs) == 2
