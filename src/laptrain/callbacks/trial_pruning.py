@@ -85,8 +85,11 @@ class TrialPruning(Callback):
             return  # the metric check names an unlogged metric (monitored_metric.py)
         self.validations += 1
         self.value = float(trainer.callback_metrics[self.monitor])
-        self.trial.report(self.value, step=self.validations)
-        if self.trial.should_prune():
+        prune = False
+        if trainer.is_global_zero:  # one report per validation; rank 0 decides for every rank
+            self.trial.report(self.value, step=self.validations)
+            prune = self.trial.should_prune()
+        if trainer.strategy.reduce_boolean_decision(prune, all=False):
             self.ended_early = (
                 f"pruned at validation {self.validations} ({self.monitor} {self.value:.4g})"
             )
