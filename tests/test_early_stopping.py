@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from laptrain.run_folder.listing import run_state
-from tests.conftest import ROOT
+from tests.conftest import ROOT, compose_train
 from tests.in_process import train_here
 from tests.new_project import new_project
 from tests.test_exact_resume import classifier_args, load, run_ok, signal_at
@@ -148,3 +148,13 @@ def test_a_laptrain_new_module_stopped_and_rerun_stops_early_where_one_never_sto
     assert load(cut / "checkpoints" / "last.ckpt")["global_step"] == steps
     for key, weights in best_weights(straight).items():
         assert torch.equal(weights, best_weights(cut)[key]), key
+
+
+@pytest.mark.parametrize(
+    ("model", "monitor", "mode"),
+    [("tiny_classifier", "val/acc", "max"), ("tiny_llama_lora", "val/loss", "min")],
+)
+def test_it_watches_the_model_s_metric_in_the_metric_s_mode(model, monitor, mode):
+    cfg = compose_train(["hardware=cpu", f"model={model}"])
+    early = cfg.callbacks.early_stopping
+    assert (early.monitor, early.mode, early.patience) == (monitor, mode, None)
