@@ -64,7 +64,8 @@ def test_a_stopped_run_rerun_stops_early_where_one_never_stopped_does(tmp_path, 
         "callbacks.model_checkpoint.save_top_k=1",
         *EARLY,
     )
-    run_ok([*args, "run_name=straight"], tmp_path)
+    out = run_ok([*args, "run_name=straight"], tmp_path)
+    assert "done at global step 36: stopped early at epoch 3 (best val/acc " in out
     straight = tmp_path / "outputs" / "straight"
     report = json.loads((straight / "report.json").read_text())
     line = "stopped early at epoch 3 (best val/acc"

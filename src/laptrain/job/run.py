@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.callbacks.contracts import ended_early, signal_stop, stop_reason
 from laptrain.callbacks.idle_hooks import skip_idle_hooks
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.callbacks.trial_pruning import TrialPruning, sweep_trial_number, trial_of
@@ -278,7 +278,7 @@ def _train(
                 write_folder_atomic(output_dir / model.export_folder, export)
         # every family, TRM too (it exports nothing: its metrics.json was never written)
         write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=1))
-    for line in closing_lines(step, metrics, best, output_dir):
+    for line in closing_lines(step, metrics, best, output_dir, ended_early(callbacks)):
         rank_zero_info(line)
     return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))
 
@@ -505,10 +505,11 @@ def closing_lines(
     metrics: dict[str, float],
     best: tuple[str, str, float] | None,
     output_dir: Path,
+    early: str | None = None,
 ) -> list[str]:
-    """What a finished run ends with: its last step, the final metrics (test ones on the
-    best checkpoint), the best checkpoint and where the run folder is."""
-    lines = [f"done at global step {step}"]
+    """What a finished run ends with: its last step (and where early stopping stopped it), the
+    final metrics (test ones on the best checkpoint), the best checkpoint and the run folder."""
+    lines = [f"done at global step {step}" + (f": {early}" if early else "")]
     lines += metric_lines(metrics)
     if best:
         lines.append(f"best checkpoint: {relative(best[0])} ({best[1]} {best[2]:.4g})")
