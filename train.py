@@ -38,6 +38,10 @@ def main(cfg: DictConfig) -> float | None:
         from laptrain.commands.exit_codes import error_exit_code
 
         sys.exit(error_exit_code(cause))  # 2; a job that does not fit and a NaN stop their own
+    if outcome.status == "pruned":
+        from laptrain.callbacks.trial_pruning import raise_in_sweep
+
+        raise_in_sweep()  # the sweeper records a PRUNED trial; sys.exit would end the sweep
     if outcome.exit_code:
         from laptrain.callbacks.graceful_stop import hand_over_to_submitit
 

@@ -6,6 +6,7 @@ and the reruns run in the test process (tests/in_process.py)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from tests.conftest import run_train, tiny_classifier_job
 from tests.in_process import train_here
 from tests.same_state import assert_same
 
-HOOKS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # tests.signal_at in the child
+# tests.signal_at in the child, and the laptrain this process imports (PYTHONPATH: a worktree's src)
+ROOT = str(Path(__file__).resolve().parents[1])
+HOOKS = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 
 def signal_at(signum: str, **at: int) -> list[str]:

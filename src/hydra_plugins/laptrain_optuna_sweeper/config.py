@@ -27,6 +27,10 @@ class LaptrainOptunaSweeperConf:
     max_failure_rate: float = 0.0
     # An optuna sampler; with `_partial_: true` and a seed, a resumed sweep reseeds it.
     sampler: Any = None
+    # An Optuna pruner by name (median, percentile, successive_halving, hyperband, threshold,
+    # wilcoxon...) or a _target_ with its arguments; None = no pruning. Needs storage: each job
+    # reports its metric after every validation to its trial there and stops when pruned.
+    pruner: Any = None
     # key: search space, in hydra-optuna-sweeper's syntax (choice, range, interval, tag(log, ...)).
     params: Any = None
 

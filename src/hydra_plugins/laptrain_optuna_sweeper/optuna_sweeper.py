@@ -15,9 +15,12 @@ This sweeper reads the same ``params:`` syntax (``choice()``, ``range()``, ``int
 - reseeds a seeded ``_partial_`` sampler with the seed plus the number of trials already stored.
 
 A job's return value is the trial's value; an error, None or NaN counts as a failed trial, and more
-than ``max_failure_rate`` of a batch failing stops the sweep. Jobs never get the Optuna trial, so
-there is no pruning (hydra#1710). Replace this with the official plugin once its Optuna 4 line
-works with a final Hydra release.
+than ``max_failure_rate`` of a batch failing stops the sweep. With ``pruner`` set, each job gets its
+trial's number in its environment (``hydra.job.env_set``; Hydra's own sweepers never give a job
+its trial, hydra#1710), reports to that trial in the study's storage after every validation
+(laptrain/callbacks/trial_pruning.py) and, once pruned, raises ``optuna.TrialPruned``: the trial
+is PRUNED. Replace this with the official plugin once its Optuna 4 line works with a final Hydra
+release.
 """
 
 from __future__ import annotations
@@ -142,6 +145,7 @@ class LaptrainOptunaSweeper(Sweeper):
         max_failure_rate: float = 0.0,
         sampler: Any = None,
         params: Mapping[str, Any] | None = None,
+        pruner: Any = None,
     ) -> None:
         if str(direction) not in DIRECTIONS:
             raise ValueError(
@@ -151,7 +155,13 @@ class LaptrainOptunaSweeper(Sweeper):
             raise ValueError(f"hydra.sweeper.max_failure_rate={max_failure_rate}: use 0 to 1")
         if int(n_jobs) < 1 or int(n_trials) < 0:
             raise ValueError("hydra.sweeper.n_jobs must be >= 1 and n_trials >= 0")
+        if pruner is not None and not storage:
+            raise ValueError(
+                f"hydra.sweeper.pruner={pruner} needs hydra.sweeper.storage (e.g. sqlite:///"
+                "optuna.db): each job finds its trial there"
+            )
         self.direction = DIRECTIONS[str(direction)]
+        self.pruner = pruner
         self.study_name = study_name
         self.storage = storage
         self.n_trials = int(n_trials)
@@ -187,16 +197,21 @@ class LaptrainOptunaSweeper(Sweeper):
 
         if self.storage and str(self.storage).startswith(SQLITE):
             Path(str(self.storage)[len(SQLITE) :]).parent.mkdir(parents=True, exist_ok=True)
+        from laptrain.callbacks.trial_pruning import pruner_named
+
         study = optuna.create_study(
             study_name=self.study_name,
             storage=self.storage,
             direction=self.direction,
+            pruner=pruner_named(self.pruner),
             load_if_exists=True,
         )
         return study
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         assert self.config is not None and self.launcher is not None
+        from laptrain.callbacks.trial_pruning import TRIAL_ENV  # not at import: Hydra's scan
+
         space, fixed = search_space([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -223,6 +238,7 @@ class LaptrainOptunaSweeper(Sweeper):
                 [
                     *(f"{k}={v}" for k, v in fixed.items()),
                     *(f"{k}={v}" for k, v in t.params.items()),
+                    *([f"++hydra.job.env_set.{TRIAL_ENV}={t.number}"] if self.pruner else []),
                 ]
                 for t in trials
             ]
@@ -244,12 +260,19 @@ def tell_results(
     study: optuna.Study, trials: Sequence[optuna.Trial], results: Sequence[JobReturn]
 ) -> list[str]:
     """Tell the study each job's value, or a failure; returns one line per failed trial."""
+    from optuna import TrialPruned
+    from optuna.trial import TrialState
+
     failures = []
     for trial, ret in zip(trials, results):
         try:
             value = trial_value(ret)
+        except TrialPruned:  # the job's pruning callback stopped it (raise_in_sweep)
+            study.tell(trial, state=TrialState.PRUNED)
+            log.info(f"trial {trial.number} pruned")
+            continue
         except Exception as err:
-            study.tell(trial, state=_fail_state())
+            study.tell(trial, state=TrialState.FAIL)
             failures.append(f"trial {trial.number}: {err}")
             log.warning(f"trial {trial.number} failed: {err}")
             continue
@@ -266,9 +289,3 @@ def save_best(study: optuna.Study, sweep_dir: Path) -> None:
             OmegaConf.create({"number": best.number, "value": best.value, "params": best.params}),
             sweep_dir / "optimization_results.yaml",
         )
-
-
-def _fail_state() -> Any:
-    from optuna.trial import TrialState
-
-    return TrialState.FAIL

@@ -2,8 +2,8 @@
 
 Lightning calls every per-batch hook of every callback at every step, whether it does anything or
 not (``_call_callback_hooks``, lightning/pytorch/trainer/call.py). So an entry with ``enabled:
-false`` (the laptop guards follow ``hardware.guards``) and a session budget without a limit are
-not built at all.
+false`` (the laptop guards follow ``hardware.guards``), a session budget without a limit and early
+stopping without a patience are not built at all.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from laptrain.callbacks.early_stopping import EarlyStopping
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.config.check import BUILD_SWITCH
 
@@ -40,6 +41,8 @@ def acts(spec: Mapping[str, Any], model: Any) -> bool:
     target = get_object(spec["_target_"])
     if isinstance(target, type) and issubclass(target, SessionBudget):
         return spec.get("max_minutes") is not None or spec.get("max_epochs") is not None
+    if isinstance(target, type) and issubclass(target, EarlyStopping):
+        return spec.get("patience") is not None
     return True
 
 

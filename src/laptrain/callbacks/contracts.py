@@ -38,6 +38,14 @@ class StopsOnSignal(Protocol):
 
 
 @runtime_checkable
+class EndsEarly(Protocol):
+    """Ends a run as done before its epochs run out (early stopping, a pruned trial);
+    ``ended_early`` is then the line that says where ("stopped early at epoch 5 (...)")."""
+
+    ended_early: str | None
+
+
+@runtime_checkable
 class Reports(Protocol):
     """Contributes one section, ``report_section``, to the run report with ``summary()``."""
 
@@ -91,6 +99,13 @@ def signal_stop(callbacks: Iterable[object]) -> int | None:
 def stop_requested(trainer: pl.Trainer) -> bool:
     """A stop was asked for: by Lightning's flag or a signal seen by laptrain's ``GracefulStop``."""
     return trainer.should_stop or signal_stop(trainer.callbacks) is not None
+
+
+def ended_early(callbacks: Iterable[object]) -> str | None:
+    """Where a callback ended the run as done before its epochs ran out, else None."""
+    return next(
+        (cb.ended_early for cb in callbacks if isinstance(cb, EndsEarly) and cb.ended_early), None
+    )
 
 
 def report_sections(callbacks: Iterable[object]) -> dict[str, dict[str, Any]]:

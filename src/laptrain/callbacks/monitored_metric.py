@@ -1,4 +1,5 @@
-"""Stop at the first validation when the module logs no metric the checkpoints rank by.
+"""Stop at the first validation when the module logs no metric the checkpoints rank by, early
+stopping watches or an Optuna pruner is told.
 
 Which metrics a module logs is known only once it has run a validation. Lightning's
 ``ModelCheckpoint`` then raises a ``MisconfigurationException`` with a traceback
@@ -6,7 +7,9 @@ Which metrics a module logs is known only once it has run a validation. Lightnin
 first: Lightning runs checkpoint callbacks after every other one
 (``_CallbackConnector._reorder_callbacks``), so it stops the run before any checkpoint is written,
 with one line naming the metrics the module does log and ``model._metric_``, the key that picks the
-monitored one (conf/train.yaml ``optimized_metric``, conf/callbacks/model_checkpoint.yaml).
+monitored one (conf/train.yaml ``optimized_metric``, conf/callbacks/model_checkpoint.yaml). Among
+the other callbacks it must come first: Lightning's EarlyStopping raises a RuntimeError of its own
+in the same hook (``_validate_condition_metric``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from laptrain.callbacks.early_stopping import EarlyStopping
+from laptrain.callbacks.trial_pruning import TrialPruning
 from laptrain.config.check import ConfigError
 
 
@@ -36,21 +41,51 @@ class MonitoredMetricCheck(Callback):
             return
         self.checked = True
         logged = sorted(trainer.callback_metrics)
-        for callback in trainer.checkpoint_callbacks:
-            monitor = getattr(callback, "monitor", None)
+        for watcher, monitor, option in _watched(trainer):
             if monitor and monitor not in trainer.callback_metrics:
-                raise ConfigError(self.message(monitor, type(pl_module).__name__, logged))
+                raise ConfigError(
+                    self.message(monitor, type(pl_module).__name__, logged, watcher, option)
+                )
 
-    def message(self, monitor: str, module: str, logged: list[str]) -> str:
-        """One line: what is monitored, what the module logs, and the two ways to fix it."""
+    def message(
+        self,
+        monitor: str,
+        module: str,
+        logged: list[str],
+        watcher: str = "the checkpoints rank by",
+        option: str | None = None,
+    ) -> str:
+        """One line: what is monitored, what the module logs, and the two ways to fix it (the
+        model's ``_metric_``, or the ``option`` that names the watched metric apart from it)."""
         shown = ", ".join(logged) if logged else "nothing (no self.log call ran)"
         example = next((m for m in logged if m.startswith("val")), "val/loss")
         mode = "min" if "loss" in example else "max"
         plus = "" if self.metric_set else "+"
-        return (
-            f"the checkpoints rank by {monitor}, which {module} does not log (it logs: {shown}): "
-            f"log it in validation_step with self.log('{monitor}', value), or name a logged one "
-            f"in conf/model/{self.preset}.yaml as _metric_: {{name: {example}, mode: {mode}}} "
-            f"(on the command line: {plus}model._metric_.name={example} "
-            f"{plus}model._metric_.mode={mode})"
+        head = (
+            f"{watcher} {monitor}, which {module} does not log (it logs: {shown}): "
+            f"log it in validation_step with self.log('{monitor}', value), or "
         )
+        if option:
+            return head + f"watch a logged one: {option}={example}"
+        return head + (
+            f"name a logged one in conf/model/{self.preset}.yaml as _metric_: "
+            f"{{name: {example}, mode: {mode}}} (on the command line: "
+            f"{plus}model._metric_.name={example} {plus}model._metric_.mode={mode})"
+        )
+
+
+def _watched(trainer: pl.Trainer) -> list[tuple[str, str | None, str | None]]:
+    """(who watches, the metric, the option naming it when that is not ``optimized_metric``) for
+    the checkpoints, an enabled early stopping and a trial pruner."""
+    optimized = getattr(trainer.checkpoint_callback, "monitor", None)
+    watched = [
+        ("the checkpoints rank by", getattr(cb, "monitor", None), None)
+        for cb in trainer.checkpoint_callbacks
+    ]
+    for cb in trainer.callbacks:
+        if isinstance(cb, EarlyStopping) and cb.enabled:
+            option = None if cb.monitor == optimized else "callbacks.early_stopping.monitor"
+            watched.append(("early stopping watches", cb.monitor, option))
+        elif isinstance(cb, TrialPruning):
+            watched.append(("the Optuna pruner is told", cb.monitor, None))
+    return watched

@@ -20,6 +20,7 @@ from laptrain.callbacks.contracts import (
     PlotsPoints,
     VersionedState,
     cooling_s,
+    ended_early,
     report_sections,
     signal_stop,
     stop_reason,
@@ -190,7 +191,8 @@ class RunReport(VersionedState, Callback):
         elif reason:
             self.status = f"stopped ({reason}); resume with the same command"
         else:
-            self.status = "finished"
+            early = ended_early(trainer.callbacks)
+            self.status = f"finished: {early}" if early else "finished"
         self.write(trainer)
         self._send_to_loggers(trainer)
 

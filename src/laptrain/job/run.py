@@ -26,9 +26,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.callbacks.acting import build_callbacks, guards_line, without_lightning_no_ops
-from laptrain.callbacks.contracts import signal_stop, stop_reason
+from laptrain.callbacks.contracts import ended_early, signal_stop, stop_reason
 from laptrain.callbacks.fused_optimizer_check import FusedOptimizerCheck
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
+from laptrain.callbacks.trial_pruning import TrialPruning, sweep_trial_number, trial_of
 from laptrain.checkpoints.files import checkpoint_plugins, weights_only_under_fsdp
 from laptrain.checkpoints.resume import (
     checked_resume_checkpoint,
@@ -144,6 +145,10 @@ DOES_NOT_FIT_EXIT = 69
 # "the input data was incorrect": the same command stops again; the data, learning rate or
 # precision must change (bad input stays 2, Python's and argparse's code for a usage error).
 NONFINITE_EXIT = 65
+# An Optuna sweep's pruner stopped the trial (hydra.sweeper.pruner): sysexits.h's EX_CONFIG, "something
+# was found in an unconfigured or misconfigured state": these hyperparameters are not worth finishing.
+# Inside the sweep the job raises optuna.TrialPruned instead (train.py), which the sweeper records.
+PRUNED_EXIT = 78
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,7 @@ class Outcome:
     128 + signal number after Ctrl-C/SIGTERM) and the metric a sweeper optimises (None unless
     done)."""
 
-    status: str  # "done", "paused" (session budget, swap) or "interrupted"
+    status: str  # "done", "paused" (session budget, swap), "interrupted" or "pruned"
     exit_code: int = 0
     metric: float | None = None
 
@@ -290,7 +295,7 @@ def _train(
                 write_folder_atomic(output_dir / model.export_folder, export)
         # every family, TRM too (it exports nothing: its metrics.json was never written)
         write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=1))
-    for line in closing_lines(step, metrics, best, output_dir):
+    for line in closing_lines(step, metrics, best, output_dir, ended_early(callbacks)):
         rank_zero_info(line)
     return Outcome("done", 0, metrics.get(hp_keys(str(cfg.optimized_metric))[0]))
 
@@ -321,7 +326,13 @@ def _make_trainer(
     loggers = _instantiate_all(section)
     if not loggers:  # LearningRateMonitor raises without a logger (logger=none)
         built = {k: cb for k, cb in built.items() if not isinstance(cb, LearningRateMonitor)}
-    callbacks = [*built.values(), MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model)]
+    # the metric check first: before Lightning's EarlyStopping raises its own error for an unlogged
+    # metric
+    callbacks = [
+        MonitoredMetricCheck(_model_preset(), "_metric_" in cfg.model),
+        *built.values(),
+        *_trial_pruning(str(cfg.optimized_metric)),
+    ]
     sharded = shards_model_state(cfg.trainer.get("strategy"))
     if fused_optimizer_unsafe(plan.device, plan.precision, sharded):  # the module's own optimizer
         callbacks.append(FusedOptimizerCheck(fused_risk(plan.device)))
@@ -332,6 +343,17 @@ def _make_trainer(
     if trainer.is_global_zero:
         remember_tracking_runs(section, loggers, folder)
     return trainer, callbacks, loggers, guards_line(built)
+
+
+def _trial_pruning(monitor: str) -> list[TrialPruning]:
+    """The pruning callback of the Optuna trial a laptrain sweep started this job for (its number
+    in the job's environment, the study's storage, name and pruner in ``hydra.sweeper``)."""
+    number = sweep_trial_number()
+    if number is None or not HydraConfig.initialized():
+        return []
+    sweeper = HydraConfig.get().sweeper
+    trial = trial_of(str(sweeper.storage), str(sweeper.study_name), number, sweeper.get("pruner"))
+    return [TrialPruning(trial, monitor)]
 
 
 def _model_preset() -> str:
@@ -408,6 +430,10 @@ def _stopped(
             f"checkpoint {last}. {resume_hint(cfg, output_dir)} (or ckpt_path=<that file>)."
         )
         return Outcome("interrupted", 128 + signum)
+    pruned = next((cb for cb in callbacks if isinstance(cb, TrialPruning) and cb.ended_early), None)
+    if pruned is not None:
+        rank_zero_info(f"{pruned.ended_early}; checkpoints kept in {relative(last.parent)}")
+        return Outcome("pruned", PRUNED_EXIT, pruned.value)
     # A callback that stops the run on purpose (session budget, swap) leaves it resumable.
     paused = stop_reason(callbacks)
     if paused:
@@ -510,10 +536,11 @@ def closing_lines(
     metrics: dict[str, float],
     best: tuple[str, str, float] | None,
     output_dir: Path,
+    early: str | None = None,
 ) -> list[str]:
-    """What a finished run ends with: its last step, the final metrics (test ones on the
-    best checkpoint), the best checkpoint and where the run folder is."""
-    lines = [f"done at global step {step}"]
+    """What a finished run ends with: its last step (and where early stopping stopped it), the
+    final metrics (test ones on the best checkpoint), the best checkpoint and the run folder."""
+    lines = [f"done at global step {step}" + (f": {early}" if early else "")]
     lines += metric_lines(metrics)
     if best:
         lines.append(f"best checkpoint: {relative(best[0])} ({best[1]} {best[2]:.4g})")

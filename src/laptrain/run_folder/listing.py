@@ -92,7 +92,7 @@ class RunState:
     """One run folder as ``laptrain runs`` shows it."""
 
     folder: Path
-    status: str  # running, done, paused, interrupted, empty
+    status: str  # running, done ("done: stopped early at ..."), paused, interrupted, empty
     step: int | None
     best: str | None  # "val/acc 0.6045"
     command: str | None
@@ -102,8 +102,8 @@ def _status(folder: Path, report: dict[str, Any] | None, has_ckpt: bool) -> str:
     if is_locked(folder):
         return "running"
     said = str(((report or {}).get("run") or {}).get("status", ""))
-    if said == "finished":
-        return "done"
+    if said.startswith("finished"):  # "finished: stopped early at epoch 5 (...)" too
+        return "done" + said.removeprefix("finished")
     if said.startswith("stopped"):
         return "paused"
     if said.startswith("interrupted") or has_ckpt or report is not None:

@@ -1,0 +1,92 @@
+"""Lightning's EarlyStopping, off until ``patience`` is set, that says where its best score was and
+keeps a run it stopped stopped when the same command runs again.
+
+Gaps filled (lightning/pytorch/callbacks/early_stopping.py in 2.6.6):
+
+- It checks after every validation (``on_validation_end``), never at ``on_train_epoch_end``
+  (Lightning's choice when validation runs once an epoch). ModelCheckpoint, which Lightning runs
+  after every other callback, then saves the check's outcome in the same ``last.ckpt``; and a stop
+  in the middle of an epoch (Ctrl-C, SIGTERM, a session budget), which ends the epoch without a
+  validation (laptrain/checkpoints/stop.py), does not count a stale score a second time.
+- Its state (wait count, best score, stopped epoch, stopping reason) resumes as Lightning saves
+  it, but ``patience`` is this run's: Lightning restores the saved one over the config's.
+- A resumed run that it had already stopped ends at once (``trainer.should_stop`` as the state is
+  restored, before the fit loop starts), as a rerun of a finished run does; Lightning would train
+  on, since it saves the decision but never acts on it again.
+- The epoch of the best score, for the report and ``laptrain runs``: "stopped early at epoch 5
+  (best val/acc 0.61 at epoch 2)", epochs counted from 1 as the progress bar counts them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+
+
+class EarlyStopping(LightningEarlyStopping):
+    """``lightning.pytorch.callbacks.EarlyStopping`` with ``patience=None`` meaning off (no check,
+    no state); the module docstring says what else differs. Other keyword arguments are Lightning's
+    (``min_delta``, ``stopping_threshold``, ``divergence_threshold``, ``check_finite``...)."""
+
+    report_section = "early_stopping"
+
+    def __init__(
+        self, monitor: str, mode: str = "max", patience: int | None = None, **kwargs: Any
+    ) -> None:
+        kwargs["check_on_train_epoch_end"] = False
+        super().__init__(monitor=monitor, mode=mode, patience=patience or 0, **kwargs)
+        self.enabled = patience is not None
+        self.best_epoch: int | None = None
+        self._trainer: pl.Trainer | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._trainer = trainer
+
+    @property
+    def stopped(self) -> bool:
+        return self.enabled and self.stopping_reason != EarlyStoppingReason.NOT_STOPPED
+
+    def _run_early_stopping_check(self, trainer: pl.Trainer) -> None:
+        if not self.enabled:
+            return
+        best = self.best_score.clone()
+        super()._run_early_stopping_check(trainer)
+        if not torch.equal(best, self.best_score):
+            self.best_epoch = trainer.current_epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_epoch": self.best_epoch} if self.enabled else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        patience = self.patience
+        super().load_state_dict(state_dict)
+        self.patience, self.best_epoch = patience, state_dict.get("best_epoch")
+        if self.stopped and self._trainer is not None:
+            self._trainer.should_stop = True
+
+    @property
+    def ended_early(self) -> str | None:
+        """'stopped early at epoch N (best <metric> <score> at epoch M)', or None."""
+        if not self.stopped:
+            return None
+        best = f"best {self.monitor} {float(self.best_score):.4g}"
+        at = f" at epoch {self.best_epoch + 1}" if self.best_epoch is not None else ""
+        return f"stopped early at epoch {self.stopped_epoch + 1} ({best}{at})"
+
+    def summary(self) -> dict[str, Any]:
+        """The report's ``early_stopping`` section (empty while off)."""
+        if not self.enabled:
+            return {}
+        return {
+            "monitor": self.monitor,
+            "patience": self.patience,
+            "wait_count": self.wait_count,
+            "best_score": float(self.best_score),
+            "best_epoch": None if self.best_epoch is None else self.best_epoch + 1,
+            "stopped": self.ended_early,
+        }
