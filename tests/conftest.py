@@ -100,6 +100,15 @@ def _clear_hydra():
     GlobalHydra.instance().clear()
 
 
+@pytest.fixture(autouse=True)
+def _forget_user_packages():
+    """A test's ``user`` package (a project of its own in tmp_path) leaves this process with it:
+    the next test on this worker imports its own ``user`` from another folder."""
+    yield
+    for name in [m for m in sys.modules if m == "user" or m.startswith("user.")]:
+        del sys.modules[name]
+
+
 WORDS = {
     "sports": "match goal team score player coach league season win ball",
     "cooking": "oven recipe salt butter flour bake simmer garlic pan dough",

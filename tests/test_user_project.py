@@ -91,7 +91,12 @@ def clone_as_project(tmp_path, monkeypatch) -> Path:
     for where in (project, cli):
         monkeypatch.setattr(where, "project_root", lambda cwd=None: clone)
     monkeypatch.setattr(sys, "path", list(sys.path))
+    _forget_user_packages()  # another test's user/ package, imported in this process
     yield clone
+    _forget_user_packages()
+
+
+def _forget_user_packages() -> None:
     for name in [m for m in sys.modules if m == "user" or m.startswith("user.")]:
         del sys.modules[name]
 
