@@ -35,7 +35,7 @@ def main(cfg: DictConfig) -> float | None:
         if cause is None or os.environ.get("LAPTRAIN_TRACEBACK"):
             raise
         print(f"error: {cause}", file=sys.stderr)
-        from laptrain.commands.exit_codes import error_exit_code
+        from laptrain.exit_codes import error_exit_code
 
         sys.exit(error_exit_code(cause))  # 2; a job that does not fit and a NaN stop their own
     if outcome.status == "pruned":

@@ -105,7 +105,7 @@ def same_weights(a: Path, b: Path) -> bool:
 
 
 def corrupt_files(folder: Path) -> list[str]:
-    from laptrain.checkpoints.files import read_checkpoint
+    from laptrain.checkpoints.checkpoint_io import read_checkpoint
 
     bad = []
     for path in sorted(folder.glob("*.ckpt")):

@@ -87,7 +87,7 @@ def run_case(name: str, batch: int, seq_len: int, checkpointing: bool, device: s
     import torch
 
     from laptrain.hardware.probe import TorchProbe
-    from laptrain.model.checkpointing import switch_on
+    from laptrain.model.gradient_checkpointing import switch_on
     from laptrain.preflight.activations import hf_batch_maker, hf_loss
     from laptrain.preflight.batch import measure_peak
     from laptrain.preflight.estimate import model_memory

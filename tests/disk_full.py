@@ -3,7 +3,7 @@
 ``FillsUp`` is a real file whose ``write`` raises ``OSError(ENOSPC)`` once ``room`` bytes are in
 it, as ``write(2)`` does on a full disk; ``torch.save`` writes into it through its real serialiser.
 ``DiskFullFrom`` is a callback that makes every checkpoint write from epoch ``epoch`` (counted from
-0) land on such a disk, by giving ``laptrain.checkpoints.files`` an ``open`` of its own.
+0) land on such a disk, by giving ``laptrain.checkpoints.checkpoint_io`` an ``open`` of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-import laptrain.checkpoints.files as checkpoint_files
+import laptrain.checkpoints.checkpoint_io as checkpoint_files
 
 
 class FillsUp(io.FileIO):

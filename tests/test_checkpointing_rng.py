@@ -17,8 +17,8 @@ from torch.utils.checkpoint import checkpoint
 
 from laptrain.families.classifier.text_classifier import TextClassifierModule
 from laptrain.families.lora.causal_lm import CausalLMLoRAModule
-from laptrain.model import checkpointing
-from laptrain.model.checkpointing import ReplayDeviceRng, device_rng_contexts
+from laptrain.model import gradient_checkpointing as checkpointing
+from laptrain.model.gradient_checkpointing import ReplayDeviceRng, device_rng_contexts
 from tests.conftest import TINY_BERT
 
 CPU_RNG = device_rng_contexts(torch.get_rng_state, torch.set_rng_state)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import laptrain.checkpoints.files as files
-from laptrain.checkpoints.files import (
+import laptrain.checkpoints.checkpoint_io as files
+from laptrain.checkpoints.checkpoint_io import (
     AtomicCheckpointIO,
     CheckpointWriteError,
     clean_leftovers,
@@ -50,7 +50,7 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path,
     child = textwrap.dedent(
         f"""
         import os, signal, torch
-        import laptrain.checkpoints.files as cf
+        import laptrain.checkpoints.checkpoint_io as cf
         moment = {moment!r}
         if moment == "while-writing":
             real = torch.save
@@ -84,7 +84,7 @@ def test_disk_full_names_the_folder_and_its_free_space_and_keeps_the_previous_fi
         f.write(b"x" * 1000)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("laptrain.checkpoints.files.torch.save", full_disk)
+    monkeypatch.setattr("laptrain.checkpoints.checkpoint_io.torch.save", full_disk)
     with pytest.raises(CheckpointWriteError) as err:
         io.save_checkpoint(checkpoint(2), target)
     message = str(err.value)
@@ -145,7 +145,7 @@ def test_a_short_write_with_no_errno_is_one_line_too(tmp_path, monkeypatch):
         f.write(b"x" * 1000)
         raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
 
-    monkeypatch.setattr("laptrain.checkpoints.files.torch.save", short)
+    monkeypatch.setattr("laptrain.checkpoints.checkpoint_io.torch.save", short)
     with pytest.raises(CheckpointWriteError, match="torch's writer stopped short") as err:
         io.save_checkpoint(checkpoint(2), target)
     assert "MB free in" in str(err.value) and "\n" not in str(err.value)
@@ -156,7 +156,7 @@ def test_other_errors_of_a_save_are_raised_as_they_are(tmp_path, monkeypatch):
     def bug(obj, f):
         raise RuntimeError("a bug, not the disk")
 
-    monkeypatch.setattr("laptrain.checkpoints.files.torch.save", bug)
+    monkeypatch.setattr("laptrain.checkpoints.checkpoint_io.torch.save", bug)
     with pytest.raises(RuntimeError, match="a bug, not the disk"):
         AtomicCheckpointIO().save_checkpoint(checkpoint(2), tmp_path / "last.ckpt")
     assert leftover_temp_files(tmp_path) == []

@@ -11,9 +11,8 @@ import pytest
 from laptrain.callbacks.nonfinite_guard import NonFiniteLoss
 from laptrain.commands.bench import bench_main
 from laptrain.commands.doctor import Check, Report, _guard
-from laptrain.commands.exit_codes import error_exit_code
+from laptrain.exit_codes import DOES_NOT_FIT_EXIT, NONFINITE_EXIT, PAUSED_EXIT, error_exit_code
 from laptrain.families.lora.tools import BaseTooLarge
-from laptrain.job.run import DOES_NOT_FIT_EXIT, NONFINITE_EXIT, PAUSED_EXIT
 from laptrain.preflight.batch import PreflightError
 from tests.conftest import ROOT, TINY, write_texts
 from tests.in_process import train_here

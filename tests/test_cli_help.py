@@ -52,7 +52,7 @@ def test_bench_help_shows_the_defaults_in_argparse_s_form() -> None:
 def test_every_command_has_its_section_in_docs_cli_md() -> None:
     """docs/cli.md: a ``## `laptrain X` `` section for every command and subcommand the parser has,
     each with its exit codes, and the exit-code table with every code laptrain uses."""
-    from laptrain.job.run import DOES_NOT_FIT_EXIT, NONFINITE_EXIT, PAUSED_EXIT
+    from laptrain.exit_codes import DOES_NOT_FIT_EXIT, NONFINITE_EXIT, PAUSED_EXIT
     from tests.conftest import ROOT
 
     text = (ROOT / "docs" / "cli.md").read_text()

@@ -56,7 +56,10 @@ STOPS = {
 }
 
 
-@pytest.mark.parametrize("stop", STOPS)
+# the kill case takes minutes of the fast suite's budget: slow, SIGTERM's case its fast twin
+@pytest.mark.parametrize(
+    "stop", [pytest.param(s, marks=pytest.mark.slow) if s == "kill" else s for s in STOPS]
+)
 def test_a_stopped_run_rerun_stops_early_where_one_never_stopped_does(tmp_path, stop):
     args = classifier_args(
         tmp_path,
@@ -106,6 +109,7 @@ def test_a_watched_metric_the_module_never_logs_is_one_line_naming_those_it_logs
     assert not (tmp_path / "outputs" / "typo").exists()  # a first run: nothing of it is kept
 
 
+@pytest.mark.slow  # 38 s; its fast twin: the default job's SIGTERM case above
 def test_a_laptrain_new_module_stopped_and_rerun_stops_early_where_one_never_stopped_does(
     tmp_path,
 ):

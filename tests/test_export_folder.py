@@ -115,7 +115,7 @@ def test_a_full_disk_while_writing_a_step_adapter_is_one_line_and_keeps_the_last
 ):
     from types import SimpleNamespace
 
-    from laptrain.commands.exit_codes import error_exit_code
+    from laptrain.exit_codes import error_exit_code
     from laptrain.families.lora.causal_lm import CausalLMLoRAModule
 
     module = CausalLMLoRAModule(tokenizer, pretrained=base, lora={"r": 4})

@@ -231,7 +231,7 @@ def test_a_nan_gradient_in_one_ranks_shard_skips_or_stops_the_step_on_every_rank
     skipped = report["nonfinite"]["skipped"]  # rank 0's record
     assert [s["step"] for s in skipped] == [1] and "on rank 1" in skipped[0]["why"]
     stop = run_train([*common, "run_name=stop"], tmp_path, timeout=300)
-    from laptrain.job.run import NONFINITE_EXIT
+    from laptrain.exit_codes import NONFINITE_EXIT
 
     assert stop.returncode == NONFINITE_EXIT, (stop.stdout + stop.stderr)[-3000:]
     assert "not finite on rank 1" in stop.stderr

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import FSDPStrategy
 
-from laptrain.checkpoints.files import AtomicCheckpointIO, weights_only_under_fsdp
+from laptrain.checkpoints.checkpoint_io import AtomicCheckpointIO, weights_only_under_fsdp
 from laptrain.checkpoints.trusted import RefusedGlobal, TrustedGlobals
 
 

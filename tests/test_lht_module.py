@@ -102,6 +102,8 @@ def test_the_profiles_batch_is_the_batch_each_process_uses(project, tmp_path, mo
     assert "done at global step 20" in done.stdout  # 320 rows at hardware=cpu's 16
 
 
+@pytest.mark.slow  # 38 s; fast twins: its_own_batch_is_split_over_the_processes below, and
+# tests/test_train_e2e.py's DDP subprocess run
 def test_two_ddp_cpu_ranks_train_and_test_at_the_profiles_batch_each(project, tmp_path):
     """Before: its checkpoints did not load, and each rank ran half the batch the console
     reported (setup divided the profile's 16 by the 2 processes)."""

@@ -235,7 +235,7 @@ def test_export_refuses_a_base_over_the_budget_with_the_does_not_fit_exit_and_wr
     budget = (fp32 + bf16) / 2  # the cpu profile's 0.8 x available RAM: bfloat16 fits, float32 not
     monkeypatch.setattr(lora_tools, "TorchProbe", probes(free_gib=budget / 0.8 / GiB))
     before = sorted(p.name for p in tmp_path.iterdir())
-    from laptrain.job.run import DOES_NOT_FIT_EXIT
+    from laptrain.exit_codes import DOES_NOT_FIT_EXIT
 
     assert main(["export", str(run), "--out", str(tmp_path / "merged")]) == DOES_NOT_FIT_EXIT
     message = capsys.readouterr().err.strip()

@@ -560,7 +560,7 @@ def test_train_py_trains_a_user_module_at_the_batch_the_preflight_measured(tmp_p
         tmp_path,
         monkeypatch,
     )
-    from laptrain.job.run import DOES_NOT_FIT_EXIT
+    from laptrain.exit_codes import DOES_NOT_FIT_EXIT
 
     assert small.returncode == DOES_NOT_FIT_EXIT == 69
     error = small.stderr.strip().splitlines()[-1]

@@ -180,7 +180,7 @@ def test_train_py_with_a_nan_exits_65_in_one_line_never_saves_it_and_why_names_i
         tmp_path,
         env=HOOKS,
     )
-    from laptrain.job.run import NONFINITE_EXIT
+    from laptrain.exit_codes import NONFINITE_EXIT
 
     assert done.returncode == NONFINITE_EXIT == 65, done.stderr[-3000:]  # not 2: no bad input
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

@@ -50,7 +50,7 @@ def test_a_job_that_does_not_fit_lists_the_fixes(capsys, llama_3b_folder):
         ]
     )
     out = capsys.readouterr().out
-    from laptrain.job.run import DOES_NOT_FIT_EXIT
+    from laptrain.exit_codes import DOES_NOT_FIT_EXIT
 
     assert code == DOES_NOT_FIT_EXIT  # as train.py's refusal, bench and doctor
     assert "\ndoes not fit: " in out
@@ -83,7 +83,7 @@ def test_json_is_one_document_with_the_verdict_the_numbers_and_the_fixes(capsys,
     """``laptrain preflight --json`` (as ``doctor --json``): nothing but the document on stdout."""
     import json
 
-    from laptrain.job.run import DOES_NOT_FIT_EXIT
+    from laptrain.exit_codes import DOES_NOT_FIT_EXIT
 
     argv = ["preflight", "model=llama32_3b_lora", "--json", "hardware=m2_air"]
     argv += ["hardware.memory_budget_gb=8", f"model.pretrained={llama_3b_folder}"]

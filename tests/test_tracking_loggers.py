@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from laptrain.config import plugin_extras
 from laptrain.config.check import ConfigError
 from laptrain.config.plugin_extras import MissingExtra, check_config_extras, check_plugin_extras
-from laptrain.loggers import resume, tracking
+from laptrain.loggers import continued_runs, tracking
 from laptrain.run_folder.lock import LOCK_NAME, hold_run_folder, release_run_folder
 from tests.conftest import CONF, TRAIN, compose_train, tiny_classifier_job
 from tests.in_process import train_here
@@ -102,7 +103,7 @@ def test_mlflow_beside_tensorboard_gets_params_metrics_and_best_checkpoint_and_a
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))  # both loggers wrote
     store = f"sqlite:///{run}/mlflow.db"  # the default: a store in the run folder
     client, (only,) = mlflow_runs(store)
-    kept = json.loads((run / resume.TRACKING_FILE).read_text())["mlflow"]
+    kept = json.loads((run / continued_runs.TRACKING_FILE).read_text())["mlflow"]
     assert kept == {"run_id": only.info.run_id, "tracking_uri": store}
     params, metrics = only.data.params, only.data.metrics
     assert params["trainer/max_steps"] == "2" and params["seed"] == "42"  # the run's config
@@ -130,7 +131,7 @@ def test_mlflow_beside_tensorboard_gets_params_metrics_and_best_checkpoint_and_a
     assert f"MLflow run {same.info.run_id} is not in {store}" in third.stderr
     client, (new,) = mlflow_runs(store)
     assert new.info.run_id != same.info.run_id and new.data.params["trainer/max_steps"] == "6"
-    kept = json.loads((run / resume.TRACKING_FILE).read_text())["mlflow"]
+    kept = json.loads((run / continued_runs.TRACKING_FILE).read_text())["mlflow"]
     assert kept["run_id"] == new.info.run_id
 
 
@@ -147,7 +148,7 @@ def test_wandb_logs_offline_without_a_key_and_a_resume_continues_its_run_id(
     run = tmp_path / "outputs" / "tracked"
     (log,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
     view = run_view(log)
-    kept = json.loads((run / resume.TRACKING_FILE).read_text())["wandb"]
+    kept = json.loads((run / continued_runs.TRACKING_FILE).read_text())["wandb"]
     assert kept == {"id": view["id"], "project": "laptrain"}
     assert view["config"]["trainer"]["max_steps"] == 2 and view["config"]["seed"] == 42
     assert any(row.get("train/samples_per_s", 0) > 0 for row in view["history"])
@@ -222,7 +223,7 @@ def test_the_built_section_passes_back_only_ids_of_the_same_store(tmp_path, monk
     folder.mkdir(parents=True)
     own = f"sqlite:///{folder}/mlflow.db"
     kept = {"mlflow": {"run_id": "abc", "tracking_uri": own}, "wandb": {"id": "w1"}}
-    (folder / resume.TRACKING_FILE).write_text(json.dumps(kept))
+    (folder / continued_runs.TRACKING_FILE).write_text(json.dumps(kept))
     built = tracking.prepared(cfg.logger, folder, {})
     assert built.mlflow.run_id == "abc" and built.mlflow.tracking_uri == own
     assert built.mlflow.artifact_location == str(folder / "mlflow-artifacts")
@@ -285,6 +286,30 @@ def test_train_py_with_wandb_online_and_no_key_refuses_in_one_line_before_writin
     assert not (tmp_path / "outputs").exists()
 
 
+def test_a_rank_other_than_global_rank_0_builds_no_tracking_logger(tmp_path):
+    """The rule behind the torchrun test below: MLflow and W&B only where ``tracked``; every
+    rank opening a fresh SQLite store at once raced its migrations (issue 48, item 11)."""
+    section = OmegaConf.create(
+        {
+            "tensorboard": {
+                "_target_": "lightning.pytorch.loggers.TensorBoardLogger",
+                "save_dir": "tb",
+            },
+            "mlflow": {
+                "_target_": "laptrain.loggers.mlflow_logger.MLFlowLogger",
+                "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+            },
+        }
+    )
+    assert set(tracking.prepared(section, tmp_path, environ={}, tracked=True)) == {
+        "tensorboard",
+        "mlflow",
+    }
+    assert set(tracking.prepared(section, tmp_path, environ={}, tracked=False)) == {"tensorboard"}
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow  # 28 s of torchrun; its fast twin: the rank rule just above
 def test_torchrun_with_mlflow_on_a_fresh_folder_trains_and_logs_one_run(tmp_path, monkeypatch):
     """torchrun starts both ranks at once; each one opening the new SQLite store ran MLflow's
     migrations twice at the same time (``OperationalError``): one rank died, the other waited for
@@ -359,8 +384,8 @@ def test_a_tracking_uri_with_a_login_is_kept_without_it_and_still_continues_its_
 
     uri = "https://me:hunter2@mlflow.example.com"
     section = compose_train(["logger=mlflow", f"logger.mlflow.tracking_uri={uri}"]).logger
-    resume.remember(section, [Run()], tmp_path)
-    kept = json.loads((tmp_path / resume.TRACKING_FILE).read_text())["mlflow"]
+    continued_runs.remember(section, [Run()], tmp_path)
+    kept = json.loads((tmp_path / continued_runs.TRACKING_FILE).read_text())["mlflow"]
     assert kept == {"run_id": "abc", "tracking_uri": "https://***@mlflow.example.com"}
-    resume.with_stored_ids(section, tmp_path)
+    continued_runs.with_stored_ids(section, tmp_path)
     assert section.mlflow.run_id == "abc"

@@ -11,7 +11,7 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
-from laptrain.checkpoints.files import read_checkpoint
+from laptrain.checkpoints.checkpoint_io import read_checkpoint
 from laptrain.checkpoints.trusted import RefusedGlobal, trusted_globals
 
 MODEL = {

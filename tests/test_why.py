@@ -491,7 +491,7 @@ def test_on_a_real_run_the_nan_stop_is_named_as_the_guard_named_it(tmp_path, cap
         "model.optimizer.lr=1e4",
     ]
     done = train_here(args, tmp_path)
-    from laptrain.job.run import NONFINITE_EXIT
+    from laptrain.exit_codes import NONFINITE_EXIT
 
     assert done.returncode == NONFINITE_EXIT, done.stderr[-3000:]
     said = re.search(
@@ -529,7 +529,7 @@ def test_on_a_real_run_an_inf_gradient_is_recorded_and_named_with_its_parameter(
         f"+callbacks.inf.name={TINY_PARAMETER}",
     ]
     done = train_here(args, tmp_path, env=HOOKS)
-    from laptrain.job.run import NONFINITE_EXIT
+    from laptrain.exit_codes import NONFINITE_EXIT
 
     assert done.returncode == NONFINITE_EXIT, done.stderr[-3000:]
     assert f"error: the gradient of {TINY_PARAMETER} is inf at global step 4 " in done.stderr

@@ -43,7 +43,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from laptrain.callbacks.contracts import VersionedState
-from laptrain.checkpoints.files import checkpoint_step
+from laptrain.checkpoints.checkpoint_io import checkpoint_step
 from laptrain.checkpoints.stop import last_checkpoint_of
 
 ACTIONS = ("stop", "skip")

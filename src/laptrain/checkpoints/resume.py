@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from laptrain.checkpoints.files import checkpoint_step, clean_leftovers, read_checkpoint
+from laptrain.checkpoints.checkpoint_io import checkpoint_step, clean_leftovers, read_checkpoint
 from laptrain.checkpoints.trusted import TrustedGlobals
 
 

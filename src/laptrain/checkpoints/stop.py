@@ -47,7 +47,7 @@ from typing import Any, ClassVar, Protocol
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from laptrain.checkpoints.files import move_into_place
+from laptrain.checkpoints.checkpoint_io import move_into_place
 
 
 class QueuedSave(Protocol):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from laptrain.commands.exit_codes import error_exit_code
+from laptrain.exit_codes import error_exit_code
 from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.project import conf_dir
 
@@ -37,7 +37,7 @@ MEMORY_BOUND_SHARE = 0.85  # peak memory above this share of the device (or of R
 CPU_UNDERUSED_SHARE = 0.6  # CPU time below this share of the cores torch may use
 PADDING_BOUND_SHARE = 0.25  # more than this share of computed tokens are padding
 # The key that switches gradient checkpointing on, by preset: the transformers families'
-# model.gradient_checkpointing (laptrain.model.checkpointing), TRM's model.grad_checkpoint (which
+# model.gradient_checkpointing (laptrain.model.gradient_checkpointing), TRM's model.grad_checkpoint (which
 # refuses the other name); the memory advice names the one the job's model has.
 CHECKPOINTING_KEYS = ("gradient_checkpointing", "grad_checkpoint")
 
@@ -505,7 +505,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         if not is_oom(err):
             raise
-        from laptrain.job.run import DOES_NOT_FIT_EXIT
+        from laptrain.exit_codes import DOES_NOT_FIT_EXIT
 
         print(f"error: out of memory: {str(err).splitlines()[0][:300]}", file=sys.stderr)
         return DOES_NOT_FIT_EXIT

@@ -27,7 +27,7 @@ Shared by all: a run is named as ``laptrain runs`` prints it or by its folder, u
 (:func:`laptrain.run_folder.listing.resolve_run`); options and overrides mix in any order
 (:class:`Parser`); every argument's help shows its default (:class:`HelpFormatter`); ``--json`` on
 ``doctor``, ``runs``, ``why`` and ``preflight``; one exit code per outcome
-(:mod:`laptrain.commands.exit_codes`).
+(:mod:`laptrain.exit_codes`).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def preflight(args: argparse.Namespace) -> int:
         return 2
     code = 0
     if not fits:
-        from laptrain.job.run import DOES_NOT_FIT_EXIT
+        from laptrain.exit_codes import DOES_NOT_FIT_EXIT
 
         code = DOES_NOT_FIT_EXIT
     print(

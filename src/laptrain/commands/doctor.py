@@ -68,7 +68,7 @@ class Report:
         if not failed:
             return 0
         if all(c.memory for c in failed):
-            from laptrain.job.run import DOES_NOT_FIT_EXIT
+            from laptrain.exit_codes import DOES_NOT_FIT_EXIT
 
             return DOES_NOT_FIT_EXIT
         return 1

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.checkpoints.files import load_state
+from laptrain.checkpoints.checkpoint_io import load_state
 from laptrain.checkpoints.trusted import TrustedGlobals
 from laptrain.config.secrets import masked
 

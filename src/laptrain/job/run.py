@@ -30,7 +30,7 @@ from laptrain.callbacks.contracts import ended_early, signal_stop, stop_reason
 from laptrain.callbacks.fused_optimizer_check import FusedOptimizerCheck
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
 from laptrain.callbacks.trial_pruning import TrialPruning, sweep_trial_number, trial_of
-from laptrain.checkpoints.files import checkpoint_plugins, weights_only_under_fsdp
+from laptrain.checkpoints.checkpoint_io import checkpoint_plugins, weights_only_under_fsdp
 from laptrain.checkpoints.resume import (
     checked_resume_checkpoint,
     final_step,
@@ -53,6 +53,7 @@ from laptrain.console import (
 )
 from laptrain.data.contracts import SavesArtifacts, SizesTheModel
 from laptrain.data.user_loaders import prepare_user_loaders
+from laptrain.exit_codes import PAUSED_EXIT, PRUNED_EXIT
 from laptrain.family import family_of
 from laptrain.files import write_folder_atomic, write_text_atomic
 from laptrain.hardware.env import EnvReport
@@ -72,9 +73,9 @@ from laptrain.launch.device import (
 from laptrain.loggers.tracking import prepared as prepared_loggers
 from laptrain.loggers.tracking import remember as remember_tracking_runs
 from laptrain.loggers.tracking import runs_ended
-from laptrain.model.checkpointing import ChecksGradientCheckpointing
 from laptrain.model.contracts import ExportsModel
 from laptrain.model.fsdp_units import fsdp_strategy_for, whole_state_dict
+from laptrain.model.gradient_checkpointing import ChecksGradientCheckpointing
 from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.ranks.environment import extra_rank
 from laptrain.ranks.processes import asked_devices, shards_model_state
@@ -131,24 +132,6 @@ def _single_log_stream() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
-
-
-# A run a callback paused on purpose (session budget, swap, battery) and that the same command
-# resumes: sysexits.h's EX_TEMPFAIL ("a temporary failure; the user is invited to retry"), so a
-# script or scheduler can tell it from a finished run (0) and from a signal (128 + its number).
-PAUSED_EXIT = 75
-# The job does not fit this machine's memory (the preflight's refusal; laptrain preflight, bench,
-# doctor, export/generate/eval alike): sysexits.h's EX_UNAVAILABLE, "a service is unavailable":
-# the command is right, the memory it needs is not there; a larger budget or a smaller job fits.
-DOES_NOT_FIT_EXIT = 69
-# The NaN guard stopped the run (callbacks.nonfinite_guard.action=stop): sysexits.h's EX_DATAERR,
-# "the input data was incorrect": the same command stops again; the data, learning rate or
-# precision must change (bad input stays 2, Python's and argparse's code for a usage error).
-NONFINITE_EXIT = 65
-# An Optuna sweep's pruner stopped the trial (hydra.sweeper.pruner): sysexits.h's EX_CONFIG, "something
-# was found in an unconfigured or misconfigured state": these hyperparameters are not worth finishing.
-# Inside the sweep the job raises optuna.TrialPruned instead (train.py), which the sweeper records.
-PRUNED_EXIT = 78
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ BATCH = 100  # MLflow's limit of params or tags in one log_batch
 
 class MLFlowLogger(LightningMLFlowLogger):
     """:class:`lightning.pytorch.loggers.MLFlowLogger` (same arguments) whose run may be continued:
-    ``run_id`` names a run of an earlier session (laptrain.loggers.resume passes it back)."""
+    ``run_id`` names a run of an earlier session (laptrain.loggers.continued_runs passes it back)."""
 
     @property
     @rank_zero_experiment

@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from laptrain.config.errors import ConfigError
-from laptrain.loggers import resume
+from laptrain.loggers import continued_runs
 
 # Set unless the user set them: nothing leaves the machine that the user did not ask to send.
 QUIET_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "WANDB_ERROR_REPORTING": "false"}
@@ -95,7 +95,7 @@ def check_wandb_modes(section: Any, environ: Mapping[str, str] = os.environ) -> 
     """:func:`wandb_mode`'s refusal before the run folder is made (laptrain.config.check calls it
     on the composed config, without importing torch): W&B loggers are known here by their
     ``_target_``'s class name."""
-    for name, node in resume.entries(section):
+    for name, node in continued_runs.entries(section):
         if str(node.get("_target_")).rsplit(".", 1)[-1] == "WandbLogger":
             configured = "offline" if node.get("offline") else node.get("mode")
             wandb_mode(configured, environ, where=f"logger.{name}")
@@ -108,16 +108,16 @@ def prepared(
     tracked: bool = True,
 ) -> DictConfig | None:
     """The ``logger`` section as the job builds it: resolved, with the ids of the run folder's
-    MLflow / W&B runs (laptrain.loggers.resume), W&B's mode decided and MLflow's local artifacts
+    MLflow / W&B runs (laptrain.loggers.continued_runs), W&B's mode decided and MLflow's local artifacts
     beside its store; without MLflow and W&B unless ``tracked`` (False on a rank other than
     global rank 0). Exports :data:`QUIET_ENV` first."""
     if not section:
         return None
     quiet_env(environ)
     built = OmegaConf.create(OmegaConf.to_container(section, resolve=True))
-    resume.with_stored_ids(built, folder)
-    for name, node in list(resume.entries(built)):
-        kind = resume.kind_of(node)
+    continued_runs.with_stored_ids(built, folder)
+    for name, node in list(continued_runs.entries(built)):
+        kind = continued_runs.kind_of(node)
         if kind is not None and not tracked:
             del built[name]
         elif kind == "wandb":
@@ -142,7 +142,7 @@ def local_store(uri: str | None) -> Path | None:
 def remember(section: Any, loggers: list[Any], folder: Path) -> None:
     """Keep the ids of the MLflow / W&B runs ``loggers`` started, so that a resume continues them
     (rank 0 only; starts the runs if they have not started)."""
-    resume.remember(section, loggers, folder)
+    continued_runs.remember(section, loggers, folder)
 
 
 def log_text(loggers: list[Any], values: Mapping[str, str]) -> None:

@@ -10,7 +10,7 @@ buys one feature, named in its docstring:
 - :class:`KeepsTrainableOnly`: checkpoints and exports of the trainable parameters only;
 - :class:`ChunksBatches`: the plan and the console count the micro batch the step really runs;
 - :class:`SizesItsStep`: the memory preflight measures the step the module really runs;
-- ``ChecksGradientCheckpointing`` (``laptrain/model/checkpointing.py``):
+- ``ChecksGradientCheckpointing`` (``laptrain/model/gradient_checkpointing.py``):
   ``model.gradient_checkpointing=auto``, on only when the memory preflight finds it is needed.
 
 OOM backoff is the one feature a class brings: the ``ChunkedBackward`` mixin

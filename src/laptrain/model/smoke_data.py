@@ -8,7 +8,7 @@ The preset's choices are followed with two smoke rules, each the branch a real r
 case, so that the smoke always runs it:
 
 - ``gradient_checkpointing: auto`` is built as ``true``: auto turns checkpointing on when the
-  preflight finds that the job does not fit without it (``laptrain.model.checkpointing``), which
+  preflight finds that the job does not fit without it (``laptrain.model.gradient_checkpointing``), which
   is the case the presets' big bases are there for.
 - ``optimizer.fused`` stays on where torch has fused AdamW kernels for the device
   (:data:`FUSED_DEVICES`), and is turned off where the launch turns it off

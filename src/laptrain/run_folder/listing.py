@@ -113,7 +113,7 @@ def _status(folder: Path, report: dict[str, Any] | None, has_ckpt: bool) -> str:
 
 def checkpoint_facts(path: Path) -> tuple[int, str | None]:
     """(global step, best score text) stored in a Lightning checkpoint (tensors memory-mapped)."""
-    from laptrain.checkpoints.files import load_state  # imports torch
+    from laptrain.checkpoints.checkpoint_io import load_state  # imports torch
 
     state = load_state(path)
     best = None

@@ -21,9 +21,9 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from laptrain.model.checkpointing import parse_setting, replay_device_rng, switch_on
 from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.model.fsdp_units import inner_state_dict
+from laptrain.model.gradient_checkpointing import parse_setting, replay_device_rng, switch_on
 from laptrain.pretrained.loading import Source, load_pretrained_model
 
 from .first_token import first_token_only
@@ -146,7 +146,7 @@ class TextClassifierModule(ChunkedBackward, pl.LightningModule):
 
     def _checkpoint_backbone(self) -> None:
         """transformers' checkpointing with its default kwargs; on MPS the recompute replays the
-        forward's dropout masks (``laptrain.model.checkpointing.replay_device_rng``)."""
+        forward's dropout masks (``laptrain.model.gradient_checkpointing.replay_device_rng``)."""
         switch_on(self.model)
         replay_device_rng(self.model)
 

@@ -28,7 +28,6 @@ from torchmetrics.aggregation import MeanMetric
 from laptrain.families.lora.adapter_folders import step_adapters
 from laptrain.families.lora.base_dtype import check_ranks_agree
 from laptrain.files import write_folder_atomic
-from laptrain.model.checkpointing import enable_checkpointing, parse_setting
 from laptrain.model.chunked_backward import ChunkedBackward
 from laptrain.model.fsdp_units import (
     gathers_in_lower_precision,
@@ -36,6 +35,7 @@ from laptrain.model.fsdp_units import (
     inner_state_dict,
     unwrapped_name,
 )
+from laptrain.model.gradient_checkpointing import enable_checkpointing, parse_setting
 from laptrain.pretrained.loading import Source, load_pretrained_model, rank_device_map
 from laptrain.pretrained.sources import source_fingerprint
 
@@ -255,7 +255,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         gradient_checkpointing: recompute activations in backward (non-reentrant, with input
             grads enabled so the adapters of the first layer still get gradients); ``auto``: off
             unless the preflight finds the job does not fit without it
-            (``laptrain.model.checkpointing``).
+            (``laptrain.model.gradient_checkpointing``).
         optimizer: a factory (Hydra ``_partial_: true``) taking parameter groups.
         scheduler: constant, linear or cosine, after ``warmup_ratio`` of the steps.
         adapters_dir: where ``step-NNNNNN/`` adapter folders go; default

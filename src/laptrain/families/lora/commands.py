@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from laptrain.commands.arguments import add_run_argument
-from laptrain.commands.exit_codes import error_exit_code
 from laptrain.console import quiet_libraries
+from laptrain.exit_codes import error_exit_code
 from laptrain.run_folder.listing import resolve_run
 
 

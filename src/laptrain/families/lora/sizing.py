@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from laptrain.config.batch_request import is_auto
-from laptrain.model.checkpointing import switch_on
+from laptrain.model.gradient_checkpointing import switch_on
 from laptrain.preflight.activations import ActivationProfile, Quadratic, measure_activations
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, Estimate, ModelMemory
 from laptrain.preflight.from_config import BudgetChoice, PreflightInputError, choose_budget
