@@ -159,7 +159,7 @@ def evaluate_tasks(
     ``device``), and the table written to ``<run>/eval/lm_eval.json``."""
     import torch
 
-    from laptrain.families.lora import tools
+    import laptrain.families.lora.tools as tools
 
     adapter = tools.find_adapter(path)
     name = tools.base_name_of(adapter)
