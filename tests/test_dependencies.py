@@ -20,6 +20,7 @@ NOT_INSTALLED_HERE = {
     "Foundation": "pyobjc-framework-Cocoa",
     "bitsandbytes": "bitsandbytes",
     "llama_cpp": "llama-cpp-python",  # the llamacpp extra: built from source, not in .[dev]
+    "lm_eval": "lm-eval",  # the eval extra: heavy (scipy, scikit-learn, nltk), not in .[dev]
 }
 
 

@@ -66,12 +66,41 @@ def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
             temperature=args.temperature,
         )
         print()
+    elif args.tasks is not None:
+        _eval_tasks(args)
+    elif args.data is None:
+        raise ValueError("eval needs --data FILE (loss, perplexity) or --tasks T1,T2 (lm-eval)")
     else:
         result = lora_tools.evaluate(
             args.path, args.data, args.max_length, args.batch_size, **where
         )
         print(result.markdown())
     return 0
+
+
+def _eval_tasks(args: argparse.Namespace) -> None:
+    """``laptrain eval RUN --tasks``: lm-evaluation-harness accuracy, adapter vs base."""
+    import json
+    import logging
+
+    if args.data is not None:
+        raise ValueError("--data and --tasks are two evaluations: give one of them")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit}: give at least 1 item per task, or drop --limit")
+    if args.dtype not in (None, "float32"):
+        raise ValueError("--dtype is for --data: --tasks scores in float32, as lm_eval does")
+    if args.max_length is not None:
+        raise ValueError("--max-length is for --data: lm-eval's tasks set their own lengths")
+    from laptrain.families.lora.harness import evaluate_tasks, table
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ValueError("--tasks is empty: name lm-eval tasks, e.g. --tasks stdlib_mc")
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its INFO lines per task and load
+    scores = evaluate_tasks(
+        args.path, tasks, args.include_path, args.limit, args.base, args.batch_size, args.device
+    )
+    print(json.dumps(scores, indent=1) if args.json else table(scores))
 
 
 def _add_load_options(parser: argparse.ArgumentParser, export: bool = False) -> None:
@@ -161,11 +190,30 @@ def _add_generate(commands: Any) -> None:
 def _add_eval(commands: Any) -> None:
     ev = commands.add_parser(
         "eval",
-        help="masked loss/perplexity of base vs adapter on a file; DPO metrics on preference pairs",
+        help="masked loss/perplexity of base vs adapter on a file; DPO metrics on preference pairs; "
+        "lm-evaluation-harness tasks (--tasks)",
     )
     add_run_argument(ev, WHERE, "path")
     ev.add_argument(
-        "--data", required=True, help="JSONL/CSV/Parquet rows as in training (required)"
+        "--data", default=None, help="JSONL/CSV/Parquet rows as in training (or --tasks)"
+    )
+    ev.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated lm-evaluation-harness tasks (pip install 'laptrain[eval]'): each "
+        "task's accuracy, written to <run>/eval/lm_eval.json; stdlib_mc ships offline",
+    )
+    ev.add_argument(
+        "--include-path", default=None, help="with --tasks: a folder of your own task YAMLs"
+    )
+    ev.add_argument(
+        "--limit", type=int, default=None, help="with --tasks: the first N items of each task"
+    )
+    ev.add_argument(
+        "--base", action="store_true", help="with --tasks: score the base too (adapter off)"
+    )
+    ev.add_argument(
+        "--json", action="store_true", help="with --tasks: print only {task: {adapter, base}}"
     )
     ev.add_argument(
         "--max-length",
