@@ -8,7 +8,7 @@ import json
 from laptrain.commands import cli
 from tests.test_why import steps, write_run
 
-RUN_KEYS = {"name", "folder", "status", "step", "best_metric", "best_score", "command"}
+RUN_KEYS = {"name", "folder", "status", "step", "best_metric", "best_score", "evaluated", "command"}
 
 
 def test_runs_json_lists_each_run_with_stable_keys(tmp_path, capsys, monkeypatch) -> None:

@@ -16,6 +16,7 @@ from laptrain.commands.cli import main
 from laptrain.families.lora.causal_lm import CausalLMLoRAModule
 from laptrain.families.lora.eval_tasks import TASKS_DIR
 from laptrain.families.lora.harness import scores_on
+from laptrain.run_folder.listing import run_state, runs_table
 from tests.test_causal_lm_lora import (
     _one_thread,  # noqa: F401 - module fixture
     base,  # noqa: F401 - module fixture
@@ -29,6 +30,7 @@ def lora_run(tokenizer, base, tmp_path_factory):  # noqa: F811
     pytest.importorskip("lm_eval", reason="lm-eval is not installed: pip install '.[eval]'")
     run = tmp_path_factory.mktemp("run")
     (run / "run_info.json").write_text("{}")
+    (run / "report.md").write_text("# Run report\n\nstatus: done\n")
     torch.manual_seed(0)
     module = CausalLMLoRAModule(tokenizer, pretrained=base, lora={"r": 8})
     with torch.no_grad():
@@ -48,6 +50,11 @@ def test_tasks_json_matches_lm_eval_cli_on_the_merged_export(lora_run, tmp_path,
     assert scores["stdlib_mc"]["adapter"] != scores["stdlib_mc"]["base"]
     written = json.loads((lora_run / "eval" / "lm_eval.json").read_text())
     assert written == {"limit": 20, "tasks": scores}
+    shown = run_state(lora_run)  # laptrain runs' row and the report show the same figures
+    adapter = f"stdlib_mc {scores['stdlib_mc']['adapter']:.1%}"
+    assert adapter in runs_table([shown], lora_run.parent)
+    report = (lora_run / "report.md").read_text()
+    assert report.startswith("# Run report") and f"| {adapter.split()[1]} |" in report
 
     assert main(["export", str(lora_run), "--out", str(tmp_path / "merged")]) == 0
     out = tmp_path / "lm_eval_out"

@@ -150,6 +150,7 @@ def runs_json(states: list[Any], root: Path) -> str:
                 "step": s.step,
                 "best_metric": metric or None,
                 "best_score": float(score) if metric else None,
+                "evaluated": s.evaluated,
                 "command": s.command,
             }
         )

@@ -96,6 +96,21 @@ class RunState:
     step: int | None
     best: str | None  # "val/acc 0.6045"
     command: str | None
+    evaluated: dict[str, dict[str, float]] | None = None  # eval/lm_eval.json: task -> accuracies
+
+
+def evaluations(folder: Path) -> dict[str, dict[str, float]] | None:
+    """The benchmark accuracies ``laptrain eval --tasks`` wrote (``eval/lm_eval.json``), or None."""
+    found = _json(folder / "eval" / "lm_eval.json")
+    return found.get("tasks") if found else None
+
+
+def evaluation_text(evaluated: dict[str, dict[str, float]] | None) -> str:
+    """``stdlib_mc 5.0 % (base 2.5 %)`` per task, for the table; empty without any."""
+    return ", ".join(
+        f"{task} {s['adapter']:.1%}" + (f" (base {s['base']:.1%})" if "base" in s else "")
+        for task, s in (evaluated or {}).items()
+    )
 
 
 def _status(folder: Path, report: dict[str, Any] | None, has_ckpt: bool) -> str:
@@ -147,9 +162,8 @@ def run_state(folder: str | Path) -> RunState:
             best = from_ckpt or best
         except Exception:  # noqa: BLE001 - a half-written or foreign file: show what the report says
             pass
-    return RunState(
-        folder, _status(folder, report, last.is_file()), step, best, resume_command(folder)
-    )
+    status = _status(folder, report, last.is_file())
+    return RunState(folder, status, step, best, resume_command(folder), evaluations(folder))
 
 
 def is_run_folder(folder: Path) -> bool:
@@ -207,7 +221,7 @@ def runs_table(states: list[RunState], root: Path) -> str:
             str(s.folder.relative_to(root)) if s.folder.is_relative_to(root) else str(s.folder),
             s.status,
             "—" if s.step is None else str(s.step),
-            s.best or "—",
+            "; ".join(filter(None, [s.best, evaluation_text(s.evaluated)])) or "—",
             s.command or "—",
         )
         for s in states

@@ -21,6 +21,7 @@ from laptrain.families.lora.eval_tasks import TASKS_DIR
 CROSS_CHECK_ITEMS = 50
 CROSS_CHECK_POINTS = 1.0
 RESULT_FILE = Path("eval") / "lm_eval.json"
+REPORT_SECTION = "## Benchmarks (laptrain eval --tasks)"  # report.md's last section
 Scores = dict[str, dict[str, float]]  # task -> {"adapter": acc, "base": acc}
 Scorer = Callable[[int | None], Scores]
 
@@ -141,6 +142,14 @@ def write_scores(run: Path | None, scores: Scores, limit: int | None) -> Path | 
     out = run / RESULT_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps({"limit": limit, "tasks": scores}, indent=1) + "\n")
+    report = run / "report.md"
+    if report.is_file():  # the run's report gets (or replaces) its benchmark section
+        kept = report.read_text().split(REPORT_SECTION)[0].rstrip("\n")
+        limited = f" (first {limit} items of each task)" if limit else ""
+        section = (
+            f"{REPORT_SECTION}\n\nlm-evaluation-harness accuracy{limited}:\n\n{table(scores)}\n"
+        )
+        write_text_atomic(report, f"{kept}\n\n{section}")
     return out
 
 
