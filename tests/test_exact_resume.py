@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_train, tiny_classifier_job
+from tests.conftest import TINY_LORA, run_train, tiny_classifier_job
 from tests.in_process import train_here
 from tests.same_state import assert_same
 
@@ -179,4 +179,24 @@ def test_trm_stopped_and_rerun_is_bit_identical(tmp_path):
     run_ok([*args, "run_name=straight"], tmp_path)
     run_ok([*args, "run_name=stopped", *signal_at("SIGTERM", step=6)], tmp_path, 143)
     run_ok([*args, "run_name=stopped"], tmp_path)
+    assert_same_run(tmp_path, "straight", "stopped")
+
+
+def test_lora_stopped_and_rerun_is_bit_identical(tmp_path):
+    """The default trainer config (not deterministic), LoRA dropout on: SIGTERM at step 3 of 4,
+    a validation at step 2 before it; the rerun ends with the straight run's adapter and AdamW
+    moments, tensor for tensor."""
+    args = [
+        *TINY_LORA,
+        "data.builder.modules=[json,csv,base64,shlex,heapq,bisect]",
+        "data.vocab_size=512",
+        "data.max_length=64",
+        "data.batch_size=4",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "test=false",
+    ]
+    run_ok([*args, "run_name=straight"], tmp_path)
+    run_ok([*args, "run_name=stopped", *signal_at("SIGTERM", step=3)], tmp_path, 143)
+    assert "global step 3," in run_ok([*args, "run_name=stopped"], tmp_path)
     assert_same_run(tmp_path, "straight", "stopped")

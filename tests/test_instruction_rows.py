@@ -203,7 +203,7 @@ def test_every_sft_row_shape_reads_as_the_same_conversation(row):
         ({"prompt": "q", "completion": 3}, "completion is int, not a string"),
         ({"prompt": "q", "completion": QUESTION}, "other than the assistant's"),
         ({"prompt": [{"role": "user", "content": ["q"]}], "completion": REPLY}, "not a string"),
-        ({"text": "The sky is blue."}, "TRL's language-modeling form"),
+        ({"text": ["The sky is blue."]}, "text is list, not a string"),
     ],
 )
 def test_any_other_value_is_refused_naming_the_field(row, why):
@@ -222,3 +222,21 @@ def test_a_list_prompt_is_never_trained_on_as_its_repr(tmp_path):
         read_instructions({"train": str(path)})
     message = str(err.value)
     assert f"{path}:2 (prompt is list, not a string" in message and "\n" not in message
+
+
+def test_a_file_mixing_text_rows_and_chat_rows_is_refused_naming_the_line(tmp_path):
+    """TRL's language-modeling rows train on every token, chat rows on their responses: one data
+    set holds one kind, refused by train.py before the run folder exists."""
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"text": f"Text number {i}."} for i in range(8)]
+    rows.insert(2, {"prompt": "What does `len` do?", "completion": "Counts items."})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = train_here(["data=instructions", f"data.files.train={path}", "run_name=bad"], tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert (
+        f"{path}:3 is a prompt/completion or messages row but {path}:1 is a text row" in errors[0]
+    )
+    assert "every row of the data in one form" in errors[0]
+    assert not (tmp_path / "outputs").exists()

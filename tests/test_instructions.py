@@ -13,13 +13,15 @@ import torch
 
 from laptrain.families.lora import instructions
 from laptrain.families.lora.chat_tokenizer import build_offline_tokenizer
-from laptrain.families.lora.instruction_rows import row_messages
+from laptrain.families.lora.instruction_rows import PlainText, row_messages
 from laptrain.families.lora.instructions import (
     CausalLMCollator,
     InstructionDataModule,
     encode_chat,
     render_prompt,
 )
+from tests.conftest import TINY_LORA
+from tests.in_process import train_here
 
 WORDS = [
     "alpha",
@@ -352,3 +354,41 @@ def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path, tokenizer_dir):
     again.setup()
     assert list(again.splits["train"]["input_ids"]) == expected and arrow.read_bytes() == good
     assert not [p for p in (tmp_path / "c" / "instructions").iterdir() if p != again.entry]
+
+
+def test_a_text_row_is_trained_on_every_token_without_the_chat_template(tmp_path, tokenizer_dir):
+    """TRL's language-modeling form: the text + EOS, tokenized as it is (no chat headers, no
+    system prompt), labels on every token; a text over data.max_length keeps its start (TRL's
+    truncation); a tokenizer that adds BOS itself gets it, as TRL's tokenizer call does."""
+    texts = [" ".join(WORDS[(i + j) % 11] for j in range(2 + i % 7)) + "." for i in range(40)]
+    dm = module(tmp_path, tokenizer_dir, [{"text": t} for t in texts], system_prompt="Be brief.")
+    dm.setup()
+    tok = dm.tokenizer
+    want = {tuple(tok(t + EOT, add_special_tokens=False)["input_ids"]) for t in texts}
+    got = [dm.splits[s][i] for s in ("train", "val", "test") for i in range(len(dm.splits[s]))]
+    assert len(got) == len(texts) and {tuple(ex["input_ids"]) for ex in got} == want
+    for ex in got:  # every token a label (the first has nothing before it to predict it)
+        assert ex["labels"][0] == -100 and ex["labels"][1:] == ex["input_ids"][1:]
+
+    long = PlainText(" ".join(WORDS * 4))
+    ids, labels, cut = encode_chat(tok, long, max_length=8)
+    assert cut and ids == tok(long.text, add_special_tokens=False)["input_ids"][:8]
+
+    from tokenizers.processors import TemplateProcessing
+
+    bos = "<|begin_of_text|>"
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tok.convert_tokens_to_ids(bos))]
+    )
+    ids, _, _ = encode_chat(tok, PlainText("alpha beta"))
+    assert ids == tok("alpha beta" + EOT)["input_ids"] and ids[0] == tok.bos_token_id
+
+
+def test_train_py_trains_lora_on_a_file_of_text_rows(tmp_path):
+    texts = [f"The function number {i} returns {i * 7} to its caller." for i in range(40)]
+    path = write_jsonl(tmp_path / "texts.jsonl", [{"text": t} for t in texts])
+    args = [*TINY_LORA, "data=instructions", f"data.files.train={path}", "debug=fast"]
+    done = train_here([*args, "data.batch_size=4", "test=false", "run_name=text"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = tmp_path / "outputs" / "text" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 6

@@ -3,8 +3,9 @@ before the run folder exists (``laptrain.data.precheck.check_data_config``) by t
 ``InstructionDataModule`` applies when it builds its cache.
 
 Rows are ``{prompt, response}``, ``{prompt, completion}`` or ``{messages: [{role, content}, ...]}``,
-with TRL's conversational prompt-completion too (``prompt`` and ``completion`` as message lists);
-a bad row is named by ``file:line`` with the reason (a field that is neither a string nor a list
+with TRL's conversational prompt-completion too (``prompt`` and ``completion`` as message lists),
+or TRL's language-modeling ``{text}`` (:class:`PlainText`: no chat template, every token trained);
+one data set holds text rows or chat rows, never both. A bad row is named by ``file:line`` with the reason (a field that is neither a string nor a list
 of ``{role, content}`` messages is named). Checks that need the tokenizer (a response
 that does not fit ``data.max_length``) stay in the datamodule.
 """
@@ -12,6 +13,7 @@ that does not fit ``data.max_length``) stay in the datamodule.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,17 @@ INSTRUCTION_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "system_prompt": (str, type(None)),
 }
 Messages = list[dict[str, str]]
-Rows = dict[str, list[tuple[str, Messages, Any]]]  # split -> (file:line, messages, group)
+
+
+@dataclass(frozen=True)
+class PlainText:
+    """TRL's language-modeling row ``{"text": ...}``: tokenized without the chat template and
+    trained on whole, as TRL's SFTTrainer trains a "text" dataset."""
+
+    text: str
+
+
+Rows = dict[str, list[tuple[str, Messages | PlainText, Any]]]  # split -> (file:line, row, group)
 
 
 def to_messages(row_or_prompt: str | Messages, system_prompt: str | None = None) -> Messages:
@@ -154,8 +166,9 @@ def _message_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(m, Mapping) and "role" in m for m in value)
 
 
-def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
-    """The row as messages, or why it is a bad row (a short string)."""
+def row_messages(row: Any, system_prompt: str | None = None) -> Messages | PlainText | str:
+    """The row as messages (a text row as :class:`PlainText`), or why it is a bad row (a short
+    string)."""
     if not isinstance(row, Mapping):
         return row if isinstance(row, str) else "not an object"
     system = row.get("system") or system_prompt
@@ -180,11 +193,8 @@ def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
     response, why_response = field_value(row, key)
     if why or why_response:
         return why or str(why_response)
-    if prompt is None and row.get("text") is not None:
-        return (
-            "a text row (TRL's language-modeling form) has no response to learn: use "
-            "prompt+completion or messages"
-        )
+    if prompt is None and response is None and "text" in row:
+        return _plain_text(row["text"])
     if prompt is None:
         return "no prompt"
     if response is None:
@@ -194,6 +204,14 @@ def row_messages(row: Any, system_prompt: str | None = None) -> Messages | str:
     elif any(m["role"] != "assistant" for m in response):
         return f"{key} holds a turn other than the assistant's"
     return _with_response(to_messages(prompt, system) + to_messages(response))
+
+
+def _plain_text(text: Any) -> PlainText | str:
+    if not isinstance(text, str):
+        return f"text is {type(text).__name__}, not a string"
+    if not text.strip():
+        return "empty text"
+    return _too_long([{"content": text}]) or PlainText(text)
 
 
 def _with_response(messages: Messages) -> Messages | str:
@@ -257,10 +275,23 @@ def read_instructions(
     group_column: str | None = None,
     encoding: str = "utf-8",
 ) -> Rows:
-    """Every file's rows as messages, or one error naming the bad rows (``file:line (why)``)."""
-    return read_named_rows(
+    """Every file's rows as messages (or text rows), or one error naming the bad rows
+    (``file:line (why)``), or one naming a row whose kind (text or chat) differs from the first."""
+    named = read_named_rows(
         files, lambda raw: row_messages(raw, system_prompt), bad_rows_error, group_column, encoding
     )
+    rows = [
+        (where, isinstance(row, PlainText)) for split in named.values() for where, row, _ in split
+    ]
+    odd = next((where for where, text in rows if text != rows[0][1]), None)
+    if odd is not None:
+        kinds = {True: "a text row", False: "a prompt/completion or messages row"}
+        raise DataError(
+            f"{odd} is {kinds[not rows[0][1]]} but {rows[0][0]} is {kinds[rows[0][1]]}: write "
+            "every row of the data in one form ({text} rows train on every token, chat rows on "
+            "the responses only)"
+        )
+    return named
 
 
 def split_instruction_rows(

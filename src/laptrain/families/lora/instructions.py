@@ -1,7 +1,9 @@
 """Instruction data for causal-LM fine-tuning: chat-rendered, loss only on the responses.
 
 Rows are ``{prompt, response}``, ``{prompt, completion}`` or ``{messages: [{role, content}, ...]}``
-(roles system / user / assistant) in JSONL, JSON, CSV/TSV or Parquet. Each row becomes segments,
+(roles system / user / assistant) in JSONL, JSON, CSV/TSV or Parquet; or TRL's language-modeling
+``{text}`` rows, one response segment each: the text + EOS with the tokenizer's own BOS, no chat
+template, every token trained (TRL's SFTTrainer on a "text" dataset). Each chat row becomes segments,
 each tokenized on its own: the chat rendered up to an assistant turn with the generation prompt
 (label -100), then that turn's content + end-of-turn (labels = ids), and so on for every assistant
 turn. Not one rendering of the whole chat masked afterwards: with a byte-level BPE the header's
@@ -10,7 +12,8 @@ trains on ids that generation never sees (the tiny model reproduced 0/8 memorise
 way, 8/8 with segments; measured). ``render_prompt`` builds generation prompts from the same
 segments, so they equal the training prefix id for id.
 
-Too long: the prompt is cut from the left, the response is kept; the count is logged. The
+Too long: the prompt is cut from the left, the response is kept (a text row loses its end, as in
+TRL); the count is logged. The
 tokenized splits are cached like ``TextClassificationDataModule``'s (whose file handling, split
 and batch plumbing this module inherits); batches are length-grouped, seeded and resumable, padded
 to a multiple of ``pad_to_multiple_of`` (64 on MPS profiles: every new shape builds an MPSGraph
@@ -48,6 +51,7 @@ from laptrain.families.lora.chat_tokenizer import (
 )
 from laptrain.families.lora.instruction_rows import (
     Messages,
+    PlainText,
     bad_rows_error,
     read_instructions,
     split_instruction_rows,
@@ -95,14 +99,20 @@ def _after(text: str, done: str) -> str:
 
 
 def segment_texts(
-    tokenizer: Any, messages: Messages, eot: str, add_generation_prompt: bool = False
+    tokenizer: Any, messages: Messages | PlainText, eot: str, add_generation_prompt: bool = False
 ) -> list[tuple[str, bool]]:
     """``(text, is_response)`` pieces whose concatenation is the rendered chat.
 
     Every assistant turn is one response piece (content + ``eot``); everything between is one
     prompt piece, ending with the assistant header (the generation prompt). Messages after the last
-    assistant turn are dropped unless ``add_generation_prompt`` asks for the next prompt.
+    assistant turn are dropped unless ``add_generation_prompt`` asks for the next prompt. A text
+    row is one response piece: TRL's ``text + eos_token`` (unless it ends so) after the BOS the
+    tokenizer adds by itself (TRL tokenizes it with the special tokens).
     """
+    if isinstance(messages, PlainText):
+        eos = tokenizer.eos_token or ""
+        text = messages.text if messages.text.endswith(eos) else messages.text + eos
+        return [(_own_bos(tokenizer) + text, True)]
     pieces: list[tuple[str, bool]] = []
     done = ""
     for i, message in enumerate(messages):
@@ -115,6 +125,13 @@ def segment_texts(
     if add_generation_prompt and (not messages or messages[-1]["role"] != "assistant"):
         pieces.append((_after(_render(tokenizer, messages, True), done), False))
     return pieces
+
+
+def _own_bos(tokenizer: Any) -> str:
+    bos = tokenizer.bos_token_id
+    return (
+        tokenizer.bos_token if bos is not None and tokenizer("")["input_ids"][:1] == [bos] else ""
+    )
 
 
 def _ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
@@ -136,14 +153,15 @@ def render_prompt(
 
 def encode_chat(
     tokenizer: Any,
-    messages: Messages,
+    messages: Messages | PlainText,
     max_length: int | None = None,
     eot: str | None = None,
 ) -> tuple[list[int], list[int], bool]:
-    """``(input_ids, labels, truncated)`` of one conversation; labels are -100 off the responses.
+    """``(input_ids, labels, truncated)`` of one conversation (or text row); labels are -100 off
+    the responses.
 
     Longer than ``max_length``: tokens are cut from the left, so the last response is kept whole
-    (the caller checks that it fits, see ``_check_response``).
+    (the caller checks that it fits, see ``_check_response``); a text row loses its end instead.
     """
     pieces = segment_texts(tokenizer, messages, eot or end_of_turn(tokenizer))
     ids_list = _ids(tokenizer, [t for t, _ in pieces])
@@ -160,7 +178,8 @@ def _join(
         labels += piece if response else [IGNORE] * len(piece)
     truncated = max_length is not None and len(ids) > max_length
     if truncated:
-        ids, labels = ids[-max_length:], labels[-max_length:]
+        keep = slice(max_length) if len(ids_list) == 1 else slice(-max_length, None)
+        ids, labels = ids[keep], labels[keep]
     if labels:
         labels[0] = IGNORE  # nothing predicts the first token (counts stay exact after a cut)
     return ids, labels, truncated
@@ -287,7 +306,8 @@ class InstructionDataModule(TextClassificationDataModule):
         builder: a callable returning ``files`` (e.g. the offline stdlib instructions).
         tokenizer: hub name or ``save_pretrained`` folder; ``None`` = the offline byte-level BPE
             (``laptrain.families.lora.chat_tokenizer.offline_tokenizer``) of ``vocab_size`` tokens.
-        max_length: longest example; longer ones lose prompt tokens from the left.
+        max_length: longest example; longer ones lose prompt tokens from the left (text rows
+            their end).
         group_column: rows sharing this field's value stay in one split (stdlib: the module).
         system_prompt: a system turn for rows that have none.
         pad_to_multiple_of: batch widths rounded up to a multiple (64 on MPS profiles).
@@ -404,7 +424,7 @@ class InstructionDataModule(TextClassificationDataModule):
         for (where, _, _), p in zip(rows, pieces, strict=True):
             ids_list, start = flat[start : start + len(p)], start + len(p)
             last = len(ids_list[-1])
-            if last >= self.max_length:  # the prompt needs one token at least
+            if len(p) > 1 and last >= self.max_length:  # the prompt needs one token at least
                 bad.append(
                     (where, f"response alone {last} tokens, data.max_length {self.max_length}")
                 )
@@ -479,7 +499,8 @@ class InstructionDataModule(TextClassificationDataModule):
             )
             rank_zero_info(  # every rank of a torchrun job sets up its data; one line is enough
                 f"instructions: {counts} rows were longer than data.max_length="
-                f"{self.max_length}: their prompts were cut from the left, responses kept"
+                f"{self.max_length}: their prompts were cut from the left, responses kept "
+                "(text rows lost their ends)"
             )
 
     def model_kwargs(self) -> dict[str, Any]:
