@@ -10,9 +10,9 @@ import sys
 
 import pytest
 from omegaconf import OmegaConf
+from smoke_harness.builds import SMOKE_BUILDS
 
 from laptrain.commands import cli
-from laptrain.device_smoke.builds import SMOKE_BUILDS
 from laptrain.family import (
     Family,
     family_of,

@@ -2,7 +2,7 @@
 read from ``conf/model/<preset>.yaml`` and built the way ``train.py`` builds it (sizes shrunk to
 smoke size, every other choice the preset's), and random token rows served in fixed batches, a
 training epoch of ``steps`` batches and one validation batch. The device smoke test
-(``laptrain/device_smoke/``) fits, saves, resumes and predicts on them.
+(``benchmarks/smoke_harness/``) fits, saves, resumes and predicts on them.
 
 The preset's choices are followed with two smoke rules, each the branch a real run takes in one
 case, so that the smoke always runs it:
