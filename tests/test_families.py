@@ -81,7 +81,8 @@ def test_every_hook_is_callable_and_the_commands_reach_the_cli(name):
     if family.commands is not None:
         commands = family.commands()
         assert commands.COMMANDS
-        assert all(cli.COMMANDS[c] is f for c, f in commands.COMMANDS.items())
+        table = cli.command_table(cli.family_commands())
+        assert all(table[c] is f for c, f in commands.COMMANDS.items())
 
 
 def test_a_user_module_is_no_family_and_runs_without_family_rules():

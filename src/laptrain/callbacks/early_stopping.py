@@ -1,4 +1,4 @@
-"""Lightning's EarlyStopping, off until ``patience`` is set, that says where its best score was and
+"""Lightning's EarlyStopping that says where its best score was and
 keeps a run it stopped stopped when the same command runs again.
 
 Gaps filled (lightning/pytorch/callbacks/early_stopping.py in 2.6.6):
@@ -28,18 +28,16 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 
 class EarlyStopping(LightningEarlyStopping):
-    """``lightning.pytorch.callbacks.EarlyStopping`` with ``patience=None`` meaning off (no check,
-    no state); the module docstring says what else differs. Other keyword arguments are Lightning's
-    (``min_delta``, ``stopping_threshold``, ``divergence_threshold``, ``check_finite``...)."""
+    """``lightning.pytorch.callbacks.EarlyStopping``, checked after every validation; the module
+    docstring says what else differs. Keyword arguments are Lightning's (``patience``,
+    ``min_delta``, ``stopping_threshold``, ``divergence_threshold``, ``check_finite``...); the run
+    builds it only once ``patience`` is set (callbacks/acting.py)."""
 
     report_section = "early_stopping"
 
-    def __init__(
-        self, monitor: str, mode: str = "max", patience: int | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, monitor: str, mode: str = "max", **kwargs: Any) -> None:
         kwargs["check_on_train_epoch_end"] = False
-        super().__init__(monitor=monitor, mode=mode, patience=patience or 0, **kwargs)
-        self.enabled = patience is not None
+        super().__init__(monitor=monitor, mode=mode, **kwargs)
         self.best_epoch: int | None = None
         self._trainer: pl.Trainer | None = None
 
@@ -49,18 +47,16 @@ class EarlyStopping(LightningEarlyStopping):
 
     @property
     def stopped(self) -> bool:
-        return self.enabled and self.stopping_reason != EarlyStoppingReason.NOT_STOPPED
+        return self.stopping_reason != EarlyStoppingReason.NOT_STOPPED
 
     def _run_early_stopping_check(self, trainer: pl.Trainer) -> None:
-        if not self.enabled:
-            return
         best = self.best_score.clone()
         super()._run_early_stopping_check(trainer)
         if not torch.equal(best, self.best_score):
             self.best_epoch = trainer.current_epoch
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "best_epoch": self.best_epoch} if self.enabled else {}
+        return {**super().state_dict(), "best_epoch": self.best_epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         patience = self.patience
@@ -79,9 +75,7 @@ class EarlyStopping(LightningEarlyStopping):
         return f"stopped early at epoch {self.stopped_epoch + 1} ({best}{at})"
 
     def summary(self) -> dict[str, Any]:
-        """The report's ``early_stopping`` section (empty while off)."""
-        if not self.enabled:
-            return {}
+        """The report's ``early_stopping`` section."""
         return {
             "monitor": self.monitor,
             "patience": self.patience,

@@ -83,7 +83,7 @@ def _watched(trainer: pl.Trainer) -> list[tuple[str, str | None, str | None]]:
         for cb in trainer.checkpoint_callbacks
     ]
     for cb in trainer.callbacks:
-        if isinstance(cb, EarlyStopping) and cb.enabled:
+        if isinstance(cb, EarlyStopping):
             option = None if cb.monitor == optimized else "callbacks.early_stopping.monitor"
             watched.append(("early stopping watches", cb.monitor, option))
         elif isinstance(cb, TrialPruning):

@@ -478,8 +478,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": bench_command,
     "fetch": fetch_command,
     "new": new_command,
-    **{name: run for family in family_commands() for name, run in family.COMMANDS.items()},
 }
+
+
+def command_table(families: list[Commands]) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """laptrain's ``COMMANDS`` and the ``families``' own, by name."""
+    return {**COMMANDS, **{name: run for f in families for name, run in f.COMMANDS.items()}}
 
 
 def import_from_clone() -> Path | None:
@@ -500,9 +504,8 @@ def import_from_clone() -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     families = family_commands(import_from_clone())
     args = build_parser(families).parse_args(argv)
-    commands = {**COMMANDS, **{n: run for f in families for n, run in f.COMMANDS.items()}}
     try:
-        return commands[args.command](args)
+        return command_table(families)[args.command](args)
     except ProjectNotFound as err:  # a plain `pip install .` run outside the clone
         print(f"error: {err}", file=sys.stderr)
         return 2

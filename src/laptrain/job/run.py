@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.callbacks.acting import build_callbacks, guards_line, without_lightning_no_ops
+from laptrain.callbacks.acting import build_callbacks, guards_line
 from laptrain.callbacks.contracts import ended_early, signal_stop, stop_reason
 from laptrain.callbacks.fused_optimizer_check import FusedOptimizerCheck
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
@@ -37,7 +37,7 @@ from laptrain.checkpoints.resume import (
     resuming_line,
     written_last,
 )
-from laptrain.checkpoints.stop import use_last_checkpoint
+from laptrain.checkpoints.stop import use_last_checkpoint, without_lightning_no_ops
 from laptrain.checkpoints.trusted import TrustedGlobals, trusted_globals
 from laptrain.config.batch_request import batch_request
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError

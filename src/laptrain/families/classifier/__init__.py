@@ -17,7 +17,8 @@ def _file_rules(datamodule: str) -> FileRules | None:
     return FileRules(LABELLED_OPTIONS, read_labelled)
 
 
-def _fsdp_layers(module: Any) -> set[type]:
+def transformers_fsdp_layers(module: Any) -> set[type]:
+    """The FSDP units of a transformers model's layers (the LoRA family's too)."""
     from laptrain.model.fsdp_units import transformers_layers
 
     return transformers_layers(module)
@@ -39,7 +40,7 @@ FAMILY = Family(
     name="classifier",
     summary="a transformers encoder with a classification head (tiny BERT, MiniLM, SciBERT)",
     file_rules=_file_rules,
-    fsdp_layers=_fsdp_layers,
+    fsdp_layers=transformers_fsdp_layers,
     commands=_commands,
     smoke=_smoke,
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from laptrain.families.classifier import transformers_fsdp_layers
 from laptrain.family import Family, FileRules
 
 
@@ -50,12 +51,6 @@ def _file_rules(datamodule: str) -> FileRules | None:
     return None if rules is None else FileRules(INSTRUCTION_OPTIONS, rules)
 
 
-def _fsdp_layers(module: Any) -> set[type]:
-    from laptrain.model.fsdp_units import transformers_layers
-
-    return transformers_layers(module)
-
-
 def _commands() -> Any:
     from laptrain.families.lora import commands
 
@@ -76,7 +71,7 @@ FAMILY = Family(
     auto_settings=_auto_settings,
     doctor_check=_doctor_check,
     file_rules=_file_rules,
-    fsdp_layers=_fsdp_layers,
+    fsdp_layers=transformers_fsdp_layers,
     commands=_commands,
     smoke=_smoke,
 )
