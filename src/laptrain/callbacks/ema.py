@@ -40,19 +40,9 @@ def shadow_dtype(param_dtype: torch.dtype) -> torch.dtype:
 class EMA(Callback):
     """Exponential moving average of the trainable weights, updated after every optimizer step.
 
-    Validation runs on the EMA weights; a checkpoint's ``state_dict`` holds the EMA weights (so the
-    "best" checkpoint, ``trainer.test(ckpt_path="best")`` and exported weights use them) and this
-    callback's state holds the raw weights, the update count and the last step, so a resumed fit
-    continues bit-identically. After ``fit`` the module keeps the EMA weights.
-
-    Args:
-        decay: target decay (e.g. 0.999 for TRM's paper size, 0.99 for short runs).
-        warmup: ramp the decay as ``min(decay, (1 + t) / (10 + t))`` over update count t, so the
-            average follows the weights early in short runs.
-
-    Raises:
-        ValueError: ``decay`` is not in [0, 1).
-    """
+    Validation, checkpoints' ``state_dict`` (so "best", test and exports) use the EMA weights; this
+    callback's state holds the raw weights, so a resumed fit continues bit-identically. ``warmup``
+    ramps the decay as ``min(decay, (1 + t) / (10 + t))`` so the average follows early weights."""
 
     STATE_VERSION = 1
 

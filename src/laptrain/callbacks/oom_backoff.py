@@ -44,26 +44,12 @@ def is_oom(exc: BaseException) -> bool:
 class OOMBackoff(VersionedState, Callback):
     """Halve the micro-batch on OOM and redo the same optimizer step with more accumulation.
 
-    Lightning lets an OOM end the run (its batch-size finder only runs before training). With this
-    callback and a module whose ``training_step`` goes through ``ChunkedBackward``
-    (``laptrain.model.chunked_backward``), an OOM frees memory, halves the micro-batch and
-    retries only the failed part of the batch: the effective batch, the optimizer-step count and the
-    samples seen are those of an uninterrupted run. Any other module (Lightning's own backward)
-    gets the same from its train loader: the optimizer step the OOM interrupted starts over on
-    batches half as large (or a smaller divisor), accumulated twice as often
-    (``laptrain.callbacks.smaller_loader``); that needs the map-style loader laptrain rebuilds, and
-    where it cannot hold the run report says so. The micro-batch is kept in the checkpoint, so a
-    resumed run starts with the size that fits. At micro-batch 1 it gives up with what to change.
-
-    Args:
-        enabled: False lets OOMs propagate as usual.
-        every_n_steps: log ``oom/*`` every N optimizer steps (and at each backoff);
-            None = ``trainer.log_every_n_steps``.
-        probe: device probe whose cache is emptied after an OOM; None = the real one.
-
-    Raises:
-        ValueError: when ``every_n_steps`` < 1.
-    """
+    Lightning lets an OOM end the run. Here an OOM frees memory and halves the micro-batch: a module
+    that backpropagates through ``ChunkedBackward`` retries only the failed part of the batch; any
+    other gets the step restarted on a loader of smaller batches accumulated more often
+    (``laptrain.callbacks.smaller_loader``). The effective batch, step count and samples seen are
+    those of an uninterrupted run; the micro-batch is kept in the checkpoint; at micro-batch 1 it gives
+    up with what to change. Options: conf/callbacks/oom_backoff.yaml."""
 
     report_section = "oom"
     STATE_VERSION = 1

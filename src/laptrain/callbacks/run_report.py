@@ -40,29 +40,12 @@ GUARD_SECTIONS = ("memory", "thermal", "oom", "power")
 class RunReport(VersionedState, Callback):
     """Write ``report.json``, ``report.md`` and ``report.png`` in the run folder.
 
-    Lightning leaves a run's story spread over logger files; this gathers it in one place: hardware
-    and profile, versions, wall and training time, samples/s and tokens/s, peak memory per kind,
-    swap, cooling breaks, OOM backoffs (each a section from a callback with ``summary()``, the
-    ``Reports`` contract in ``laptrain.callbacks.contracts``), the best checkpoint and the command
-    that resumes the run, final metrics and a plot over steps with the validation curve. It writes
-    at the end of fit, after test, after an exception (Ctrl-C) and at a session-budget stop, and
-    prints nothing (the launcher names the run folder once, at the end). Its totals live in the
-    checkpoint, so a resumed run's report covers every session.
-
-    The loggers get its figures too (report.json was the only place samples/s was kept): the
-    samples/s of each plot point as ``train/samples_per_s``, and at the end of fit the report's
-    numbers as ``run/<section>/<key>`` and, for MLflow and W&B, the best checkpoint's path.
-
-    Args:
-        output_dir: run folder; None = ``trainer.default_root_dir``.
-        profile: hardware profile name (``${hardware.name}``) shown in the report.
-        every_n_steps: one plot point every N optimizer steps; None = ``trainer.log_every_n_steps``.
-        max_points: plot points kept; beyond that every other point is dropped.
-        clock: injectable ``time.monotonic``.
-
-    Raises:
-        ValueError: when ``every_n_steps`` or ``max_points`` is too small.
-    """
+    Lightning leaves a run's story spread over logger files; this gathers it: hardware, versions,
+    times, throughput, peak memory, the sections of callbacks with ``summary()`` (``Reports``), the
+    best checkpoint, the resume command, final metrics and a plot. It writes at the end of fit, after
+    test, after an exception and at a session-budget stop, and keeps its totals in the checkpoint, so
+    a resumed run's report covers every session. The loggers get its figures too
+    (``train/samples_per_s``, ``run/<section>/<key>``). Options: conf/callbacks/run_report.yaml."""
 
     STATE_VERSION = 1
     STATE_NAME = "run_report"

@@ -2,37 +2,21 @@
 :class:`Stops` per trainer. A guard makes one call, :func:`request_stop`: the fit ends at a batch
 boundary that a resume starts from exactly, with ``last.ckpt`` saved there.
 
-After ``trainer.should_stop`` is set mid-epoch, Lightning ends the epoch loop and counts the epoch as
-done, and ``ModelCheckpoint(save_last=True).on_train_end`` (lightning 2.6) then rewrites
-``last.ckpt`` whenever that instance has not written it in this process (the 250-step periodic one,
-say), with the epoch already counted. Resuming from that file skips the rest of the epoch. So the
-stop saves at the batch boundary into a side file, and :class:`Stops` moves it over the run's
-``last.ckpt`` in its ``on_train_end``, after every ModelCheckpoint's; then every rank waits at a
-barrier, so that no rank exits (and under submitit gets rank 0 killed before it requeues) before
-the file is in place.
+Why it is not just ``trainer.should_stop = True`` (docs/lightning.md, "A stop sets should_stop:
+what Lightning does next", has Lightning 2.6.6's lines and the measurements):
 
-``should_stop`` set mid-epoch also makes Lightning run a validation pass right away
-(``_should_check_val_fx``, lightning/pytorch/loops/training_epoch_loop.py:540 in 2.6.6), and
-ModelCheckpoint then ranks the stopped weights among the best ones: a pass the uninterrupted run
-never makes, a ``best-step<N>.ckpt`` it never writes, and minutes of waiting after a Ctrl-C on a
-large validation set. :func:`end_fit_now` turns validation off for the rest of this fit
-(``trainer.enable_validation`` is false when ``limit_val_batches`` is 0, trainer.py:1354), and
-laptrain's ModelCheckpoint saves nothing while such a stop is under way
-(:func:`ended_at_batch_boundary`).
-
-A stop asked for on a batch that a validation follows (the epoch's last batch, or every
-``val_check_interval`` batches) waits: the validation and its checkpoints are part of the
-uninterrupted run, and Lightning resumes a checkpoint taken just before them as if they had run
-(``FitLoop.reset``, fit_loop.py:397-411: the epoch is counted done, its validation never runs).
-:class:`Stops` asks again at the next batch boundary, one batch later. Likewise in the middle of a
-gradient accumulation: the gradients summed so far are not in any checkpoint, so the stop waits for
-the optimizer step (at most ``accumulate_grad_batches - 1`` batches).
-
-A save asked for in a callback's ``on_train_batch_end`` (a stop, a checkpoint on request) waits
-until every callback has run its hook for that batch (:func:`queue_save`): :class:`Stops` joins the
-end of ``trainer.callbacks`` when first needed in a fit, after every ModelCheckpoint and any
-callback a model adds (the EMA of TRM, which would otherwise be saved one update behind: measured
-through ``train.py``, 13 of TRM's 15 tensors then differed after the resume).
+- ``ModelCheckpoint(save_last=True).on_train_end`` rewrites ``last.ckpt`` with the epoch counted
+  done, so the stop saves into a side file that :class:`Stops` moves over ``last.ckpt`` in its
+  ``on_train_end``, after every ModelCheckpoint's, then every rank waits at a barrier (under
+  submitit no rank may exit before the file is in place).
+- ``should_stop`` mid-epoch runs a validation at once: :func:`end_fit_now` turns validation off for
+  the rest of the fit and laptrain's ModelCheckpoint saves nothing during such a stop
+  (:func:`ended_at_batch_boundary`).
+- A stop on a batch that a validation follows, or mid-accumulation, waits for the next boundary
+  (``FitLoop.reset`` would resume it as if the validation had run).
+- A save asked for in ``on_train_batch_end`` waits until every callback ran that hook
+  (:func:`queue_save`): :class:`Stops` joins the end of ``trainer.callbacks`` (TRM's EMA would be
+  saved one update behind).
 
 Where ``last.ckpt`` is: the job's ``paths.last_ckpt`` (:func:`use_last_checkpoint`), else, for a
 Trainer the job did not build, where its first ``ModelCheckpoint(save_last=True)`` writes it.

@@ -1,60 +1,17 @@
 """``laptrain why <run>``: what happened in a run and what to change, read from the run's own records.
 
-The records (any one is enough):
+The records (any one is enough): the TensorBoard event files under ``<run>/tensorboard/`` (read
+with tensorboard's ``EventAccumulator``, as TensorBoard does; ``<run>/csv/metrics.csv`` under
+``logger=csv``), ``report.json`` (``RunReport``: status, step, precision, monitored metric, the
+NaN guard's ``nonfinite`` and the OOM backoff's ``oom`` sections; its plot points give
+``samples_per_s``, logged nowhere else, and stand in for curves the event files lack), and for the
+precision ``run_info.json`` then ``.hydra/config.yaml``. Steps are as each record numbers them:
+Lightning logs ``train/*``, ``val/*`` and ``lr-*`` at ``trainer.global_step - 1``, the guards and
+the report at ``global_step``.
 
-- the TensorBoard event files under ``<run>/tensorboard/`` (tensorboard's ``EventAccumulator``, as
-  TensorBoard itself reads them; ``<run>/csv/metrics.csv`` when the run logged with ``logger=csv``):
-  ``train/loss``, ``val/*``, ``lr-*`` (Lightning), ``memory/*``, ``thermal/*``, ``oom/*`` (the
-  guards);
-- ``report.json`` (``RunReport``): the status and step, the precision, the monitored metric, the
-  final metrics; its plot points give ``samples_per_s`` (logged nowhere else) and stand in for a
-  curve the event files lack (``loss``, ``val_history``, ``thermal_state``, ``rss_mb``); the NaN
-  guard's record (section ``nonfinite``: the steps it skipped; ``stop``, where it stopped the run:
-  the step, ``what`` was not finite (``loss`` or ``gradients``), the first such ``parameter``, the
-  ``value`` as text, the learning rates ``lr`` and the ``precision``; in reports written before
-  that record, a stop shows only as the status ``interrupted (NonFiniteLoss)`` at
-  ``run.global_step``, the step the guard names) and the OOM backoffs (section ``oom``,
-  ``events``: step, micro-batch from and to);
-- the precision, where the report lacks it: ``run_info.json`` (the plan), then ``.hydra/config.yaml``.
-
-Steps are as each record numbers them: Lightning logs ``train/*``, ``val/*`` and ``lr-*`` at
-``trainer.global_step - 1`` (TensorBoard's x axis), the guards, the report and the checkpoint names
-at ``global_step``.
-
-:func:`diagnose` is a pure function of the series (``{name: [(step, value), ...]}``) and the report;
-each rule gives at most one :class:`Finding` naming the step and value it rests on. The rules and
-their thresholds (the constants below):
-
-- non-finite: the NaN guard stopped the run (its ``stop`` record: the loss or the parameter whose
-  gradient was not finite, its value, the learning rate and precision of that step, and fixes for
-  that kind: gradients -> clipping, a lower learning rate, bf16 instead of fp16; the loss -> the
-  data, a lower learning rate, or only the data and the initial weights at step 0, before any
-  update; else the status ``interrupted (NonFiniteLoss)`` of an older report) or skipped steps
-  (``nonfinite.skipped``), else a NaN/inf in ``train/loss`` (guard off); with the learning rate
-  at that step (the ``lr-*`` scalar at or before it) where the guard recorded none, the precision
-  and the usual fixes (gradient clipping only where the model trains with Lightning's automatic
-  optimization: not TRM, ``MANUAL_OPTIMIZATION``).
-- OOM backoff: ``oom.events`` (else drops of ``oom/micro_batch``): each micro-batch from -> to.
-- divergence: ``train/loss`` smoothed by an EMA over ``EMA_POINTS`` (10) logged points
-  (alpha 2 / 11) rises more than ``DIVERGENCE_RISE`` (20 %) above its minimum after that minimum,
-  and stays above that line to the last point, for at least ``DIVERGENCE_STAY`` (3) points; needs
-  ``DIVERGENCE_POINTS`` (10) points.
-- overfitting: ``val/loss`` had its lowest value at least ``OVERFIT_EVALS`` (3) evaluations before
-  the last (so the last 3 or more evaluations, all above it), the last one ``OVERFIT_RISE`` (2 %)
-  or more above it, while ``train/loss`` (the same EMA) is lower at the end than at that step.
-- plateau: the monitored validation metric (``report.json`` ``checkpoint.monitor``, else the
-  config's ``model._metric_`` or ``optimized_metric``, else ``val/loss``) spans less than ``PLATEAU_RELATIVE`` (1 %) of its
-  mean (max - min) over the last N >= ``PLATEAU_EVALS`` (4) evaluations (N as large as stays so).
-- throughput fall: the median samples/s (or tokens/s) of the last quarter of the points is below
-  ``THROUGHPUT_FALL`` (80 %) of the median of the first half; needs ``THROUGHPUT_POINTS`` (8)
-  points; with the thermal state, step-time drift, system memory, swap, memory pressure, cooling
-  breaks and OOM backoffs of that stretch, where recorded.
-- DPO likelihood fall (a DPO run: ``train/logps_chosen`` and ``train/logps_rejected`` logged):
-  the chosen answers' log-probability, smoothed by the same EMA, ends ``DPO_FALL`` (10 %) or more
-  below where it started while the rejected ones' fell too: the reward margin grows by pushing
-  both answers down, the failure DPO is known for; needs ``DPO_POINTS`` (4) points.
-
-No rule fires: one line, "nothing unusual found", with the final metrics.
+:func:`diagnose` is a pure function of the series (``{name: [(step, value), ...]}``) and the
+report; each rule gives at most one :class:`Finding` naming the step and value it rests on. The
+rules and their thresholds (the constants below) are listed in docs/cli.md (``laptrain why``).
 """
 
 from __future__ import annotations
