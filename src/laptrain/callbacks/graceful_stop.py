@@ -1,31 +1,15 @@
 """What a user does to a running job: Ctrl-C, SIGTERM, "checkpoint now"; nothing is lost.
 
-Gap filled: Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is (its
-OnExceptionCheckpoint may then save mid-step) and exits 1; SIGTERM stops at a batch boundary but
-exits 0, and ModelCheckpoint saves no ``last.ckpt`` when fit ends between two save points
-(docs/lightning.md, "Interrupts and exit codes"); nothing saves on request and goes on. This
-callback:
-
-- **first Ctrl-C** (``first_ctrl_c=checkpoint``, the default): writes ``last.ckpt`` at the next
-  step boundary a resume starts from exactly, then asks "Stop now? (y/N)" for ``second_ctrl_c_s``
-  seconds on a terminal (without one it just goes on). A second Ctrl-C before the save or within
-  those seconds stops; ``first_ctrl_c=stop`` stops at the first.
-- **stop** (SIGTERM, the second Ctrl-C, or a "y"): finishes the batch, writes ``last.ckpt`` there
-  and records the signal so the launcher exits 130 / 143 with a resume hint. One more Ctrl-C
-  aborts at once.
-- **checkpoint now** (``laptrain checkpoint <run>`` or the file ``<run>/checkpoint_now``,
-  :mod:`laptrain.run_folder.checkpoint_request`): as the first Ctrl-C, without the question.
-- at the end of fit, ``last.ckpt`` even when it falls between two periodic saves.
-- **submitit's time-limit / preemption signal** (a job of ``launcher=slurm`` or of Hydra's
-  ``submitit_local``; ``SUBMITIT_PREEMPT_SIGNAL``, USR2 unless set): stops as SIGTERM does, then
-  :func:`hand_over_to_submitit` gives the signal to submitit's own handler, which requeues the job
-  from rank 0 (docs/sweeps.md, "SLURM through submitit"). Left to that handler alone, rank 0 would
-  requeue and exit in the middle of a step with no ``last.ckpt`` and the other ranks would wait in
-  their next collective until killed.
-
-With several processes every rank acts at the same step: the signals and requests any rank has
-travel in one all-reduce at every batch end. Every save goes to the run's ``last.ckpt``
-(``paths.last_ckpt``) through :mod:`laptrain.checkpoints`.
+Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is and exits 1; SIGTERM exits 0
+with no ``last.ckpt`` between two save points; nothing saves on request (docs/lightning.md,
+"Interrupts and exit codes", and docs/cli.md for what the user sees). Here the first Ctrl-C saves
+at the next exact-resume boundary and asks "Stop now?"; a stop (SIGTERM, a second Ctrl-C) saves
+there and exits 130 / 143; ``laptrain checkpoint`` saves and goes on; fit's end always leaves
+``last.ckpt``. submitit's time-limit signal stops as SIGTERM does, then
+:func:`hand_over_to_submitit` passes it to submitit's handler, which requeues from rank 0
+(docs/sweeps.md, "SLURM through submitit"): alone, that handler exits mid-step with no
+``last.ckpt`` and leaves the other ranks in their next collective. With several processes the
+signals any rank has travel in one all-reduce at every batch end, so every rank acts at one step.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
-"""The ``laptrain`` console script (docs/cli.md: every command, its output and exit codes). Each
-subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser`` declares
-their arguments (tests/test_cli.py keeps the two in step). A model family's own commands (``predict``
-for the classifier, ``export``/``generate``/``eval`` for LoRA) are not declared here: the family's
-``commands`` hook returns their module (laptrain.family), which brings its parsers and functions.
+"""The ``laptrain`` console script; docs/cli.md has every command, its output and exit codes.
 
-- ``laptrain train [overrides]``: the repository's ``train.py``, exactly as ``python train.py``
-  (``laptrain-train`` is the same).
-- ``laptrain predict <run> "text" ...`` / ``--file f.csv|.tsv|.jsonl|.parquet``: a finished
-  classifier run's labels.
-- ``laptrain runs``: each run under ``outputs/``: status, step, best score, the command to resume;
-  ``laptrain runs compare A B`` side by side, ``laptrain runs summary SWEEP`` k-fold mean ± std,
-  ``laptrain runs clean A`` removes (laptrain.run_folder).
-- ``laptrain why <run>``: what happened in the run and what to change (laptrain.commands.why).
-- ``laptrain checkpoint <run>``: a running job writes ``last.ckpt`` now and goes on.
-- ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``: is this machine ready.
-- ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
-  job's memory estimate from config.json alone.
-- ``laptrain export|generate|eval <run or adapter folder> [--device D] [--dtype T]``: LoRA
-  adapters, on the run's device and base dtype unless told.
-- ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.commands.bench).
-- ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.commands.fetch).
-- ``laptrain new NAME``: your own model, data, presets and a test under ``user/NAME/``, ready to
-  train (laptrain.commands.new).
-
-Shared by all: a run is named as ``laptrain runs`` prints it or by its folder, under ``--root``
-(:func:`laptrain.run_folder.listing.resolve_run`); options and overrides mix in any order
-(:class:`Parser`); every argument's help shows its default (:class:`HelpFormatter`); ``--json`` on
-``doctor``, ``runs``, ``why`` and ``preflight``; one exit code per outcome
-(:mod:`laptrain.exit_codes`).
+Each subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser``
+declares their arguments (tests/test_cli.py keeps the two in step). A family's own commands come
+from its ``commands`` hook (laptrain.family), parsers and functions both. Shared by all: a run is
+named as ``laptrain runs`` prints it or by its folder (:func:`laptrain.run_folder.listing.
+resolve_run`); options and overrides mix in any order (:class:`Parser`); every help shows its
+default (:class:`HelpFormatter`); one exit code per outcome (:mod:`laptrain.exit_codes`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
-"""A user's datamodule gets what laptrain's own datamodules build themselves: a train loader that
-resumes mid-epoch exactly, and one share of the data per process under DDP / FSDP.
+"""A user's datamodule gets what laptrain's own build themselves: a train loader that resumes
+mid-epoch exactly, and one share of the data per process under DDP / FSDP.
 
-Gap filled: a user's ``DataLoader(shuffle=True)`` has no ``state_dict``, so Lightning cannot save
-its position; a run stopped mid-epoch and rerun replays that epoch from its first batch in a new
-order (Lightning warns "your dataloader is not resumable"; measured through ``train.py``: weights
-0.11 apart from a run never stopped). And Lightning's distributed sampler, the one way a plain
-loader gets one share per process, was off for every datamodule because laptrain's own samplers
-shard themselves and Lightning would rebuild them (``laptrain.data.sampler``).
-
-So, for a datamodule that is not :class:`~laptrain.data.contracts.ShardsItself`:
-
-- the Trainer gets ``use_distributed_sampler=True`` (unless the config sets it): Lightning's
-  ``DistributedSampler`` reaches the validation and test loaders under several processes;
-- its ``train_dataloader`` is wrapped: a plain ``DataLoader`` over a map-style dataset with torch's
-  own random or sequential sampler is rebuilt, with every setting it had, as a
-  :class:`~laptrain.data.sampler.ResumableDataLoader` over a
-  :class:`~laptrain.data.sampler.ResumableDistributedSampler`: the order Lightning's injected
-  ``DistributedSampler`` gives (seed ``PL_GLOBAL_SEED``, reseeded each epoch), one share per
-  process, and a position Lightning saves in the checkpoint. Being a ``DistributedSampler``,
-  Lightning leaves it in place (``_requires_distributed_sampler``,
-  lightning/pytorch/trainer/connectors/data_connector.py:169-175).
-
-A train loader that cannot be rebuilt that way (an ``IterableDataset``, a sampler of the user's
-own, a ``DataLoader`` subclass, not a ``DataLoader``) is left as it is, with one line saying that a
-run stopped mid-epoch will not resume exactly. One that saves its own position (``state_dict`` and
-``load_state_dict``, e.g. torchdata's ``StatefulDataLoader``) is left as it is, silently.
+A user's ``DataLoader(shuffle=True)`` has no ``state_dict``, so a run stopped mid-epoch replays
+the epoch in a new order (docs/lightning.md, "A user's plain loader", has the measurement). For a
+datamodule that is not :class:`~laptrain.data.contracts.ShardsItself` the Trainer gets
+``use_distributed_sampler=True`` (unless configured), and a plain ``DataLoader`` over a map-style
+dataset with torch's own sampler is rebuilt, every setting kept, as a
+:class:`~laptrain.data.sampler.ResumableDataLoader` over a
+:class:`~laptrain.data.sampler.ResumableDistributedSampler`: Lightning's order, one share per
+process, a saved position; Lightning leaves a ``DistributedSampler`` in place
+(``_requires_distributed_sampler``, lightning/pytorch/trainer/connectors/data_connector.py:169-175).
+Any other train loader is left as it is: with one line saying it will not resume exactly, or
+silently when it saves its own position (torchdata's ``StatefulDataLoader``).
 """
 
 from __future__ import annotations

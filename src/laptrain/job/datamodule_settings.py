@@ -1,22 +1,13 @@
 """Find and set a run's batch size and loader settings on any module and datamodule.
 
-The lookup is Lightning's own (``lightning.pytorch.utilities.parsing.lightning_hasattr``,
-``lightning_getattr``, ``lightning_setattr``, which its batch-size finder uses): an attribute or an
-``hparams`` entry, on the module or on the datamodule. Reading takes the last of module,
-module.hparams, datamodule, datamodule.hparams that has the name; setting writes all of them. So a
-datamodule written the lightning-hydra-template way (``self.save_hyperparameters()``, loaders built
-with ``batch_size=self.hparams.batch_size``) gets the run's batch without knowing laptrain.
-
-Lightning's functions reach the datamodule through ``model.trainer.datamodule``, which exists only
-once ``fit`` has started; the plan is made before the Trainer is. :func:`_as_fit_sees_it` gives the
-module a stand-in holding only the datamodule for the time of one lookup.
-
-A datamodule written as lightning-hydra-template's MNIST one splits its ``batch_size`` over the
-processes in ``setup`` (``hparams.batch_size // trainer.world_size`` into ``batch_size_per_device``)
-and builds its loaders with that. laptrain's batch is per process, so for such a datamodule the
-batch read is ``batch_size_per_device`` and a batch set (the profile's) is multiplied by the
-processes into ``batch_size``: :func:`set_up` shows it the run's process count as
-``trainer.world_size`` until the Trainer attaches itself.
+The lookup is Lightning's own (``lightning_hasattr``/``getattr``/``setattr`` in
+lightning/pytorch/utilities/parsing.py, which its batch-size finder uses): an attribute or
+``hparams`` entry of the module or datamodule, so a lightning-hydra-template datamodule
+(``self.hparams.batch_size``) gets the run's batch without knowing laptrain. Those functions reach
+the datamodule through ``model.trainer``, which exists only once ``fit`` started:
+:func:`_as_fit_sees_it` lends a stand-in for one lookup. A datamodule that splits ``batch_size``
+over the processes in ``setup`` (lightning-hydra-template's MNIST: ``batch_size_per_device``) is
+read per device and set times the process count (:func:`set_up` shows it ``trainer.world_size``).
 """
 
 from __future__ import annotations

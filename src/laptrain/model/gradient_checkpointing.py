@@ -1,28 +1,18 @@
 """``model.gradient_checkpointing``: true, false or auto, for every family that wraps a transformers
 model.
 
-Recomputing activations in backward saves most of their memory and costs about a third more
-compute (one more forward per block). A small model on a large machine should not pay that, a 3B
-model on a laptop needs it, and which one a job is depends on the data, the batch and the machine.
-``auto`` therefore builds the model without it and lets the memory preflight decide: on only when
-the job does not fit without it (``laptrain.preflight.batch.plan_batch``), then
-:func:`enable_checkpointing` turns it on before the Trainer is built.
+Recomputing activations saves most of their memory for about a third more compute: a small model
+on a large machine should not pay it, a 3B model on a laptop needs it. ``auto`` builds the model
+without it and lets the memory preflight decide (``laptrain.preflight.batch.plan_batch``);
+:func:`enable_checkpointing` then turns it on before the Trainer is built. It uses transformers'
+switch with the non-reentrant variant and input gradients (the reentrant one gives the first
+layer's adapters no gradient under frozen embeddings: transformers#26377).
 
-transformers' own switch (``gradient_checkpointing_enable``) is used as is; what this module adds is
-the non-reentrant variant with input gradients on (with frozen embeddings the reentrant variant
-gives the adapters of the first layer no gradient: transformers#26377) and the ``auto`` value.
-
-**Dropout masks on MPS.** The recompute must draw the same dropout masks as the forward, or the
-gradients are those of another mask than the loss. torch's checkpoint restores the CPU generator,
-and a device's generator only when the device module has ``_initialized``
-(``torch/utils/checkpoint.py``: ``CheckpointFunction.forward`` and
-``_checkpoint_without_reentrant_generator``); ``torch.mps`` has none, so on MPS the recompute
-draws fresh masks (pytorch#127676). :func:`replay_device_rng` therefore wraps the checkpoint
-function that transformers gives each layer: when the checkpointed tensors are on MPS, it runs
-the non-reentrant checkpoint with :func:`device_rng_contexts` on the MPS generator; on any other
-device it calls the function transformers set, unchanged. The device is decided per call from
-the tensors (as torch decides its own), because both families enable checkpointing while the
-model is still on the CPU, before the Trainer moves it (docs/hardware.md §17).
+On MPS torch's checkpoint does not restore the device generator (``torch.mps`` has no
+``_initialized``, torch/utils/checkpoint.py; pytorch#127676), so the recompute would draw other
+dropout masks: :func:`replay_device_rng` wraps transformers' checkpoint function and, for tensors on
+MPS, replays the MPS generator (:func:`device_rng_contexts`), deciding per call since the model is
+still on the CPU when checkpointing is enabled (docs/hardware.md §17).
 """
 
 from __future__ import annotations
