@@ -18,7 +18,7 @@ from smoke_harness.builds import SMOKE_BUILDS
 from smoke_harness.cells import smoke_fit
 from smoke_harness.placement import PlacementCheck, placement_errors
 
-from laptrain.callbacks.ema import EMA
+from laptrain.families.trm.ema import EMA
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE_BUILDS))

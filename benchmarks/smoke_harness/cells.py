@@ -31,8 +31,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from laptrain.callbacks.ema import EMA
 from laptrain.callbacks.rng_state import RNGState
+from laptrain.families.trm.ema import EMA
 from laptrain.hardware.probe import TorchProbe
 from laptrain.hardware.profile import ProfileError, validate_precision
 from laptrain.project import conf_dir

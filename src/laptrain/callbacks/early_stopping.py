@@ -1,20 +1,11 @@
-"""Lightning's EarlyStopping that says where its best score was and
-keeps a run it stopped stopped when the same command runs again.
+"""Lightning's EarlyStopping that says where its best score was and keeps a run it stopped stopped.
 
-Gaps filled (lightning/pytorch/callbacks/early_stopping.py in 2.6.6):
-
-- It checks after every validation (``on_validation_end``), never at ``on_train_epoch_end``
-  (Lightning's choice when validation runs once an epoch). ModelCheckpoint, which Lightning runs
-  after every other callback, then saves the check's outcome in the same ``last.ckpt``; and a stop
-  in the middle of an epoch (Ctrl-C, SIGTERM, a session budget), which ends the epoch without a
-  validation (laptrain/checkpoints/stop.py), does not count a stale score a second time.
-- Its state (wait count, best score, stopped epoch, stopping reason) resumes as Lightning saves
-  it, but ``patience`` is this run's: Lightning restores the saved one over the config's.
-- A resumed run that it had already stopped ends at once (``trainer.should_stop`` as the state is
-  restored, before the fit loop starts), as a rerun of a finished run does; Lightning would train
-  on, since it saves the decision but never acts on it again.
-- The epoch of the best score, for the report and ``laptrain runs``: "stopped early at epoch 5
-  (best val/acc 0.61 at epoch 2)", epochs counted from 1 as the progress bar counts them.
+Gaps filled (lightning/pytorch/callbacks/early_stopping.py in 2.6.6): it checks after every
+validation, never at ``on_train_epoch_end``, so ModelCheckpoint saves the outcome in the same
+``last.ckpt`` and a mid-epoch stop (no validation) does not count a stale score twice; its state
+resumes but ``patience`` is this run's (Lightning restores the saved one); a resumed run it had
+stopped ends at once (Lightning saves the decision but never acts on it again); and it keeps the
+best score's epoch: "stopped early at epoch 5 (best val/acc 0.61 at epoch 2)".
 """
 
 from __future__ import annotations

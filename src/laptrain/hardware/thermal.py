@@ -1,18 +1,8 @@
-"""Where the thermal guard learns that the machine is hot.
-
-Sources, first that works (docs/hardware.md §11):
-
-- ``MacThermalState``: macOS ``ProcessInfo.thermalState`` (nominal 0, fair 1, serious 2, critical 3)
-  through PyObjC, the optional extra ``pip install laptrain[mac]``. It is Apple's only public thermal
-  API; °C readings on Apple Silicon need private SMC calls and ``pmset -g therm`` is not a stable
-  interface, so neither is used.
-- ``SensorTemperature``: Linux ``psutil.sensors_temperatures()``, the hottest sensor, mapped to the
-  same levels with the sensor's own ``high``/``critical`` marks (or ``hot_celsius`` when it has none).
-
-Where neither works, the guard relies on throughput drift alone
-(``laptrain.callbacks.throughput_drift``), which needs no source at all. Every source is injectable,
-so tests script the readings with ``FakeThermal``.
-"""
+"""Where the thermal guard learns that the machine is hot (docs/hardware.md §11), first that works:
+``MacThermalState`` (macOS ``ProcessInfo.thermalState`` through PyObjC, ``laptrain[mac]``: Apple's
+only public thermal API) and ``SensorTemperature`` (Linux ``psutil.sensors_temperatures()``, the
+hottest sensor against its own ``high``/``critical`` marks). Without one the guard judges by
+throughput drift alone (``laptrain.callbacks.throughput_drift``)."""
 
 from __future__ import annotations
 

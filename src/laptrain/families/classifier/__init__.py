@@ -1,6 +1,8 @@
 """The text-classifier family: a transformers sequence classifier (``text_classifier``), the tiny
 BERT built from random weights for the default job (``tiny_bert``), the labelled-text datamodule
-(``text_classification``), ``laptrain predict`` (``predict``) and the smoke build (``smoke``)."""
+(``text_classification``), its tokenizers (``tokenizer``, also LoRA's), the offline stdlib
+docstrings corpus (``stdlib_docstrings``), ``laptrain predict`` (``predict``) and the smoke build
+(``smoke``)."""
 
 from __future__ import annotations
 
