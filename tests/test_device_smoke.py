@@ -18,9 +18,9 @@ from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.thermal_guard import ThermalGuard
+from laptrain.families import smoke_data
 from laptrain.hardware.probe import TorchProbe
 from laptrain.launch.device import without_unsafe_fused
-from laptrain.model import smoke_data
 from laptrain.project import conf_dir
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "device_smoke.py"

@@ -1,10 +1,7 @@
 """The callbacks a run builds: only those that can act on it, decided once before any is built.
-
-Lightning calls every per-batch hook of every callback at every step, whether it does anything or
-not (``_call_callback_hooks``, lightning/pytorch/trainer/call.py). So an entry with ``enabled:
-false`` (the laptop guards follow ``hardware.guards``), a session budget without a limit and early
-stopping without a patience are not built at all.
-"""
+Lightning calls every per-batch hook of every callback at every step (``_call_callback_hooks``,
+lightning/pytorch/trainer/call.py), so a disabled entry, a session budget without a limit and
+early stopping without a patience are not built at all."""
 
 from __future__ import annotations
 

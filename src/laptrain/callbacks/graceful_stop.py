@@ -64,13 +64,10 @@ def submitit_preempt_signal(environ: Mapping[str, str] | None = None) -> signal.
 
 
 def hand_over_to_submitit(exit_code: int) -> None:
-    """After a run stopped for submitit's signal (``exit_code`` 128 + its number), with
-    ``last.ckpt`` written on every rank and the run folder unlocked: call the handler submitit
-    installed for that signal (``SignalHandler.checkpoint_and_try_requeue``, put back at the end of
-    fit). On rank 0 it pickles the job again, requeues it and exits (``scontrol requeue`` then
-    exit 255 on SLURM, exit 144 under the local executor, which is how that one knows to start the
-    job again), or raises ``UncompletedJobError`` when ``max_num_timeout`` is spent; on the other
-    ranks it only logs (submitit/core/job_environment.py:200-230). Anything else: returns."""
+    """After a run stopped for submitit's signal (``exit_code`` 128 + its number), ``last.ckpt``
+    written and the folder unlocked: call submitit's handler (``checkpoint_and_try_requeue``), which
+    on rank 0 requeues and exits (255 on SLURM, 144 locally) or raises ``UncompletedJobError`` when
+    ``max_num_timeout`` is spent (submitit/core/job_environment.py:200-230). Else: returns."""
     preempt = submitit_preempt_signal()
     if preempt is None or exit_code != 128 + preempt:
         return
@@ -88,15 +85,8 @@ def hand_over_to_submitit(exit_code: int) -> None:
 
 class GracefulStop(Callback):
     """Stop at a batch boundary on a signal; checkpoint and go on at a first Ctrl-C or on request.
-
-    Args:
-        run_dir: the run folder, where ``laptrain checkpoint`` leaves its request (None: no
-            requests from outside).
-        first_ctrl_c: ``checkpoint`` (save, ask, go on) or ``stop``.
-        second_ctrl_c_s: how long after the first Ctrl-C's save a second one stops (and the
-            question waits on a terminal).
-        check_every_s: how often rank 0 looks for the request file.
-    """
+    Options: conf/callbacks/graceful_stop.yaml (``run_dir``: where ``laptrain checkpoint`` leaves
+    its request; None: no requests)."""
 
     def __init__(
         self,
@@ -176,15 +166,11 @@ class GracefulStop(Callback):
             self._request = max(self._request, FILE_REQUEST)
 
     def _shared(self, trainer: pl.Trainer) -> tuple[int | None, int]:
-        """The stop signal and the checkpoint request any rank has, the same on every rank.
-
-        With several processes a signal may reach one rank (a scheduler signalling the main
-        process) or reach the ranks a batch apart, and only rank 0 sees the request file; each
-        deciding alone would leave one rank in the checkpoint's barrier while another starts the
-        next all-reduce. So every rank takes part in one all-reduce (max of the signal numbers and
-        of the requests, 0 for none) at every batch end, as Lightning's own loop broadcasts its
-        SIGTERM flag every step (``_broadcast_sigterm_tensor`` in
-        lightning/pytorch/loops/training_epoch_loop.py), which this handler replaces."""
+        """The stop signal and checkpoint request any rank has, the same on every rank: one
+        all-reduce (max) at every batch end, as Lightning's loop broadcasts its SIGTERM flag every
+        step (``_broadcast_sigterm_tensor``, loops/training_epoch_loop.py), which this handler
+        replaces; ranks deciding alone would leave one in a barrier while another starts the next
+        all-reduce."""
         request, self._request = self._request, NO_REQUEST
         if trainer.world_size == 1:
             return self.signal_received, request

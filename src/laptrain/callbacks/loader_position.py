@@ -28,7 +28,6 @@ class LoaderPosition(Callback):
 
 
 def restore_pending_loader_state(trainer: pl.Trainer) -> bool:
-    """Whether a pending train-loader state was loaded now."""
     loop = trainer.fit_loop
     pending = getattr(loop, "_combined_loader_states_to_load", None)
     if not pending or not loop.restarting or loop._combined_loader is None:

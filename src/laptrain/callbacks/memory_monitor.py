@@ -42,8 +42,8 @@ class MemoryMonitor(VersionedState, Callback):
     instead of failing (§1), so swap growth warns once, or with ``on_swap="stop"`` checkpoints and
     stops (``stop_reason = "swap"``, exit 75). On macOS it logs the kernel's memory-pressure level
     (§16): at "warning" it names the three other processes holding the most memory, at "critical" it
-    warns or (``on_pressure="stop"``) stops. Options: conf/callbacks/memory_monitor.yaml. With several
-    processes rank 0's readings decide at every check (docs/callbacks.md)."""
+    warns or (``on_pressure="stop"``) stops. Options: conf/callbacks/memory_monitor.yaml. With
+    several processes rank 0's readings decide at every check (docs/callbacks.md)."""
 
     report_section = "memory"
     STATE_VERSION = 1

@@ -34,10 +34,7 @@ class NonFiniteLoss(ValueError):
 
 
 class NonFiniteGuard(VersionedState, Callback):
-    """Args:
-    action: "stop" or "skip" (see the module doc).
-    check_grads: also check the gradients before each optimizer step (one device sync per step).
-    """
+    """Options: conf/callbacks/nonfinite_guard.yaml (``action``: stop or skip; ``check_grads``)."""
 
     STATE_VERSION = 1
     STATE_NAME = "nonfinite_guard"
@@ -174,16 +171,10 @@ def _agreed(
 
 
 def _discard_step(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
-    """Make the coming ``optimizer.step`` change nothing.
-
-    Under 16-mixed with an optimizer that unscales inside its own step (fused AdamW/Adam/SGD),
-    Lightning skips ``scaler.unscale_`` and the scaler checks the gradients for inf/NaN only inside
-    ``scaler.step``, after this hook. There every gradient is filled with NaN: the scaler records
-    ``found_inf``, the fused kernel leaves weights, moments and step count alone, and
-    ``scaler.update`` lowers the scale as for any overflow. Everywhere else (no scaler, or the
-    scaler already unscaled and recorded its check before this hook) the gradients are set to
-    None, which torch optimizers skip; NaN there would be applied when the recorded check was clean.
-    """
+    """Make the coming ``optimizer.step`` change nothing. Under 16-mixed with an optimizer that
+    unscales in its own step (fused AdamW/Adam/SGD) the scaler checks the gradients only inside
+    ``scaler.step``, after this hook: every gradient is filled with NaN, so it records ``found_inf``
+    and skips as for an overflow. Elsewhere the gradients are set to None, which optimizers skip."""
     scaler_checks_later = _has_grad_scaler(trainer) and _unscales_in_step(optimizer)
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -247,10 +238,9 @@ def _learning_rates(trainer: pl.Trainer) -> list[float]:
 
 
 def _all_finite(grads: list[torch.Tensor]) -> bool:
-    """Whether every gradient is finite: the sum of the per-tensor norms (one fused pass, one
-    device sync) is finite exactly when they all are (a sum of finite norms reaching float32's
-    maximum, ~3e38, counts as not finite too). Half the cost of stacking float copies and taking
-    their norm (benchmarks/overhead.py)."""
+    """Whether every gradient is finite: the sum of the per-tensor norms (one fused pass, one sync)
+    is finite exactly when they all are; half the cost of stacking copies
+    (benchmarks/overhead.py)."""
     return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads)).float().sum()))
 
 

@@ -35,7 +35,6 @@ GIVE_UP_HINT = (
 
 
 def is_oom(exc: BaseException) -> bool:
-    """Whether ``exc`` is an out-of-memory error on any device."""
     if isinstance(exc, torch.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
@@ -48,8 +47,8 @@ class OOMBackoff(VersionedState, Callback):
     that backpropagates through ``ChunkedBackward`` retries only the failed part of the batch; any
     other gets the step restarted on a loader of smaller batches accumulated more often
     (``laptrain.callbacks.smaller_loader``). The effective batch, step count and samples seen are
-    those of an uninterrupted run; the micro-batch is kept in the checkpoint; at micro-batch 1 it gives
-    up with what to change. Options: conf/callbacks/oom_backoff.yaml."""
+    those of an uninterrupted run; the micro-batch is kept in the checkpoint; at micro-batch 1 it
+    gives up with what to change. Options: conf/callbacks/oom_backoff.yaml."""
 
     report_section = "oom"
     STATE_VERSION = 1
@@ -154,7 +153,6 @@ class OOMBackoff(VersionedState, Callback):
         return None
 
     def chunk_size(self, batch_size: int) -> int:
-        """Micro-batch to use for a batch of ``batch_size`` samples."""
         if not self.enabled:
             return batch_size
         size = batch_size if self.micro_batch is None else min(self.micro_batch, batch_size)
@@ -170,7 +168,7 @@ class OOMBackoff(VersionedState, Callback):
         self, message: str, size: int, trainer: pl.Trainer, new: int | None = None
     ) -> int:
         """Free memory after an OOM on ``size`` samples; return the new micro-batch (``new``, or
-        half of ``size``)."""
+        half)."""
         gc.collect()
         self.probe.empty_cache()
         first_line = message.splitlines()[0][:300]

@@ -29,8 +29,8 @@ class PowerGuard(VersionedState, Callback):
     battery the guard saves ``last.ckpt`` and stops (``stop_reason = "battery"``, exit 75), and with
     ``pause_on_battery`` it sleeps between steps until the charger is back (logged like a cooling
     break). Options: conf/callbacks/power_guard.yaml; docs/hardware.md §16; ``awake``, ``clock`` and
-    ``sleep`` are injectable. With several processes rank 0's battery decides, one broadcast per check
-    and per sleep slice of a pause (docs/callbacks.md)."""
+    ``sleep`` are injectable. With several processes rank 0's battery decides, one broadcast per
+    check and per sleep slice of a pause (docs/callbacks.md)."""
 
     report_section = "power"
     STATE_VERSION = 1
@@ -247,7 +247,6 @@ class PowerGuard(VersionedState, Callback):
         )
 
     def plot_point(self) -> dict[str, Any]:
-        """The last battery reading, for the report's plot points."""
         if self.last is None:
             return {}
         return {"battery_percent": self.last.percent, "plugged": self.last.plugged}

@@ -42,9 +42,9 @@ class RunReport(VersionedState, Callback):
 
     Lightning leaves a run's story spread over logger files; this gathers it: hardware, versions,
     times, throughput, peak memory, the sections of callbacks with ``summary()`` (``Reports``), the
-    best checkpoint, the resume command, final metrics and a plot. It writes at the end of fit, after
-    test, after an exception and at a session-budget stop, and keeps its totals in the checkpoint, so
-    a resumed run's report covers every session. The loggers get its figures too
+    best checkpoint, the resume command, final metrics and a plot. It writes at the end of fit,
+    after test, after an exception and at a session-budget stop, and keeps its totals in the
+    checkpoint, so a resumed run's report covers every session. The loggers get its figures too
     (``train/samples_per_s``, ``run/<section>/<key>``). Options: conf/callbacks/run_report.yaml."""
 
     STATE_VERSION = 1
@@ -210,9 +210,8 @@ class RunReport(VersionedState, Callback):
 
     @rank_zero_only
     def _send_to_loggers(self, trainer: pl.Trainer) -> None:
-        """The report's figures for every logger at the fit's last step, as ``run/<section>/<key>``
-        (throughput, time, peak memory, the guards' totals, the best score), and the best
-        checkpoint's path for the trackers that keep text (MLflow's tags, W&B's summary)."""
+        """The report's figures for every logger at the fit's last step as ``run/<section>/<key>``,
+        and the best checkpoint's path for MLflow's tags and W&B's summary."""
         if self._report is None or not trainer.loggers:
             return
         metrics = summary_metrics(self._report)
@@ -329,8 +328,7 @@ SUMMARY_SECTIONS = ("time", "throughput", *GUARD_SECTIONS, "checkpoint")
 
 
 def summary_metrics(report: Mapping[str, Any]) -> dict[str, float]:
-    """``run/<section>/<key>``: each finite number at the top of a :data:`SUMMARY_SECTIONS`
-    section."""
+    """``run/<section>/<key>``: each finite number of a :data:`SUMMARY_SECTIONS` section."""
     metrics = {}
     for section in SUMMARY_SECTIONS:
         for key, value in (report.get(section) or {}).items():
@@ -341,9 +339,8 @@ def summary_metrics(report: Mapping[str, Any]) -> dict[str, float]:
 
 
 def process_memory() -> dict[str, Any]:
-    """This process's peak resident memory (this session only; MiB despite the key's name), for
-    runs without the memory monitor, whose device and swap readings would otherwise show as
-    zeros."""
+    """This process's peak resident memory this session (MiB despite the key), for runs without the
+    memory monitor."""
     mb = process_peak_bytes() / 1024**2
     return {"peak_process_rss_mb": round(mb, 1), "source": "VmHWM (memory monitor off)"}
 

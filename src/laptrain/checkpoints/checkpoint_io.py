@@ -6,7 +6,8 @@ nothing and holds the checkpoint in memory twice. :class:`AtomicCheckpointIO` wr
 target, fsyncs, renames and fsyncs the folder; a full disk, which torch's zip writer mostly reports
 as a RuntimeError with the ``OSError`` in its ``__context__`` (torch/serialization.py:853), is one
 line naming the folder and its free space. docs/lightning.md ("Atomic saves") has the sources and
-measurements. :func:`move_into_place` is the same fsynced rename for a stop's side file (:mod:`.stop`).
+measurements. :func:`move_into_place` is the same fsynced rename for a stop's side file
+(:mod:`.stop`).
 
 Reading: every checkpoint is opened with ``weights_only=True``, the objects the run's config builds
 allowed (:mod:`.trusted`); :func:`load_state` memory-maps it, :func:`read_checkpoint` says in one
@@ -100,8 +101,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def checkpoint_plugins(configured: Any, trusted: TrustedGlobals | None = None) -> list[Any]:
-    """The trainer's plugins with laptrain's crash-safe checkpoint writer (loading ``trusted``'s
-    objects), unless one is given."""
+    """The trainer's plugins with laptrain's crash-safe checkpoint IO, unless one is given."""
     plugins = list(configured or [])
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO(trusted))
@@ -185,8 +185,8 @@ def checkpoint_step(path: str | Path, trusted: TrustedGlobals | None = None) -> 
 
 
 def read_checkpoint(path: str | Path, trusted: TrustedGlobals | None = None) -> dict[str, Any]:
-    """A checkpoint's contents, memory-mapped, tensors, plain values and ``trusted``'s objects
-    only; one-line errors."""
+    """A checkpoint's contents (memory-mapped, only ``trusted``'s objects allowed); one-line
+    errors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(

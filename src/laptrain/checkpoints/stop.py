@@ -1,25 +1,14 @@
 """The stop every guard asks for, and every save of ``last.ckpt`` during a fit, owned by one
 :class:`Stops` per trainer. A guard makes one call, :func:`request_stop`: the fit ends at a batch
-boundary that a resume starts from exactly, with ``last.ckpt`` saved there.
+boundary a resume starts from exactly, with ``last.ckpt`` saved there.
 
-Why it is not just ``trainer.should_stop = True`` (docs/lightning.md, "A stop sets should_stop:
-what Lightning does next", has Lightning 2.6.6's lines and the measurements):
-
-- ``ModelCheckpoint(save_last=True).on_train_end`` rewrites ``last.ckpt`` with the epoch counted
-  done, so the stop saves into a side file that :class:`Stops` moves over ``last.ckpt`` in its
-  ``on_train_end``, after every ModelCheckpoint's, then every rank waits at a barrier (under
-  submitit no rank may exit before the file is in place).
-- ``should_stop`` mid-epoch runs a validation at once: :func:`end_fit_now` turns validation off for
-  the rest of the fit and laptrain's ModelCheckpoint saves nothing during such a stop
-  (:func:`ended_at_batch_boundary`).
-- A stop on a batch that a validation follows, or mid-accumulation, waits for the next boundary
-  (``FitLoop.reset`` would resume it as if the validation had run).
-- A save asked for in ``on_train_batch_end`` waits until every callback ran that hook
-  (:func:`queue_save`): :class:`Stops` joins the end of ``trainer.callbacks`` (TRM's EMA would be
-  saved one update behind).
-
-Where ``last.ckpt`` is: the job's ``paths.last_ckpt`` (:func:`use_last_checkpoint`), else, for a
-Trainer the job did not build, where its first ``ModelCheckpoint(save_last=True)`` writes it.
+``trainer.should_stop = True`` alone is not that (docs/lightning.md, "A stop sets should_stop:
+what Lightning does next", has Lightning 2.6.6's lines and the measurements): the stop saves into a
+side file that :class:`Stops` moves over ``last.ckpt`` after every ModelCheckpoint's
+``on_train_end`` (then every rank waits at a barrier); :func:`end_fit_now` turns off the
+validation a mid-epoch stop would run; a stop before a due validation or mid-accumulation waits
+for the next clean boundary; and a save asked for in ``on_train_batch_end`` waits until every
+callback ran it (:func:`queue_save`; TRM's EMA would be saved one update behind).
 """
 
 from __future__ import annotations
@@ -140,8 +129,7 @@ class Stops(Callback):
 
 
 def use_last_checkpoint(trainer: pl.Trainer, path: str | Path | None) -> None:
-    """Make ``path`` (the job's ``paths.last_ckpt``) where every stop and save of ``trainer``'s
-    fit writes ``last.ckpt``."""
+    """Make ``path`` (the job's ``paths.last_ckpt``) where ``trainer``'s stops and saves write."""
     Stops.of(trainer).last = Path(path) if path else None
 
 
@@ -209,7 +197,6 @@ def end_fit_now(trainer: pl.Trainer) -> None:
 
 
 def ended_at_batch_boundary(trainer: pl.Trainer) -> bool:
-    """Whether :func:`end_fit_now` stopped this trainer's fit."""
     return Stops.of(trainer).ended
 
 

@@ -34,10 +34,8 @@ from laptrain.run_folder.listing import RUNS_ROOT, resolve_run
 
 
 def configured_model_params(overrides: list[str]) -> int | None:
-    """Parameter count of the model the training config would build (on the meta device: no memory).
-
-    None when it cannot be known without data (e.g. the datamodule supplies required sizes).
-    """
+    """Parameter count of the model the training config would build, on the meta device (no memory);
+    None when it needs the data (e.g. sizes the datamodule supplies)."""
     try:
         import torch
         from hydra import compose, initialize_config_dir
@@ -177,7 +175,6 @@ def why(args: argparse.Namespace) -> int:
 
 
 def checkpoint(args: argparse.Namespace) -> int:
-    """Ask a running job to write last.ckpt at its next step boundary and go on."""
     from laptrain.run_folder.checkpoint_request import checkpoint_command
 
     return checkpoint_command(args.run, args.root, args.wait)
@@ -370,8 +367,7 @@ PARSERS: dict[str, Callable[[Any], None]] = {
 
 
 def family_commands(project: Path | None = None) -> list[Commands]:
-    """The modules of the families' own commands (each ``FAMILY.commands``: ``predict`` for the
-    classifier, ``export``/``generate``/``eval`` for LoRA, an installed package's, or one in the
+    """The modules of the families' own commands (each ``FAMILY.commands``, installed or in the
     project's ``user/``), in family-name order; ``laptrain --help`` lists them after laptrain's."""
     return [f.commands() for f in installed_families(project) if f.commands is not None]
 
@@ -388,10 +384,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``): a parser
-    whose positionals allow it parses with argparse's ``parse_known_intermixed_args``, also as a
-    subcommand's parser (its parent calls ``parse_known_args``). Parsers with a subcommand or
-    ``REMAINDER`` positional (the top level, ``runs``, ``train``) parse as argparse does."""
+    """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``) through
+    argparse's ``parse_known_intermixed_args``, also as a subcommand's parser; a parser with a
+    subcommand or ``REMAINDER`` positional (top level, ``runs``, ``train``) parses as argparse
+    does."""
 
     _mixing = False
 
@@ -460,16 +456,14 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def command_table(families: list[Commands]) -> dict[str, Callable[[argparse.Namespace], int]]:
-    """laptrain's ``COMMANDS`` and the ``families``' own, by name."""
     return {**COMMANDS, **{name: run for f in families for name, run in f.COMMANDS.items()}}
 
 
 def import_from_clone() -> Path | None:
-    """Puts the clone's root first on ``sys.path``, where ``python train.py`` has it (Python adds
-    a script's folder): a preset's ``_target_: user.<name>...`` then imports in ``laptrain train``,
-    ``bench`` and ``doctor`` too, whose console script's folder is the venv's ``bin/``
-    (docs/your_model.md). Returns the clone's root, whose ``user/`` families may bring commands;
-    outside a clone nothing changes (None)."""
+    """Puts the clone's root first on ``sys.path``, as ``python train.py`` has it, so a preset's
+    ``_target_: user.<name>...`` imports in ``laptrain train``, ``bench`` and ``doctor`` too
+    (docs/your_model.md). Returns the root, whose ``user/`` families may bring commands; None
+    outside a clone."""
     try:
         root = project_root()
     except ProjectNotFound:

@@ -1,10 +1,6 @@
-"""``laptrain doctor``: is this machine ready to train, and if not, what to change (field note 004 asked for a self-test).
-
-Each check returns a ``Check``; "ready" means every check passed, including a few real training
-steps of a tiny model on the profile's device with its precision. Warnings (``ok`` with a note)
-inform without blocking. Inputs (environment, machine, profile) are arguments, so tests can make a
-check fail on purpose.
-"""
+"""``laptrain doctor``: is this machine ready to train, and if not, what to change (field note 004).
+"Ready" means every check passed, a few real training steps on the profile's device included;
+warnings inform without blocking. Inputs are arguments, so tests can make a check fail."""
 
 from __future__ import annotations
 
@@ -284,8 +280,7 @@ def _tiny_encoder() -> Any:
 
 
 def check_training(profile: Mapping[str, Any]) -> Check:
-    """Three real optimizer steps of a tiny transformer classifier on the profile's device and
-    precision."""
+    """Three real optimizer steps of a tiny classifier on the profile's device and precision."""
     import torch
 
     from laptrain.hardware.probe import TorchProbe

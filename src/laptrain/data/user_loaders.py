@@ -1,17 +1,14 @@
 """A user's datamodule gets what laptrain's own build themselves: a train loader that resumes
-mid-epoch exactly, and one share of the data per process under DDP / FSDP.
+mid-epoch exactly, and one share of the data per process under DDP / FSDP (docs/lightning.md,
+"A user's plain loader").
 
-A user's ``DataLoader(shuffle=True)`` has no ``state_dict``, so a run stopped mid-epoch replays
-the epoch in a new order (docs/lightning.md, "A user's plain loader", has the measurement). For a
-datamodule that is not :class:`~laptrain.data.contracts.ShardsItself` the Trainer gets
+For a datamodule that is not :class:`~laptrain.data.contracts.ShardsItself` the Trainer gets
 ``use_distributed_sampler=True`` (unless configured), and a plain ``DataLoader`` over a map-style
-dataset with torch's own sampler is rebuilt, every setting kept, as a
-:class:`~laptrain.data.sampler.ResumableDataLoader` over a
-:class:`~laptrain.data.sampler.ResumableDistributedSampler`: Lightning's order, one share per
-process, a saved position; Lightning leaves a ``DistributedSampler`` in place
-(``_requires_distributed_sampler``, lightning/pytorch/trainer/connectors/data_connector.py:169-175).
-Any other train loader is left as it is: with one line saying it will not resume exactly, or
-silently when it saves its own position (torchdata's ``StatefulDataLoader``).
+dataset with torch's own sampler is rebuilt, every setting kept, as a ``ResumableDataLoader`` over
+a ``ResumableDistributedSampler``, which Lightning leaves in place
+(``_requires_distributed_sampler``, trainer/connectors/data_connector.py:169-175). Any other
+train loader is left as it is, with one line saying it will not resume exactly (silently when it
+saves its own position, as torchdata's ``StatefulDataLoader``).
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 With glibc's defaults a CPU step gets fresh pages for its activations each time (large blocks are
 unmapped on free, the heap top trimmed), and the kernel zeroes every new page inside the op that
-first writes it (docs/hardware.md §9c). glibc reads ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_``
-only at process start, so this sets them with ``mallopt(3)`` (``M_MMAP_MAX`` 0, ``M_TRIM_THRESHOLD``
--1; constants from glibc's ``malloc/malloc.h``; 1 on success). Linux with glibc only; a no-op
-elsewhere. This module must not import torch (it runs before it).
+first writes it (docs/hardware.md §9c). glibc reads ``MALLOC_MMAP_MAX_`` /
+``MALLOC_TRIM_THRESHOLD_`` only at process start, so this sets them with ``mallopt(3)``
+(``M_MMAP_MAX`` 0, ``M_TRIM_THRESHOLD`` -1; constants from glibc's ``malloc/malloc.h``; 1 on
+success). Linux with glibc only; a no-op elsewhere. This module must not import torch (it runs
+before it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MLflow and W&B beside TensorBoard: what the job adds to Lightning's two loggers (docs/loggers.md).
+"""MLflow and W&B beside TensorBoard: what the job adds to Lightning's loggers (docs/loggers.md).
 
 - No login prompt: W&B logs offline unless a key is found (``WANDB_API_KEY`` or ``~/.netrc``);
   ``WANDB_MODE`` / ``logger.wandb.mode`` win, and online with no key is refused in one line.
@@ -35,8 +35,8 @@ ONLINE = ("online", "run")  # "run": wandb's older name for online
 
 
 def quiet_env(environ: dict[str, str] | os._Environ = os.environ) -> None:
-    """:data:`QUIET_ENV` where the user has not set those variables (before mlflow is imported:
-    it reads its telemetry switch then)."""
+    """:data:`QUIET_ENV` where unset, before mlflow is imported (it reads its telemetry switch
+    then)."""
     for key, value in QUIET_ENV.items():
         environ.setdefault(key, value)
 
@@ -82,9 +82,8 @@ def wandb_mode(
 
 
 def check_wandb_modes(section: Any, environ: Mapping[str, str] = os.environ) -> None:
-    """:func:`wandb_mode`'s refusal before the run folder is made (laptrain.config.check calls it
-    on the composed config, without importing torch): W&B loggers are known here by their
-    ``_target_``'s class name."""
+    """:func:`wandb_mode`'s refusal before the run folder is made (laptrain.config.check, without
+    torch): W&B loggers are known by their ``_target_``'s class name."""
     for name, node in continued_runs.entries(section):
         if str(node.get("_target_")).rsplit(".", 1)[-1] == "WandbLogger":
             configured = "offline" if node.get("offline") else node.get("mode")
@@ -97,10 +96,9 @@ def prepared(
     environ: dict[str, str] | os._Environ = os.environ,
     tracked: bool = True,
 ) -> DictConfig | None:
-    """The ``logger`` section as the job builds it: resolved, with the ids of the run folder's
-    MLflow / W&B runs (laptrain.loggers.continued_runs), W&B's mode decided and MLflow's local artifacts
-    beside its store; without MLflow and W&B unless ``tracked`` (False on a rank other than
-    global rank 0). Exports :data:`QUIET_ENV` first."""
+    """The ``logger`` section as the job builds it: resolved, with the run folder's MLflow / W&B ids
+    (laptrain.loggers.continued_runs), W&B's mode decided, MLflow's artifacts beside its store;
+    without them unless ``tracked`` (global rank 0). Exports :data:`QUIET_ENV` first."""
     if not section:
         return None
     quiet_env(environ)

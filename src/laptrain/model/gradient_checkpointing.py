@@ -60,8 +60,8 @@ def switch_on(model: nn.Module, kwargs: Mapping[str, Any] | None = None) -> None
 
 
 def enable_checkpointing(model: nn.Module) -> None:
-    """Non-reentrant activation checkpointing on a transformers model, inputs requiring grad,
-    dropout masks replayed on MPS (:func:`replay_device_rng`)."""
+    """Non-reentrant checkpointing on a transformers model, inputs requiring grad, MPS masks
+    replayed."""
     switch_on(model, {"use_reentrant": False})
     model.enable_input_require_grads()
     replay_device_rng(model)
@@ -120,11 +120,9 @@ class _ReplayState:
 def device_rng_contexts(
     get_state: Callable[[], torch.Tensor], set_state: Callable[[torch.Tensor], None]
 ) -> ContextFn:
-    """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` that
-    replays one generator: the forward context records its state as the checkpointed forward
-    starts, the recompute context sets that state for the recompute and puts the then-current
-    state back afterwards. With ``torch.mps.get_rng_state`` / ``set_rng_state`` the recompute
-    draws the forward's dropout masks on MPS, which torch itself does not restore."""
+    """A ``context_fn`` for non-reentrant ``checkpoint`` that replays one generator: the forward
+    records its state, the recompute sets it and puts the then-current state back, so on MPS the
+    recompute draws the forward's dropout masks."""
 
     def context_fn() -> tuple[_RecordState, _ReplayState]:
         record = _RecordState(get_state)
@@ -167,9 +165,8 @@ def unstashed_rng_module(device_type: str) -> Any | None:
 
 
 class ReplayDeviceRng:
-    """A transformers ``_gradient_checkpointing_func`` around the one transformers set
-    (``inner``, a ``functools.partial`` of torch's checkpoint): unchanged on CPU and CUDA; on
-    MPS non-reentrant with :func:`device_rng_contexts` on the MPS generator."""
+    """A transformers ``_gradient_checkpointing_func`` around the one it set (``inner``): unchanged
+    on CPU and CUDA, non-reentrant with :func:`device_rng_contexts` on MPS."""
 
     def __init__(self, inner: Callable[..., Any]) -> None:
         self.inner = inner
@@ -188,8 +185,7 @@ class ReplayDeviceRng:
 
 def replay_device_rng(model: nn.Module) -> None:
     """After transformers turned checkpointing on: wrap each module's checkpoint function in
-    :class:`ReplayDeviceRng` (once), so that on MPS the recompute draws the forward's dropout
-    masks. Off MPS the calls are those transformers set up."""
+    :class:`ReplayDeviceRng` once (off MPS the calls stay transformers')."""
     for module in model.modules():
         func = module.__dict__.get("_gradient_checkpointing_func")
         if func is not None and not isinstance(func, ReplayDeviceRng):

@@ -80,8 +80,7 @@ Measure = Callable[[int, int], Trial]  # (batch, steps) -> the run's peak at tha
 
 
 class BatchSearch:
-    """Which batches fit ``budget`` bytes, asking ``measure(batch, steps)`` only for batches worth
-    running (tests inject the reader)."""
+    """Which batches fit ``budget`` bytes, running ``measure(batch, steps)`` only where worth it."""
 
     def __init__(self, measure: Measure, budget: float) -> None:
         self.measure, self.budget = measure, budget
@@ -90,9 +89,9 @@ class BatchSearch:
         self.smallest = 1  # 2 where a step cannot run on one row (BatchNorm in training)
 
     def predicted(self, batch: int) -> float | None:
-        """The peak at ``batch`` on the line through the largest measured batch below it and one
-        at most half as large (the farthest pair: small batches differ by allocator noise more
-        than by their rows); None with fewer than two. A falling line counts as flat."""
+        """The peak at ``batch`` on the line through the largest measured batch below it and one at
+        most half as large (small batches differ more by allocator noise); None with fewer than
+        two."""
         below = sorted(b for b, t in self.trials.items() if t.ran and b < batch)
         if len(below) < 2:
             return None
@@ -116,9 +115,8 @@ class BatchSearch:
         return trial.ran and trial.peak <= self.budget
 
     def largest_fit(self, max_batch: int) -> int:
-        """The largest batch up to ``max_batch`` that fits (0: not even the smallest), to within
-        :data:`RESOLUTION`: doubling from the smallest while it fits, then bisecting between the
-        last that fit and the first that did not."""
+        """The largest batch up to ``max_batch`` that fits, to within :data:`RESOLUTION` (0: not
+        even the smallest): doubling while it fits, then bisecting."""
         if not self.fits(self.smallest):
             return 0
         fit, over = self.smallest, None
@@ -143,8 +141,7 @@ class BatchSearch:
         return all(self.fits(step) for step in sorted({first, 2 * first, batch}) if step <= batch)
 
     def start(self) -> str | None:
-        """Run the smallest batch: 1, or 2 when a step on one row fails (BatchNorm cannot
-        normalize a single value in training; the run cannot train on such a batch either). The
+        """Run the smallest batch: 1, or 2 when a step on one row fails (BatchNorm in training); the
         note to print when it is 2."""
         try:
             self.fits(1)
@@ -165,9 +162,9 @@ class BatchSearch:
         return self.settled[batch]
 
     def lower(self, batch: int) -> int:
-        """After ``batch`` settled over the budget: the largest batch below it that the search
-        measured under the budget by the same margin (its short peak scaled by ``batch``'s
-        settled ÷ short peak); 0 when none is."""
+        """After ``batch`` settled over the budget: the largest batch below it measured under the
+        budget by the same margin (short peak scaled by ``batch``'s settled ÷ short); 0 when none
+        is."""
         scale = self.settled[batch].peak / max(self.trials[batch].peak, 1.0)
         under = [
             b
@@ -190,14 +187,11 @@ class BatchSearch:
 
 @dataclass
 class TrainerStandIn:
-    """What a module's ``training_step`` and ``configure_optimizers`` commonly read of its Trainer,
-    answered as Lightning's Trainer answers them for the planned run: ``model`` (the
-    lightning-hydra-template's ``self.trainer.model.parameters()``), ``datamodule``, the run's
-    length (``max_epochs``, ``max_steps``, ``estimated_stepping_batches``: the total steps
-    Lightning's docs give ``OneCycleLR``), ``world_size``, ``num_devices``,
-    ``accumulate_grad_batches``; ``barebones`` makes ``self.log`` a no-op
-    (lightning/pytorch/core/module.py, ``LightningModule.log``). What else a module reads of it
-    raises AttributeError (:func:`_optimizers` then measures without that module's scheduler)."""
+    """What a ``training_step`` and ``configure_optimizers`` commonly read of the Trainer, answered
+    as Lightning would for the planned run (``model``, ``datamodule``, ``max_epochs``,
+    ``max_steps``, ``estimated_stepping_batches``, ``world_size``, ``num_devices``,
+    ``accumulate_grad_batches``; ``barebones`` makes ``self.log`` a no-op). Anything else raises
+    AttributeError."""
 
     model: nn.Module
     datamodule: Any = None
@@ -222,9 +216,8 @@ class TrainerStandIn:
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """The run as its Trainer will have it: ``max_epochs``, ``max_steps``,
-    ``accumulate_grad_batches``, devices per node, nodes, and whether the strategy shards the
-    model state (FSDP; with several ranks and no sharding it is DDP)."""
+    """The run as its Trainer will have it (length, accumulation, devices, nodes, and whether the
+    strategy shards the model state: FSDP; else, with several ranks, DDP)."""
 
     max_epochs: int | None = None
     max_steps: int = -1
@@ -319,9 +312,8 @@ def _said(err: BaseException) -> str:
 
 
 def _optimizers(module: Any) -> tuple[list[torch.optim.Optimizer], str | None]:
-    """The optimizers of the module's own ``configure_optimizers``, in any form Lightning takes,
-    and a note when they were taken without its scheduler: where it reads something of the
-    Trainer the stand-in cannot answer, the optimizers it had made when it stopped."""
+    """The optimizers of the module's ``configure_optimizers``, in any form Lightning takes, and a
+    note when its scheduler was left out (it read something the stand-in cannot answer)."""
     from lightning.pytorch.core.optimizer import _configure_optimizers
 
     note = None
@@ -375,10 +367,9 @@ def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> float:
 
 
 class StepMeasurer:
-    """Trains a deep copy of ``module`` on ``rows`` for the steps each call asks and returns the
-    run's peak at that batch on each rank: the counter's peak less what the copy adds (on CPU its
-    weights; on a device the level before it moved there), with what the run's strategy changes
-    of it (:meth:`_strategy_bytes`)."""
+    """Trains a deep copy of ``module`` on ``rows`` and returns the run's peak per rank at each
+    batch: the counter's peak less what the copy adds, with the strategy's change
+    (:meth:`_strategy_bytes`)."""
 
     def __init__(
         self,
@@ -430,16 +421,11 @@ class StepMeasurer:
             ) from None
 
     def _strategy_bytes(self) -> float:
-        """What the run's strategy adds to (DDP) or takes off (FSDP) the peak measured here,
-        in one process holding the whole module.
-
-        DDP: its Reducer copies every gradient into allreduce buckets that together cover all
-        the parameters (``bucket_cap_mb``, 25 MiB by default, sets only how they are split,
-        torch/nn/parallel/distributed.py:86-109), one gradient-sized buffer more on each rank;
-        ``gradient_as_bucket_view=True`` would save exactly that (distributed.py:731-736), and
-        Lightning's DDPStrategy leaves it False (it passes only the user's ``**kwargs``,
-        lightning/pytorch/strategies/ddp.py:196). FSDP: each rank keeps 1/ranks of the weights,
-        gradients and optimizer state (FULL_SHARD); the rest is not on it."""
+        """What the strategy adds (DDP) or takes off (FSDP) the peak of one process holding the
+        whole module. DDP's Reducer keeps one more gradient-sized buffer in its buckets
+        (torch/nn/parallel/distributed.py:86-109; Lightning leaves ``gradient_as_bucket_view``
+        False, strategies/ddp.py:196); FSDP (FULL_SHARD) keeps 1/ranks of weights, grads and
+        optimizer state."""
         if self.run.ranks == 1:
             return 0.0
         if not self.run.sharded:
@@ -533,8 +519,7 @@ class StepMeasurer:
 
 @contextlib.contextmanager
 def kept_rng(device: torch.device) -> Iterator[None]:
-    """Put back every RNG state a training step can draw from: torch's (CPU, and the device's),
-    Python's ``random`` and numpy's global one."""
+    """Put back every RNG state a training step can draw from: torch's, Python's and numpy's."""
     python_state = random.getstate()
     try:
         import numpy
@@ -583,9 +568,8 @@ class _Sizing:
 def _size(
     search: BatchSearch, request: _Request, rows: int | None, option: str, budget: Budget
 ) -> _Sizing:
-    """The batch: the largest that fits (``auto``; an earlier session's while it still fits) or
-    the fixed one, checked; either settled over :data:`SETTLED_STEPS` steps. Raises
-    PreflightError when it does not fit."""
+    """The batch: the largest that fits (``auto``; an earlier session's while it fits) or the fixed
+    one, checked; settled over :data:`SETTLED_STEPS` steps. Raises PreflightError when none fits."""
     started = search.start()
     notes = [started] if started else []
     if not request.auto:
@@ -632,8 +616,7 @@ def _fixed(
     budget: Budget,
     notes: list[str],
 ) -> _Sizing:
-    """A fixed batch, checked: refused when it does not fit; accumulation keeps the effective
-    batch (``preflight.effective_batch_size``)."""
+    """A fixed batch, refused when it does not fit; accumulation keeps the effective batch."""
     micro = min(int(request.requested), rows) if rows else int(request.requested)
     fits = search.ladder(micro)
     trial = search.settle(micro) if fits else max(search.trials.values(), key=lambda t: t.batch)
@@ -665,13 +648,8 @@ def measured_preflight_for_run(
     run: PlannedRun | None = None,
 ) -> Plan:
     """The measured plan of a run, as batch.py's ``preflight_for_run`` gives the estimated one.
-
-    ``option`` is the setting that fixed the batch, named when it does not fit; ``counter`` the
-    memory reader (the device's own when None); ``run`` the Trainer's length and ranks (None:
-    Lightning's defaults, the profile's devices and ``shards``). Rank 0's record, a resumed run's
-    batch and ``preflight.json`` as for the estimate. Raises NotMeasured (the module or its loader
-    cannot be measured) or PreflightError (the job does not fit), each in one line.
-    """
+    ``option``: the setting named when the batch does not fit; ``counter``: the memory reader;
+    ``run``: the Trainer's length and ranks. Raises NotMeasured or PreflightError, in one line."""
     kind = str(hardware.get("accelerator", "cpu"))
     index = hardware.get("device_index") if kind == "cuda" else None
     record = output_dir / "preflight.json" if output_dir is not None else None

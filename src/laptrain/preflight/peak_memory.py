@@ -27,8 +27,8 @@ SAMPLE_SECONDS = 0.001
 
 
 class PeakCounter(Protocol):
-    """Opens a window (:meth:`reset`), is told of moments worth a reading (:meth:`note`) and
-    answers the highest memory of the window (:meth:`peak`), in bytes."""
+    """The highest memory (bytes) between :meth:`reset` and :meth:`peak`, read at each
+    :meth:`note`."""
 
     kind: str
 
