@@ -32,7 +32,7 @@ from laptrain.callbacks.run_report import RunReport
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.families.trm.ema import EMA
-from laptrain.hardware.probe import FakeProbe
+from tests.fakes import FakeProbe
 
 
 class Pauses:

@@ -21,10 +21,10 @@ from laptrain.family import (
     family_of_target,
     installed_families,
 )
-from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
 from laptrain.launch.device import check_device
 from tests.conftest import CONF, ROOT, compose_train
+from tests.fakes import FakeProbe
 from tests.new_project import laptrain_options, new_project
 
 PRESETS = laptrain_options(CONF, "model")

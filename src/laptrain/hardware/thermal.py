@@ -7,10 +7,8 @@ throughput drift alone (``laptrain.callbacks.throughput_drift``)."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
-
-from laptrain.hardware.probe import next_scripted
 
 LEVEL_NAMES = ("nominal", "fair", "serious", "critical")
 
@@ -83,19 +81,6 @@ class SensorTemperature:
         if current >= high - 10:
             return 1
         return 0
-
-
-@dataclass
-class FakeThermal:
-    """Scripted readings for tests: returned in order, the last one repeats; None = no answer."""
-
-    readings: list[ThermalReading | None] = field(default_factory=list)
-    name: str = "fake"
-    calls: int = 0
-
-    def read(self) -> ThermalReading | None:
-        self.calls += 1
-        return next_scripted(self.readings)
 
 
 def thermal_source(hot_celsius: float = 85.0) -> ThermalSource | None:
