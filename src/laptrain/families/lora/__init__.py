@@ -5,7 +5,7 @@ weights' dtype (``base_dtype``: ``base_dtype: auto``), the memory forecast from 
 (``sizing``), ``laptrain doctor``'s LoRA check (``doctor``), the tiny offline Llama
 (``tiny_llama``), the adapter folders a run leaves (``adapter_folders``), its commands
 (``commands``: export, generate, eval; their work in ``tools`` and ``preference_eval``), the GGUF
-export (``gguf/``) and the smoke build (``smoke``)."""
+export (``gguf/``), ``laptrain why``'s DPO rule (``why_rules``) and the smoke build (``smoke``)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,12 @@ def _commands() -> Any:
     return commands
 
 
+def _why(series: Any) -> list[Any]:
+    from laptrain.families.lora.why_rules import dpo_likelihood_fall
+
+    return dpo_likelihood_fall(series)
+
+
 def _smoke() -> Any:
     from laptrain.families.lora import smoke
 
@@ -73,5 +79,6 @@ FAMILY = Family(
     file_rules=_file_rules,
     fsdp_layers=transformers_fsdp_layers,
     commands=_commands,
+    why=_why,
     smoke=_smoke,
 )
