@@ -463,15 +463,6 @@ def bench_command(args: argparse.Namespace) -> int:
             lg.setLevel(level)
 
 
-def bench_main(argv: Sequence[str]) -> int:
-    """``laptrain bench`` from a list of arguments (options and overrides in any order)."""
-    parser = argparse.ArgumentParser(
-        prog="laptrain bench", description="time N training steps of your job (no run folder)"
-    )
-    add_arguments(parser)
-    return bench_command(parser.parse_intermixed_args(list(argv)))
-
-
 def _bench(args: argparse.Namespace) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="laptrain-bench-") as tmp:

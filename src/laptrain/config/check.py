@@ -546,10 +546,3 @@ def check_composed(cfg: DictConfig) -> None:
         raise
     except Exception as err:  # an interpolation that cannot resolve, e.g. a missing env var
         raise ConfigError(f"config cannot be resolved: {err}".splitlines()[0]) from err
-
-
-def precheck(argv: Sequence[str], conf_dir: str, config_name: str = "train") -> DictConfig:
-    """:func:`compose_argv` then :func:`check_composed`; returns the composed config."""
-    cfg = compose_argv(argv, conf_dir, config_name)
-    check_composed(cfg)
-    return cfg

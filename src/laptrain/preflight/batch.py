@@ -263,6 +263,12 @@ class _Request:
     def auto(self) -> bool:
         return is_auto(self.requested)
 
+    def fixed_accumulation(self, micro: int) -> int:
+        """The accumulation of a fixed micro batch: the one that keeps ``effective_batch``."""
+        if not self.effective_batch:
+            return self.accumulation
+        return max(1, math.ceil(self.effective_batch / (micro * self.devices)))
+
     @classmethod
     def read(
         cls,
@@ -425,15 +431,13 @@ def _fixed_batch(
             f"budget {budget.bytes / GiB:.2f} GiB ({budget.source}); the largest that fits is "
             f"{largest_fit}: set hardware.batch_size=auto (or <= {largest_fit})"
         )
-    accum = request.accumulation
+    accum = request.fixed_accumulation(micro)
     effective_batch, devices = request.effective_batch, request.devices
-    if effective_batch:
-        accum = max(1, math.ceil(effective_batch / (micro * devices)))
-        if micro * accum * devices != effective_batch:
-            notes.append(
-                f"effective batch {micro * accum * devices} instead of {effective_batch} "
-                f"(micro batch {micro} does not divide it; batch_size=auto would)"
-            )
+    if effective_batch and micro * accum * devices != effective_batch:
+        notes.append(
+            f"effective batch {micro * accum * devices} instead of {effective_batch} "
+            f"(micro batch {micro} does not divide it; batch_size=auto would)"
+        )
     return micro, accum
 
 
@@ -540,7 +544,6 @@ def preflight_for_run(
     transformers model with a sequence length): sized by the longest tokenized training example
     (``KnowsLengths``), else ``max_length``; ``hardware["batch_size"]`` is the batch to check or
     ``auto``; a resumed run keeps its ``preflight.json`` batch while it fits."""
-    auto = is_auto(hardware.get("batch_size"))
     kind = str(hardware.get("accelerator", "cpu"))
     # this rank's own GPU (trainer.devices[local rank], from the run plan); else the current one
     probe = TorchProbe(kind, hardware.get("device_index") if kind == "cuda" else None)
@@ -558,7 +561,7 @@ def preflight_for_run(
         accumulation=accumulation,
         max_batch=max_batch,
         verify=verify,
-        previous=_previous_batch(record) if auto else None,
+        previous=_previous_batch(record, hardware),
         workers=_loader_workers(datamodule, hardware, cache_dir),
         checkpointing=checkpointing,
         **_own_step(model),
@@ -593,9 +596,10 @@ def _rank_0_plan(record: Path | None) -> Plan | None:
     return shared
 
 
-def _previous_batch(record: Path | None) -> tuple[int, int] | None:
-    """(micro batch, accumulation) an earlier session of this run recorded, if any."""
-    if record is None or not record.is_file():
+def _previous_batch(record: Path | None, hardware: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(micro batch, accumulation) an earlier session of this run recorded, which ``auto`` keeps
+    while it fits; None for a fixed batch or a first session."""
+    if not is_auto(hardware.get("batch_size")) or record is None or not record.is_file():
         return None
     earlier = json.loads(record.read_text())
     return int(earlier["micro_batch"]), int(earlier["accumulation"])

@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, default_collate, default_convert
 
-from laptrain.config.batch_request import is_auto
 from laptrain.hardware.probe import TorchProbe
 from laptrain.model.contracts import ChunksBatches
 from laptrain.preflight.batch import (
@@ -628,10 +627,7 @@ def _fixed(
             f"{option} lower, or hardware.batch_size=auto with data.batch_size=from_profile "
             "(the preflight picks)"
         )
-    accumulation = request.accumulation
-    if request.effective_batch:
-        accumulation = max(1, math.ceil(request.effective_batch / (micro * request.devices)))
-    return _Sizing(micro, accumulation, trial, notes)
+    return _Sizing(micro, request.fixed_accumulation(micro), trial, notes)
 
 
 def measured_preflight_for_run(
@@ -658,7 +654,7 @@ def measured_preflight_for_run(
         return shared
     _checked_module(model)
     probe = TorchProbe(kind, index)
-    previous = _previous_batch(record) if is_auto(hardware.get("batch_size")) else None
+    previous = _previous_batch(record, hardware)
     request = _Request.read(hardware, effective_batch, accumulation, max_batch, previous)
     workers = _loader_workers(datamodule, hardware, cache_dir)
     budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)
