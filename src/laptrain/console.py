@@ -47,8 +47,7 @@ class LightningChatter(logging.Filter):
 
 @contextlib.contextmanager
 def logger_level(name: str, level: int) -> Iterator[None]:
-    """The ``name`` logger at ``level`` for the block, then its own level back (the caller may run
-    inside another program, or a test session)."""
+    """The ``name`` logger at ``level`` for the block, then its own level back."""
     logger = logging.getLogger(name)
     before = logger.level
     logger.setLevel(level)

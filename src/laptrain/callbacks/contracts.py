@@ -168,7 +168,6 @@ class VersionedState:
 
 @runtime_checkable
 class BackPropagatesInChunks(Protocol):
-    """A module whose ``training_step`` back-propagates its batch range by range
-    (``laptrain.model.chunked_backward.ChunkedBackward``): the OOM backoff can halve its ranges."""
+    """A module whose ``training_step`` back-propagates range by range (``ChunkedBackward``)."""
 
     def chunked_backward(self, batch: Any, loss_fn: Any, size_fn: Any = None) -> Any: ...

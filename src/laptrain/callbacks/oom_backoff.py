@@ -131,8 +131,7 @@ class OOMBackoff(VersionedState, Callback):
         self.batch_size, self.chunks = new, 1
 
     def inactive_because(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | None:
-        """The one console line saying why out-of-memory errors end this run, or None when the
-        backoff applies or a module's loader decides it (laptrain.callbacks.smaller_loader)."""
+        """Why OOMs end this run (one line); None when the backoff or the loader handles them."""
         if not self.enabled:
             return None
         if not isinstance(pl_module, BackPropagatesInChunks):

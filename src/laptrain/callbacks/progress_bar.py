@@ -19,8 +19,7 @@ from typing_extensions import override
 
 
 class EpochProgressBar(RichProgressBar):
-    """``RichProgressBar`` with a 1-based "Epoch n/total" label, drawn at most ``refresh_rate``
-    times a second; the arguments are its own."""
+    """``RichProgressBar`` with a 1-based "Epoch n/total", drawn at most ``refresh_rate``/s."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -65,8 +65,8 @@ def sweep_trial_number() -> int | None:
 
 
 class TrialPruning(Callback):
-    """After every validation: ``trial.report(<monitor>, step=<validation index>)``, then stop the
-    run once ``trial.should_prune()``; ``ended_early`` is then the console line."""
+    """``trial.report`` after every validation; stops the run once ``trial.should_prune()``
+    (``ended_early`` is then the console line)."""
 
     def __init__(self, trial: optuna.Trial, monitor: str) -> None:
         self.trial, self.monitor = trial, monitor

@@ -109,8 +109,7 @@ def checkpoint_plugins(configured: Any, trusted: TrustedGlobals | None = None) -
 
 
 def weights_only_under_fsdp(strategy: Any) -> None:
-    """Make ``strategy``, when it is Lightning's ``FSDPStrategy``, load full checkpoints with
-    :func:`load_state` instead of Lightning's unrestricted ``_lazy_load`` (see module)."""
+    """Make Lightning's ``FSDPStrategy`` load full checkpoints with :func:`load_state`."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if isinstance(strategy, FSDPStrategy):

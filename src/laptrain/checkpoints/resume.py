@@ -14,8 +14,7 @@ from laptrain.checkpoints.trusted import TrustedGlobals
 
 
 def resume_checkpoint(ckpt_path: str | None, resume: bool, last: str | Path) -> str | None:
-    """The checkpoint to resume from: ``ckpt_path``, else ``last`` (the run's ``last.ckpt``)
-    when ``resume`` is on and it exists."""
+    """``ckpt_path``, else ``last`` when ``resume`` is on and it exists."""
     if ckpt_path:
         path = Path(str(ckpt_path)).expanduser()
         if not path.is_file():

@@ -111,8 +111,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def runs_json(states: list[Any], root: Path) -> str:
-    """``laptrain runs --json``: the table's rows as one JSON document (a score as the table
-    shows it, to 4 significant digits)."""
+    """``laptrain runs --json``: the table's rows as one JSON document."""
     rows = []
     for s in states:
         metric, _, score = (s.best or "").rpartition(" ")
@@ -418,8 +417,7 @@ def package_version() -> str:
 
 
 def build_parser(families: list[Commands] | None = None) -> argparse.ArgumentParser:
-    """Every subcommand's arguments (``families``: whose commands to add; default: the installed
-    families'); ``COMMANDS`` maps each name to its function."""
+    """Every subcommand's arguments, the ``families``' included (default: the installed ones)."""
     parser = Parser(
         prog="laptrain",
         description="laptrain: train, inspect and use runs (docs/cli.md)",

@@ -247,8 +247,7 @@ def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
 
 
 def _tiny_encoder() -> Any:
-    """A 2-layer transformer encoder classifier (torch's own layers: embedding, attention, layer
-    norm, feed-forward, a linear head) as a LightningModule that keeps its training losses."""
+    """A 2-layer transformer encoder classifier of torch's own layers, keeping its losses."""
     import lightning.pytorch as pl
     import torch
     import torch.nn.functional as F

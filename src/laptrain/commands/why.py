@@ -563,8 +563,7 @@ def _add(series: Series, name: str, step: int, value: Any) -> None:
 
 
 def read_event_dir(folder: Path) -> Series:
-    """Every scalar of the event files in ``folder`` (one TensorBoard run), as TensorBoard reads
-    them (a resumed run's orphaned steps purged)."""
+    """Every scalar of one TensorBoard run's event files, as TensorBoard reads them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
 
@@ -739,8 +738,7 @@ def why_lines(folder: str | Path, limit: int = MAX_LINES) -> list[str]:
 
 
 def why_json(folder: str | Path, limit: int = MAX_LINES) -> dict[str, Any]:
-    """What ``laptrain why --json`` prints: the run, its recorded status and step, the header line
-    and each finding (the ones :func:`why_lines` prints) with its kind, step, value and advice."""
+    """``laptrain why --json``: the run, its status, step and header, and each finding."""
     records = read_run(folder)
     run = section(records.report, "run")
     findings = run_findings(records)[: limit - 1]

@@ -97,8 +97,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def _role_problem(obj: Any, target: str, path: str) -> str | None:
-    """A model or data ``_target_`` whose class is not what Lightning trains (a function that
-    builds one is not checked)."""
+    """A model or data ``_target_`` whose class is not what Lightning trains."""
     role = ROLES.get(path)
     if role is None or not inspect.isclass(obj):
         return None
@@ -538,8 +537,7 @@ def _takes(obj: Any, name: str) -> bool:
 
 
 def check_composed(cfg: DictConfig) -> None:
-    """:func:`check_config` as the run will build it (imports each target, so torch: call it after
-    the profile's environment is applied)."""
+    """:func:`check_config` as the run builds it (imports targets: after the profile's env)."""
     try:
         check_config(*_as_built(cfg))
     except ConfigError:

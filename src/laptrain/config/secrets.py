@@ -31,8 +31,7 @@ def without_login(text: str) -> str:
 
 
 def masked(value: Any) -> Any:
-    """A copy of a config container (dicts, lists, scalars) with credentials masked: values of
-    keys named like one, and URI logins in every string."""
+    """A copy of a config container with credentials and URI logins masked."""
     if isinstance(value, dict):
         return {
             k: MASK if secret_name(str(k)) and value[k] not in (None, "") else masked(value[k])

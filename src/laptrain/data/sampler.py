@@ -157,9 +157,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
 
 class ResumableDataLoader(DataLoader):
-    """A DataLoader whose position Lightning saves and restores: over a
-    ``LengthGroupedBatchSampler`` (``batch_sampler=``) or a ``ResumableDistributedSampler``
-    (``sampler=`` with ``batch_size=``)."""
+    """A DataLoader whose position Lightning saves and restores, over either sampler here."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -182,8 +182,7 @@ def read_table(path: Path, encoding: str = "utf-8") -> Table:
 def check_train_and_val(
     splits: Mapping[str, Sequence[Any]], source: str, held: str, val_fraction: float
 ) -> None:
-    """Refuse splits without a training or a validation row; ``held``: what ``source`` holds
-    (``"120 rows"``), for the message."""
+    """Refuse splits without a training or validation row (``held``: what ``source`` holds)."""
     if not splits["train"]:
         raise DataError(f"{source} has no row left for training: add rows")
     if not splits["val"]:

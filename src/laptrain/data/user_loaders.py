@@ -97,8 +97,7 @@ def resumable_train_loader(
 
 
 def resized_loader(loader: ResumableDataLoader, batch_size: int, skip: int) -> ResumableDataLoader:
-    """``loader`` with batches of ``batch_size``, over the same order, starting ``skip`` indices
-    into this epoch (laptrain.callbacks.smaller_loader)."""
+    """``loader`` with batches of ``batch_size``, same order, starting ``skip`` indices in."""
     loader.sampler.skip = skip
     return ResumableDataLoader(
         loader.dataset, sampler=loader.sampler, **{**_settings(loader, 0), "batch_size": batch_size}

@@ -169,8 +169,7 @@ class TorchProbe:
 
 
 def probe_for(device: object) -> DeviceProbe:
-    """The real probe for a ``torch.device`` (or a string such as ``"cuda:0"``; ``"cuda"`` is the
-    current device, as for torch)."""
+    """The real probe for a ``torch.device`` or a string such as ``"cuda:0"``."""
     text = str(device)
     kind, _, index = text.partition(":")
     if kind not in DEVICE_KINDS:

@@ -94,8 +94,7 @@ NOT_COMPARED = {"hardware", "hparams_search", "launcher"}
 def hparams_row(
     cfg: DictConfig, overrides: list[str], exclude: list[str], model: Any, plan: Any
 ) -> dict[str, Any]:
-    """A flat dict of what tells runs apart: the job's overrides (typed as the config has them)
-    and lr, batch, model size, profile and seed."""
+    """What tells runs apart: the job's overrides, lr, batch, model size, profile and seed."""
     row: dict[str, Any] = {}
     for override in overrides:
         key, _, text = override.lstrip("+~").partition("=")

@@ -117,8 +117,7 @@ class RunPlan:
         return lines
 
     def _loader_lines(self) -> list[str]:
-        """Workers and pin_memory as the loaders get them, or one line naming those the
-        datamodule decides itself."""
+        """Workers and pin_memory as the loaders get them, or those the datamodule decides."""
         lines = []
         if "num_workers" not in self.loader_own:
             lines.append(
@@ -286,8 +285,7 @@ def _asked(
 
 
 def _batch_holder(model: Any, datamodule: Any) -> str:
-    """Where a datamodule that is not laptrain's takes the profile's batch, or a one-line refusal
-    naming what to add."""
+    """Where a datamodule not laptrain's takes the profile's batch, or a one-line refusal."""
     found = find_setting(model, datamodule, BATCH)
     if found is None:
         name = type(datamodule).__name__

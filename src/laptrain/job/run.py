@@ -373,8 +373,7 @@ def _announce(
     plan: RunPlan,
     guards: str,
 ) -> None:
-    """The summary on the console, in run_info and the loggers; the data's artifacts in the run
-    folder."""
+    """The summary on console, run_info and loggers; the data's artifacts in the run folder."""
     lines = [parameter_line(model), *summary_lines(plan, env), guards]
     for line in [*(plan.memory or {}).get("lines", []), *lines]:
         rank_zero_info(line)

@@ -100,8 +100,7 @@ def rank_device_index(cfg: DictConfig, kind: str) -> int | None:
 
 
 def device_request(cfg: DictConfig) -> tuple[str, ...]:
-    """What the device decision reads of the config: accelerator, precision, ``trainer.devices``,
-    the profile's name and the model's ``_target_``."""
+    """What the device decision reads: accelerator, precision, devices, profile, model."""
     model = cfg.get("model")
     return (
         requested_accelerator(cfg),
@@ -113,8 +112,7 @@ def device_request(cfg: DictConfig) -> tuple[str, ...]:
 
 
 def decide_device(cfg: DictConfig, say: Callable[[str], None] = rank_zero_info) -> RunDevice:
-    """The run's device, once: :func:`check_device` (refusals in one line, a warning through
-    ``say``), and this rank's GPU."""
+    """The run's device, once: :func:`check_device` and this rank's GPU."""
     kind = plan_device(cfg)
     precision = check_device(cfg, say=say)
     return RunDevice(kind, precision, rank_device_index(cfg, kind), device_request(cfg))

@@ -22,8 +22,7 @@ TRACKING_FILE = "tracking.json"
 
 
 def entries(section: Any) -> Iterator[tuple[str, DictConfig]]:
-    """``(name, node)`` of each logger the job builds, in the order ``_instantiate_all`` builds
-    them (laptrain.job.run)."""
+    """``(name, node)`` of each logger the job builds, in the order it builds them."""
     if not section:
         return
     for name, node in section.items():

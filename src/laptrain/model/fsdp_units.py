@@ -238,8 +238,7 @@ class GatheredUnits:
 
 
 def gathered_units(module: nn.Module) -> GatheredUnits:
-    """:class:`GatheredUnits` of ``module`` under :func:`unit_rule` (the units ``fsdp_strategy_for``
-    sets)."""
+    """:class:`GatheredUnits` of ``module`` under :func:`unit_rule`."""
     units = unit_params(module, unit_rule(module))
     root = units.pop("", [])
     sizes = sorted((sum(p.numel() for _, p in params) for params in units.values()), reverse=True)

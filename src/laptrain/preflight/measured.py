@@ -399,8 +399,7 @@ class StepMeasurer:
         self.offset = float(self.copy_bytes) if counter.kind == "cpu" else before
 
     def _move(self) -> None:
-        """The copy on the device, in a true precision's dtype (Lightning's HalfPrecision converts
-        the module); running out of memory on the way is the job's refusal."""
+        """The copy on the device in a true precision's dtype; an OOM on the way refuses the job."""
         from laptrain.callbacks.oom_backoff import is_oom
 
         dtype = TRUE_DTYPES.get(self.precision)

@@ -126,8 +126,7 @@ def val_curves(folder: Path) -> list[dict[str, Any]]:
 def plot_curves(
     curves: Sequence[list[dict[str, Any]]], labels: Sequence[str], path: Path
 ) -> list[str]:
-    """One panel per ``val/*`` metric, one line per run, x = optimizer step; written to ``path``.
-    Returns the metric names plotted (none: nothing written)."""
+    """One panel per ``val/*`` metric, one line per run, into ``path``; the metrics plotted."""
     metrics = sorted(
         {k for points in curves for p in points for k in p if k.startswith("val/")},
         key=lambda k: (k != "val/loss", k),
