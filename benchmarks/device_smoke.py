@@ -7,7 +7,7 @@ Each cell builds the family's preset at tiny size (its optimizer, dropout, dtype
 packing: laptrain/model/<family>/smoke.py), fits it with the guards that call the device during a
 fit, saves a checkpoint, resumes it in a fresh Trainer, and predicts one batch, checking on the way
 that every tensor the module and its callbacks keep follows the parameters to the device
-(laptrain/device_smoke/placement.py). Lines under the table say what the cells ran. Cells read
+(benchmarks/smoke_harness/placement.py). Lines under the table say what the cells ran. Cells read
 ``ok (seconds)``, ``refused: <reason>`` (the profile's precision rules, or the family's) or
 ``failed: <error>`` (tracebacks follow the table). Exit status 1 when a cell failed.
 Paste the whole output into a bug report.
@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from laptrain.device_smoke.builds import SMOKE_BUILDS
-from laptrain.device_smoke.cells import (
+from smoke_harness.builds import SMOKE_BUILDS
+from smoke_harness.cells import (
     detect_device,
     header_lines,
     legend_lines,

@@ -42,7 +42,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from transformers import get_linear_schedule_with_warmup
 
-from laptrain.callbacks.acting import PER_BATCH_HOOKS
+from laptrain.checkpoints.stop import PER_BATCH_HOOKS
 from laptrain.commands.bench import build_job, job_callbacks, machine_line, make_trainer
 
 # a user's own module (user/<name>/, `laptrain new`) imports as train.py sees it: from the clone

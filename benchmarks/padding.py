@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from laptrain.data.stdlib_docstrings import build_stdlib_docstrings
+from laptrain.families.classifier.stdlib_docstrings import build_stdlib_docstrings
 from laptrain.families.classifier.text_classification import TextClassificationDataModule
 from laptrain.families.classifier.text_classifier import TextClassifierModule
 

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 CONF_FIXTURES = ROOT / "tests" / "conf"  # test-only config options (callbacks=fake_mps)
 TRAIN = ROOT / "train.py"
+# benchmarks/smoke_harness, found as `python benchmarks/device_smoke.py` finds it
+sys.path.append(str(ROOT / "benchmarks"))
 register_resolvers()
 
 # A tiny BERT for in-process tests (laptrain.families.classifier.tiny_bert), and the same as train.py overrides for

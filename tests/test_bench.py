@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from laptrain.commands.bench import StepStats, advice, bench_main, parse_compare
+from laptrain.commands import cli
+from laptrain.commands.bench import StepStats, advice, parse_compare
 from tests.conftest import TINY, write_texts
 
 
@@ -19,7 +20,7 @@ def job_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_report_of_a_tiny_job_and_no_run_folder(job_args, tmp_path, capsys) -> None:
-    assert bench_main(["--steps", "4", "--warmup", "1", *job_args]) == 0
+    assert cli.main(["bench", "--steps", "4", "--warmup", "1", *job_args]) == 0
     out = capsys.readouterr().out
     for line in ("samples/s:", "tokens/s:", "step time:", "between batches:", "peak memory:"):
         assert line in out
@@ -33,7 +34,7 @@ def test_report_of_a_tiny_job_and_no_run_folder(job_args, tmp_path, capsys) -> N
 def test_compare_runs_both_settings_and_prints_the_ratio(job_args, capsys) -> None:
     argv = ["--steps", "4", "--warmup", "1", "--rounds", "2"]
     argv += ["--compare", "data.group_by_length=false,true"]
-    assert bench_main([*argv, *job_args]) == 0
+    assert cli.main(["bench", *argv, *job_args]) == 0
     out = capsys.readouterr().out
     assert "data.group_by_length=false" in out and "data.group_by_length=true" in out
     ratio = out.split("samples/s ratio ")[1].split(",")[0]
@@ -41,7 +42,7 @@ def test_compare_runs_both_settings_and_prints_the_ratio(job_args, capsys) -> No
 
 
 def test_bad_input_is_one_line_and_exit_2(job_args, capsys) -> None:
-    assert bench_main(["--compare", "hardware.num_workers=0", *job_args]) == 2
+    assert cli.main(["bench", "--compare", "hardware.num_workers=0", *job_args]) == 2
     assert "expected key=a,b" in capsys.readouterr().err
     with pytest.raises(ValueError, match="key=a,b"):
         parse_compare("=1,2")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.hardware.probe import MemoryReading
 from laptrain.hardware.profile import load_profile
 from laptrain.preflight.budget import GiB, device_budget, mps_low_watermark
 from laptrain.preflight.worker_memory import WorkerCost
+from tests.fakes import FakeProbe
 
 
 def reading(**kw) -> MemoryReading:

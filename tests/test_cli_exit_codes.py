@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from laptrain.callbacks.nonfinite_guard import NonFiniteLoss
-from laptrain.commands.bench import bench_main
+from laptrain.commands import cli
 from laptrain.commands.doctor import Check, Report, _guard
 from laptrain.exit_codes import DOES_NOT_FIT_EXIT, NONFINITE_EXIT, PAUSED_EXIT, error_exit_code
 from laptrain.families.lora.tools import BaseTooLarge
@@ -60,7 +60,7 @@ def test_bench_of_a_job_the_preflight_refuses_exits_does_not_fit(
     csv = write_texts(tmp_path / "texts.csv", rows=120)
     argv = [*TINY, "data=text_csv", f"data.files.train={csv}", "hardware=cpu"]
     argv += ["hardware.memory_budget_gb=0.01", "--steps", "2"]
-    assert bench_main(argv) == DOES_NOT_FIT_EXIT
+    assert cli.main(["bench", *argv]) == DOES_NOT_FIT_EXIT
     [line] = capsys.readouterr().err.strip().splitlines()[-1:]
     assert line.startswith("error: ") and "does not fit" in line, line
 

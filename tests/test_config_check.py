@@ -6,10 +6,17 @@ import shutil
 
 import pytest
 
-from laptrain.config.check import ConfigError, check_config, precheck
+from laptrain.config.check import ConfigError, check_composed, check_config, compose_argv
 from tests.conftest import CONF
 from tests.in_process import train_here
 from tests.new_project import laptrain_options
+
+
+def precheck(argv: list[str], conf_dir: str):
+    """The launch's config check: ``argv`` composed as Hydra will, then every ``_target_``."""
+    cfg = compose_argv(argv, conf_dir)
+    check_composed(cfg)
+    return cfg
 
 
 def every_option() -> list[tuple[str, str]]:

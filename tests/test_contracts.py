@@ -23,7 +23,6 @@ from laptrain.callbacks.contracts import (
     signal_stop,
     stop_reason,
 )
-from laptrain.callbacks.ema import EMA
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.oom_backoff import OOMBackoff
@@ -32,7 +31,8 @@ from laptrain.callbacks.rng_state import RNGState
 from laptrain.callbacks.run_report import RunReport
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
-from laptrain.hardware.probe import FakeProbe
+from laptrain.families.trm.ema import EMA
+from tests.fakes import FakeProbe
 
 
 class Pauses:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from smoke_harness.builds import SMOKE_BUILDS
+from smoke_harness.cells import smoke_fit
+from smoke_harness.placement import PlacementCheck, placement_errors
 
-from laptrain.callbacks.ema import EMA
-from laptrain.device_smoke.builds import SMOKE_BUILDS
-from laptrain.device_smoke.cells import smoke_fit
-from laptrain.device_smoke.placement import PlacementCheck, placement_errors
+from laptrain.families.trm.ema import EMA
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE_BUILDS))

@@ -11,16 +11,16 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from omegaconf import OmegaConf
+from smoke_harness import builds
+from smoke_harness.builds import SMOKE_BUILDS, SmokeBuild
+from smoke_harness.cells import PRECISIONS_BY_DEVICE, run_cell, smoke_fit
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.thermal_guard import ThermalGuard
-from laptrain.device_smoke import builds
-from laptrain.device_smoke.builds import SMOKE_BUILDS, SmokeBuild
-from laptrain.device_smoke.cells import PRECISIONS_BY_DEVICE, run_cell, smoke_fit
+from laptrain.families import smoke_data
 from laptrain.hardware.probe import TorchProbe
 from laptrain.launch.device import without_unsafe_fused
-from laptrain.model import smoke_data
 from laptrain.project import conf_dir
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "device_smoke.py"

@@ -18,8 +18,9 @@ from laptrain.commands.doctor import (
 )
 from laptrain.hardware.detect import RawMachine, machine_from_raw
 from laptrain.hardware.env import WatermarkError, apply_env, resolve_watermarks
-from laptrain.hardware.power import BatteryReading, FakeBattery, FakePressure, ProcessMemory
+from laptrain.hardware.power import BatteryReading, ProcessMemory
 from laptrain.hardware.profile import load_profile
+from tests.fakes import FakeBattery, FakePressure
 
 RECORDINGS = Path(__file__).parent / "recordings"
 HIGH, LOW = "PYTORCH_MPS_HIGH_WATERMARK_RATIO", "PYTORCH_MPS_LOW_WATERMARK_RATIO"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from laptrain.callbacks.ema import EMA
+from laptrain.families.trm.ema import EMA
 from tests.conftest import quiet_trainer
 
 

@@ -207,7 +207,8 @@ def test_a_gguf_export_merged_on_a_device_checks_the_host_it_is_written_from(
 ):
     from laptrain.families.lora.gguf.write import export_gguf
     from laptrain.families.lora.tools import BaseTooLarge
-    from laptrain.hardware.probe import FakeProbe, MemoryReading
+    from laptrain.hardware.probe import MemoryReading
+    from tests.fakes import FakeProbe
 
     tokenizer.save_pretrained(base)
     adapter = adapter_of(base, tmp_path / "run" / "adapter")

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 from omegaconf import OmegaConf
+from smoke_harness.builds import SMOKE_BUILDS
 
 from laptrain.commands import cli
-from laptrain.device_smoke.builds import SMOKE_BUILDS
 from laptrain.family import (
     Family,
     family_of,
@@ -21,10 +21,10 @@ from laptrain.family import (
     family_of_target,
     installed_families,
 )
-from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
 from laptrain.launch.device import check_device
 from tests.conftest import CONF, ROOT, compose_train
+from tests.fakes import FakeProbe
 from tests.new_project import laptrain_options, new_project
 
 PRESETS = laptrain_options(CONF, "model")
@@ -81,7 +81,8 @@ def test_every_hook_is_callable_and_the_commands_reach_the_cli(name):
     if family.commands is not None:
         commands = family.commands()
         assert commands.COMMANDS
-        assert all(cli.COMMANDS[c] is f for c, f in commands.COMMANDS.items())
+        table = cli.command_table(cli.family_commands())
+        assert all(table[c] is f for c, f in commands.COMMANDS.items())
 
 
 def test_a_user_module_is_no_family_and_runs_without_family_rules():

@@ -24,7 +24,6 @@ FLOORS = [
     {"callbacks"},
     {"model"},
     {"preflight"},
-    {"device_smoke"},
     {"launch"},
     {"job"},
     {"commands"},

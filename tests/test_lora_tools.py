@@ -27,7 +27,8 @@ from laptrain.families.lora.tools import (
     load_for_generation,
     plan_load,
 )
-from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.hardware.probe import MemoryReading
+from tests.fakes import FakeProbe
 from tests.test_causal_lm_lora import (
     PAIRS,
     _one_thread,  # noqa: F401 - module fixture

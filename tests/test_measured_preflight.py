@@ -26,6 +26,7 @@ from laptrain.preflight.measured import (
 )
 from laptrain.preflight.peak_memory import CudaPeak, KernelPeakRss, SampledRss
 from tests.conftest import compose_train, quiet_trainer
+from tests.test_plan import launched
 from tests.test_user_errors import train_user
 
 GiB = 1024**3
@@ -403,7 +404,7 @@ def test_the_run_plan_takes_the_measured_batch_for_a_user_module(tmp_path, monke
     monkeypatch.setattr(measured, "counter_for", lambda kind, index=None: counter)
     overrides = ["hardware=cpu", "hardware.batch_size=auto", "hardware.memory_budget_gb=0.6"]
     cfg = compose_train([*overrides, "data.batch_size=from_profile"], tmp_path)
-    plan = build_run_plan(cfg, model, dm, "32-true", tmp_path, tmp_path)
+    plan = build_run_plan(cfg, model, dm, launched(cfg), tmp_path, tmp_path)
     assert 99 <= plan.loader_batch <= 102 and plan.micro_batch == plan.loader_batch
     assert "largest that fits the memory budget" in plan.reasons["batch"]
     assert any(line.startswith("preflight: measured:") for line in plan.memory["lines"])
@@ -412,7 +413,7 @@ def test_the_run_plan_takes_the_measured_batch_for_a_user_module(tmp_path, monke
 
 def test_a_fixed_batch_on_a_module_that_cannot_be_measured_trains_and_says_why(tmp_path):
     cfg = compose_train(["hardware=cpu", "hardware.batch_size=8"], tmp_path)
-    plan = build_run_plan(cfg, ByHand(), data(), "32-true", tmp_path, tmp_path)
+    plan = build_run_plan(cfg, ByHand(), data(), launched(cfg), tmp_path, tmp_path)
     assert plan.loader_batch == 8
     line = next(x for x in plan.summary_lines() if x.startswith("memory:"))
     assert line.startswith("memory: not estimated: the module optimizes by hand")

@@ -10,10 +10,11 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from laptrain.callbacks.memory_monitor import MemoryMonitor
 from laptrain.callbacks.memory_trend import GrowthTrend, SwapWatch
-from laptrain.hardware.power import FakePressure, ProcessMemory
-from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.hardware.power import ProcessMemory
+from laptrain.hardware.probe import MemoryReading
 from tests.conftest import quiet_trainer
 from tests.fake_ranks import two_ranks
+from tests.fakes import FakePressure, FakeProbe
 
 MB = 1024 * 1024
 TOP = [ProcessMemory("Safari", 501, 3 * 1024 * MB), ProcessMemory("Slack", 502, 1024 * MB)]

@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, Dataset
 from laptrain.callbacks.oom_backoff import OOMBackoff, is_oom
 from laptrain.data.collate import batch_length
 from laptrain.data.user_loaders import prepare_user_loaders
-from laptrain.hardware.probe import FakeProbe
 from laptrain.model.chunked_backward import ChunkedBackward, slice_batch
 from tests.conftest import quiet_trainer
+from tests.fakes import FakeProbe
 
 # The texts each device raises (docs/hardware.md §7).
 DEVICE_ERRORS = {

@@ -7,10 +7,17 @@ import types
 import pytest
 
 from laptrain.config.check import ConfigError
-from laptrain.hardware.probe import FakeProbe
 from laptrain.job.plan import build_run_plan
+from laptrain.launch.device import RunDevice
 from tests.conftest import TINY, compose_train, write_texts
+from tests.fakes import FakeProbe
 from tests.in_process import train_here
+
+
+def launched(cfg, index=None):
+    """The launch's RunDevice for ``cfg`` at 32-true, on a machine that has the asked device."""
+    accelerator = str(cfg.trainer.get("accelerator") or cfg.hardware.accelerator)
+    return RunDevice(accelerator if accelerator in ("cuda", "mps") else "cpu", "32-true", index, ())
 
 
 def fake_preflight(micro: int, accumulation: int, checkpointing: bool = False):
@@ -42,7 +49,7 @@ DATA = types.SimpleNamespace(num_workers=0, persistent_workers=False, pin_memory
 def test_an_auto_batch_comes_from_the_preflight_and_the_config_is_left_as_written(tmp_path):
     cfg = compose_train(["hardware=m2_air", "preflight.effective_batch_size=64"], tmp_path)
     preflight = fake_preflight(micro=16, accumulation=4)
-    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=preflight)
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg), preflight=preflight)
     assert preflight.calls == [("auto", 1, 64)]
     assert (plan.loader_batch, plan.micro_batch, plan.accumulation) == (16, 16, 4)
     assert plan.effective_batch == 64 and plan.eval_batch == 16
@@ -59,13 +66,13 @@ def test_an_auto_batch_comes_from_the_preflight_and_the_config_is_left_as_writte
 def test_auto_without_the_preflight_is_refused_naming_both_options(tmp_path):
     cfg = compose_train(["hardware=m2_air", "preflight.enabled=false"], tmp_path)
     with pytest.raises(ValueError, match="preflight.enabled=true.*hardware.batch_size=<n>"):
-        build_run_plan(cfg, object(), DATA, "32-true")
+        build_run_plan(cfg, object(), DATA, launched(cfg))
 
 
 def test_a_fixed_profile_batch_is_checked_by_the_preflight_and_kept(tmp_path):
     cfg = compose_train(["hardware=cpu", "hardware.batch_size=8"], tmp_path)
     preflight = fake_preflight(micro=8, accumulation=1)
-    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=preflight)
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg), preflight=preflight)
     assert preflight.calls == [(8, 1, None)]
     assert plan.loader_batch == 8 and plan.batch_from_profile
 
@@ -77,7 +84,7 @@ def test_trm_prints_the_chunk_it_really_runs_not_the_carry_size(tmp_path):
     )
     data = types.SimpleNamespace(batch_size=64, eval_batch_size=250, **vars(DATA))
     model = types.SimpleNamespace(micro_batch_size=16)
-    plan = build_run_plan(cfg, model, data, "32-true")
+    plan = build_run_plan(cfg, model, data, launched(cfg))
     assert not plan.batch_from_profile  # the profile's batch_size auto does not touch TRM
     assert (plan.loader_batch, plan.micro_batch, plan.eval_batch) == (64, 16, 250)
     assert plan.effective_batch == 64
@@ -87,7 +94,7 @@ def test_trm_prints_the_chunk_it_really_runs_not_the_carry_size(tmp_path):
 
 def test_ddp_devices_come_from_the_trainer_config(tmp_path):
     cfg = compose_train(["hardware=cpu", "trainer=ddp_cpu", "preflight.enabled=false"], tmp_path)
-    plan = build_run_plan(cfg, object(), DATA, "32-true")
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg))
     assert plan.devices == 2 and plan.effective_batch == 2 * plan.loader_batch
     assert plan.trainer_kwargs()["devices"] == 2
 
@@ -95,17 +102,18 @@ def test_ddp_devices_come_from_the_trainer_config(tmp_path):
 def test_auto_checkpointing_is_decided_by_the_preflight_and_recorded_in_the_plan(tmp_path):
     cfg = compose_train(["hardware=cpu", "model.gradient_checkpointing=auto"], tmp_path)
     preflight = fake_preflight(micro=16, accumulation=1, checkpointing=True)
-    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=preflight)
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg), preflight=preflight)
     assert preflight.checkpointing_asked == "auto" and plan.gradient_checkpointing is True
     fixed = compose_train(["hardware=cpu", "model.gradient_checkpointing=false"], tmp_path)
     preflight = fake_preflight(micro=16, accumulation=1)
-    plan = build_run_plan(fixed, object(), DATA, "32-true", preflight=preflight)
+    plan = build_run_plan(fixed, object(), DATA, launched(fixed), preflight=preflight)
     assert preflight.checkpointing_asked is None and plan.gradient_checkpointing is None
 
 
 def test_auto_checkpointing_with_the_preflight_off_is_off_and_says_how_to_force_it(tmp_path):
     overrides = ["hardware=cpu", "preflight.enabled=false", "model.gradient_checkpointing=auto"]
-    plan = build_run_plan(compose_train(overrides, tmp_path), object(), DATA, "32-true")
+    cfg = compose_train(overrides, tmp_path)
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg))
     assert plan.gradient_checkpointing is False
     line = next(x for x in plan.summary_lines() if x.startswith("gradient checkpointing"))
     assert line == (
@@ -144,7 +152,7 @@ def test_a_trainer_accelerator_of_auto_reaches_the_preflight_as_the_device_kind(
         return preflight(model, datamodule, profile, **kw)
 
     cfg = compose_train(["hardware=cpu", "hardware.batch_size=8", "trainer.accelerator=auto"])
-    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=spy)
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg), preflight=spy)
     assert seen["accelerator"] == "cpu" and plan.device == "cpu"
     assert plan.trainer_kwargs()["accelerator"] == "auto"  # the Trainer still gets what was asked
 
@@ -170,7 +178,8 @@ def test_every_devices_form_lightning_takes_counts_in_the_effective_batch(
     devices it names (a list or "0,1" used to train on one device, -1 gave a negative batch)."""
     monkeypatch.setattr("laptrain.launch.device.visible_cuda_devices", lambda: 4)
     fixed = ["hardware.batch_size=4", "preflight.enabled=false"]
-    plan = build_run_plan(compose_train([*overrides, *fixed], tmp_path), object(), DATA, "32-true")
+    cfg = compose_train([*overrides, *fixed], tmp_path)
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg))
     assert plan.devices == count and plan.effective_batch == 4 * count
     assert plan.trainer_kwargs()["devices"] == given
     assert f"({count} device(s))" in next(x for x in plan.summary_lines() if x.startswith("device"))
@@ -190,9 +199,8 @@ def test_fsdp_shards_the_estimate_over_the_gpus_a_list_names(tmp_path):
         "trainer=fsdp",
         "trainer.devices=[0,1,2]",
     ]
-    plan = build_run_plan(
-        compose_train(overrides, tmp_path), object(), DATA, "32-true", preflight=spy
-    )
+    cfg = compose_train(overrides, tmp_path)
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg), preflight=spy)
     assert seen["shards"] == 3 and seen["devices"] == 3 and plan.effective_batch == 24
 
 
@@ -213,7 +221,7 @@ def test_a_strategy_class_that_subclasses_fsdp_shards_the_estimate(target, shard
 
     overrides = ["hardware=cpu", "hardware.batch_size=8", "trainer=fsdp", "trainer.accelerator=cpu"]
     cfg = compose_train([*overrides, f"trainer.strategy._target_={target}"], tmp_path)
-    build_run_plan(cfg, object(), DATA, "32-true", preflight=spy)
+    build_run_plan(cfg, object(), DATA, launched(cfg), preflight=spy)
     assert seen.get("shards") == shards
 
 
@@ -234,7 +242,7 @@ def test_a_devices_value_lightning_refuses_is_one_line_naming_trainer_devices(
 ):
     cfg = compose_train([*overrides, "hardware.batch_size=4", "preflight.enabled=false"], tmp_path)
     with pytest.raises(ConfigError, match=fix) as refused:
-        build_run_plan(cfg, object(), DATA, "32-true")
+        build_run_plan(cfg, object(), DATA, launched(cfg))
     assert "\n" not in str(refused.value)
 
 
@@ -257,13 +265,13 @@ def test_every_gpu_on_a_machine_without_one_is_refused_naming_trainer_devices():
 
 def test_the_plan_trains_on_the_device_kind_the_launch_decided(monkeypatch):
     """The launch's RunDevice.kind is passed down: the plan does not probe the accelerator again."""
-    import laptrain.job.plan as plan_module
+    from laptrain.launch import device
 
     def probed_again(accelerator):
         raise AssertionError(f"device kind of {accelerator} derived again")
 
-    monkeypatch.setattr(plan_module, "device_kind", probed_again)
+    monkeypatch.setattr(device, "device_kind", probed_again)
     cfg = compose_train(["hardware=cpu", "hardware.batch_size=8", "trainer.accelerator=auto"])
     preflight = fake_preflight(micro=8, accumulation=1)
-    plan = build_run_plan(cfg, object(), DATA, "32-true", preflight=preflight, kind="cpu")
+    plan = build_run_plan(cfg, object(), DATA, launched(cfg), preflight=preflight)
     assert plan.device == "cpu" and preflight.seen_kind == "cpu"

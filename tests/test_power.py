@@ -11,7 +11,6 @@ import pytest
 
 from laptrain.hardware.power import (
     BatteryReading,
-    FakePressure,
     KeepAwake,
     ProcessMemory,
     PsutilBattery,
@@ -21,6 +20,7 @@ from laptrain.hardware.power import (
     pressure_source,
     top_processes,
 )
+from tests.fakes import FakePressure
 
 # psutil's own tuple (psutil/_ntuples.py): percent, secsleft, power_plugged
 SBattery = namedtuple("SBattery", "percent secsleft power_plugged")

@@ -16,9 +16,10 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from laptrain.callbacks.graceful_stop import GracefulStop
 from laptrain.callbacks.power_guard import PowerGuard
 from laptrain.callbacks.run_report import RunReport
-from laptrain.hardware.power import BatteryReading, FakeBattery
+from laptrain.hardware.power import BatteryReading
 from tests.conftest import CONF_FIXTURES, TINY, quiet_trainer, write_texts
 from tests.fake_ranks import two_ranks
+from tests.fakes import FakeBattery
 from tests.in_process import train_here
 from tests.test_power import awake
 

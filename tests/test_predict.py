@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from laptrain.data.tokenizer import train_wordpiece
 from laptrain.families.classifier.predict import Classifier, read_texts, write_predictions
 from laptrain.families.classifier.tiny_bert import tiny_bert_classifier
+from laptrain.families.classifier.tokenizer import train_wordpiece
 from tests.conftest import WORDS
 
 LABELS = sorted(WORDS)

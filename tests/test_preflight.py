@@ -5,7 +5,7 @@ import torch
 from transformers import BertForSequenceClassification
 
 from laptrain.families.classifier.tiny_bert import tiny_bert_classifier
-from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.hardware.probe import MemoryReading
 from laptrain.preflight.activations import (
     Quadratic,
     hf_batch_maker,
@@ -17,6 +17,8 @@ from laptrain.preflight.activations import (
 from laptrain.preflight.batch import PreflightError, choose_micro_batch, plan_batch
 from laptrain.preflight.budget import device_budget
 from laptrain.preflight.estimate import GiB, model_memory
+from tests.fakes import FakeProbe
+from tests.test_plan import launched
 
 SEQ = 64
 
@@ -118,7 +120,7 @@ def test_the_plan_asks_the_preflight_for_fsdp_shards_only_under_fsdp(tmp_path):
             tmp_path,
         )
         build_run_plan(
-            cfg, tiny_bert(), _Data(), "32-true", tmp_path, tmp_path, preflight=preflight
+            cfg, tiny_bert(), _Data(), launched(cfg), tmp_path, tmp_path, preflight=preflight
         )
         assert seen[-1] == shards
 

@@ -1,6 +1,7 @@
 import pytest
 
-from laptrain.hardware.probe import DeviceProbe, FakeProbe, MemoryReading, TorchProbe, probe_for
+from laptrain.hardware.probe import DeviceProbe, MemoryReading, TorchProbe, probe_for
+from tests.fakes import FakeProbe
 
 
 def test_cpu_probe_reads_host_memory_and_no_device_figures():

@@ -17,14 +17,16 @@ from torch import nn
 
 from laptrain.config.check import ConfigError
 from laptrain.families.lora import causal_lm
-from laptrain.hardware.probe import FakeProbe, TorchProbe
+from laptrain.hardware.probe import TorchProbe
 from laptrain.job import plan as plan_module
 from laptrain.job import run
 from laptrain.launch import device
+from laptrain.launch.device import RunDevice
 from laptrain.preflight import batch, planner
 from laptrain.ranks.environment import local_rank
 from laptrain.ranks.processes import rank_cuda_index
 from tests.conftest import TINY, compose_train, write_texts
+from tests.fakes import FakeProbe
 
 
 def test_the_local_rank_comes_from_the_launcher_torchrun_or_srun():
@@ -168,7 +170,11 @@ def test_the_preflight_probes_this_rank_s_gpu(tmp_path, monkeypatch):
     with pytest.raises(Stop):
         index = device.rank_device_index(cfg, "cuda")  # the launch's RunDevice.index
         plan_module.build_run_plan(
-            cfg, object(), data, "32-true", device_index=index, preflight=planner.estimated
+            cfg,
+            object(),
+            data,
+            RunDevice("cuda", "32-true", index, ()),
+            preflight=planner.estimated,
         )
     assert made == [("cuda", 3)]
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from laptrain.hardware.probe import FakeProbe
 from laptrain.hardware.profile import ProfileError
 from laptrain.job import run
 from laptrain.launch import device
-from laptrain.launch.device import UNFUSED_ON_MPS_FP16, UNFUSED_UNDER_FSDP_FP16, check_device
+from laptrain.launch.device import FUSED_ON_MPS_FP16, FUSED_UNDER_FSDP_FP16, check_device
 from tests.conftest import TINY, compose_train, write_texts
+from tests.fakes import FakeProbe
 from tests.in_process import train_here
+
+UNFUSED_ON_MPS_FP16 = f"model.optimizer.fused=false {FUSED_ON_MPS_FP16}"
+UNFUSED_UNDER_FSDP_FP16 = f"model.optimizer.fused=false {FUSED_UNDER_FSDP_FP16}"
 
 SHARDED = "tests.sharded_on_cpu.ShardedOnCPU"  # a subclass of Lightning's FSDPStrategy
 

@@ -22,10 +22,11 @@ from laptrain.callbacks.run_report import RunReport
 from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.families.lora.instructions import IGNORE, CausalLMCollator
-from laptrain.hardware.probe import FakeProbe, MemoryReading
-from laptrain.hardware.thermal import FakeThermal, ThermalReading
+from laptrain.hardware.probe import MemoryReading
+from laptrain.hardware.thermal import ThermalReading
 from laptrain.model.chunked_backward import ChunkedBackward
 from tests.conftest import CONF_FIXTURES, TINY, TINY_LORA, quiet_trainer, write_texts
+from tests.fakes import FakeProbe, FakeThermal
 from tests.in_process import train_here
 
 MB = 1024 * 1024

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from laptrain.data.stdlib_docstrings import build_stdlib_docstrings, collect_examples
+from laptrain.families.classifier.stdlib_docstrings import build_stdlib_docstrings, collect_examples
 
 FAMILIES = {"text": ["textwrap", "string"], "numbers": ["fractions", "statistics"]}
 

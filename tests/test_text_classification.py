@@ -155,7 +155,7 @@ def test_a_tokenizer_retrained_into_the_same_folder_is_a_new_cache_entry(tmp_pat
     """The key holds the tokenizer folder's contents, not its name: stale ids are never reused."""
     from transformers import AutoTokenizer
 
-    from laptrain.data.tokenizer import train_wordpiece
+    from laptrain.families.classifier.tokenizer import train_wordpiece
 
     folder = tmp_path / "tok"
     train_wordpiece(["alpha beta gamma delta"] * 10, 40).save_pretrained(folder)

@@ -10,13 +10,13 @@ import pytest
 
 from laptrain.hardware import thermal
 from laptrain.hardware.thermal import (
-    FakeThermal,
     MacThermalState,
     SensorTemperature,
     ThermalReading,
     ThermalSource,
     thermal_source,
 )
+from tests.fakes import FakeThermal
 
 Shwtemp = namedtuple("Shwtemp", "label current high critical")  # psutil's record
 

@@ -12,10 +12,10 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.callbacks.throughput_drift import CoolingBudget, ThroughputDrift
-from laptrain.hardware.probe import FakeProbe
-from laptrain.hardware.thermal import FakeThermal, ThermalReading
+from laptrain.hardware.thermal import ThermalReading
 from tests.conftest import quiet_trainer
 from tests.fake_ranks import two_ranks
+from tests.fakes import FakeProbe, FakeThermal
 
 NOMINAL, SERIOUS = ThermalReading(level=0), ThermalReading(level=2)
 

@@ -13,8 +13,8 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from laptrain.callbacks.ema import EMA
 from laptrain.families.trm import TRMSudokuModule
+from laptrain.families.trm.ema import EMA
 from laptrain.families.trm.sudoku import SudokuDataModule
 from tests.conftest import quiet_trainer
 

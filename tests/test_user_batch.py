@@ -17,7 +17,7 @@ from laptrain.config.check import ConfigError
 from laptrain.job.datamodule_settings import find_setting, set_setting
 from laptrain.job.plan import build_run_plan, planned_datamodule
 from tests.conftest import compose_train
-from tests.test_plan import fake_preflight
+from tests.test_plan import fake_preflight, launched
 from tests.test_user_errors import train_user
 from tests.user_style import BLOBS_YAML, FAST, FIXED_YAML, user_args, write_user_project
 
@@ -61,7 +61,7 @@ def test_lightnings_lookup_finds_and_sets_the_batch_where_it_lives(mytask):
 def test_an_auto_batch_from_the_preflight_reaches_a_user_datamodules_loader(tmp_path, mytask):
     cfg = user_cfg(tmp_path, BLOBS_YAML, "hardware.batch_size=auto", "data.batch_size=from_profile")
     model, data = mytask.MLPModule(), mytask.BlobsDataModule(batch_size=32)
-    plan = build_run_plan(cfg, model, data, "32-true", preflight=fake_preflight(24, 1))
+    plan = build_run_plan(cfg, model, data, launched(cfg), preflight=fake_preflight(24, 1))
     line = next(x for x in plan.summary_lines() if x.startswith("micro batch size"))
     assert line == (
         "micro batch size: 24 (batch_size auto: the largest that fits the memory budget, "
@@ -81,7 +81,7 @@ def test_a_fixed_profile_batch_is_named_with_where_it_was_set(tmp_path, mytask):
         "preflight.enabled=false",
     )
     model, data = mytask.MLPModule(), mytask.BlobsDataModule()
-    plan = build_run_plan(cfg, model, data, "32-true")
+    plan = build_run_plan(cfg, model, data, launched(cfg))
     assert (
         "micro batch size: 8 (hardware.batch_size, set on BlobsDataModule.hparams.batch_size)"
         in (plan.summary_lines())
@@ -101,7 +101,7 @@ def test_the_profiles_loader_settings_reach_a_user_datamodule_or_one_line_says_i
         "preflight.enabled=false",
     )
     model, data = mytask.MLPModule(), mytask.BlobsDataModule()
-    plan = build_run_plan(cfg, model, data, "32-true")
+    plan = build_run_plan(cfg, model, data, launched(cfg))
     planned_datamodule(plan, model, data)
     assert (data.hparams.num_workers, data.hparams.pin_memory) == (2, True)
     lines = plan.summary_lines()
@@ -122,7 +122,7 @@ def test_the_profiles_loader_settings_reach_a_user_datamodule_or_one_line_says_i
         "preflight.enabled=false",
     )
     data = mytask.BlobsDataModule(num_workers=0)
-    plan = build_run_plan(explicit, model, data, "32-true")
+    plan = build_run_plan(explicit, model, data, launched(explicit))
     planned_datamodule(plan, model, data)
     assert data.hparams.num_workers == 0 and "num_workers" not in plan.set_on
 
@@ -136,7 +136,7 @@ def test_a_datamodule_with_no_batch_size_asked_to_follow_the_profile_is_told_wha
         match=r"FixedBatchDataModule has no batch size to set.*"
         r"save_hyperparameters\(\).*batch_size=self.hparams.batch_size",
     ):
-        build_run_plan(cfg, mytask.MLPModule(), mytask.FixedBatchDataModule(), "32-true")
+        build_run_plan(cfg, mytask.MLPModule(), mytask.FixedBatchDataModule(), launched(cfg))
 
 
 @pytest.mark.slow  # ~8 s; the auto run below goes through train.py, this path is tested in process

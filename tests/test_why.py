@@ -27,8 +27,9 @@ from laptrain.callbacks.nonfinite_guard import NonFiniteGuard, NonFiniteLoss
 from laptrain.callbacks.oom_backoff import OOMBackoff
 from laptrain.callbacks.thermal_guard import ThermalGuard
 from laptrain.commands import cli, why
-from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.hardware.probe import MemoryReading
 from tests.conftest import TINY, write_texts
+from tests.fakes import FakeProbe
 from tests.in_process import train_here
 
 MB = 1024**2
@@ -99,6 +100,14 @@ def write_run(folder: Path, curves: Curves, report_json: dict[str, Any] | None) 
     if report_json is not None:
         (folder / "report.json").write_text(json.dumps(report_json, indent=2, default=str))
     return folder
+
+
+def dpo_config(folder: Path) -> None:
+    """The run's ``.hydra/config.yaml``: a DPO model, so the LoRA family's rules apply."""
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text(
+        "model:\n  _target_: laptrain.families.lora.dpo.DPOLoRAModule\n"
+    )
 
 
 def explain(folder: Path, capsys: pytest.CaptureFixture[str]) -> tuple[list[str], why.Finding]:
@@ -303,6 +312,7 @@ def test_a_dpo_run_pushing_both_answers_down_is_named_with_the_fix(tmp_path, cap
         },
         report(step=40, monitor="val/loss"),
     )
+    dpo_config(folder)
     lines, finding = explain(folder, capsys)
     assert finding.kind == "dpo" and finding.step == 40
     assert lines[0].startswith("DPO: the chosen answers' log-probability fell -60 -> ")
@@ -320,6 +330,7 @@ def test_a_dpo_run_whose_chosen_answers_hold_is_not_flagged(tmp_path, capsys):
         },
         report(step=40, monitor="val/loss"),
     )
+    dpo_config(folder)
     _, finding = explain(folder, capsys)
     assert finding.kind != "dpo"
 

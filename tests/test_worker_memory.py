@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from laptrain.hardware.probe import FakeProbe, MemoryReading
+from laptrain.hardware.probe import MemoryReading
 from laptrain.preflight.batch import PreflightError, plan_batch
 from laptrain.preflight.budget import GiB
 from laptrain.preflight.worker_memory import (
@@ -13,6 +13,7 @@ from laptrain.preflight.worker_memory import (
     worker_cost,
     worker_processes,
 )
+from tests.fakes import FakeProbe
 from tests.test_preflight import SEQ, cpu_profile, tiny_bert
 
 

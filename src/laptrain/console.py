@@ -1,12 +1,7 @@
-"""What a run prints: the libraries' own chatter held back, the closing lines of a run, the
-exception chain one-line errors are read from, and the question after a first Ctrl-C.
-
-Gap filled: Lightning, torch, matplotlib and transformers each print lines that say nothing about
-this run (which accelerators exist elsewhere, advertising tips, a deprecation inside Lightning, a
-font cache being built, a one-shard "Writing model shards" bar). Each is removed here by its exact
-text or its own switch, so a new or different message still shows. docs/lightning.md lists them
-with their sources.
-"""
+"""What a run prints: the libraries' own chatter held back (each line by its exact text or its own
+switch, so a new message still shows; docs/lightning.md lists them with their sources), a run's
+closing lines, the exception chain one-line errors are read from, and the question after a first
+Ctrl-C."""
 
 from __future__ import annotations
 
@@ -52,8 +47,7 @@ class LightningChatter(logging.Filter):
 
 @contextlib.contextmanager
 def logger_level(name: str, level: int) -> Iterator[None]:
-    """The ``name`` logger at ``level`` for the block, then its own level back (the caller may run
-    inside another program, or a test session)."""
+    """The ``name`` logger at ``level`` for the block, then its own level back."""
     logger = logging.getLogger(name)
     before = logger.level
     logger.setLevel(level)

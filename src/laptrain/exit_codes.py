@@ -1,13 +1,8 @@
-"""Every exit code laptrain gives, in one place: ``train.py``'s and every ``laptrain`` command's
-(docs/lightning.md, "Interrupts and exit codes"). 0 is a finished run, 128 + a signal's number a
-run stopped by that signal (Ctrl-C 130, SIGTERM 143), and the codes below the rest.
-
-A one-line ``error:`` exits :func:`error_exit_code`'s code: a job that does not fit memory
-(``laptrain.preflight.batch.PreflightError``, which the LoRA tools' ``BaseTooLarge`` is too) exits
-``DOES_NOT_FIT_EXIT``, a NaN stop (``laptrain.callbacks.nonfinite_guard.NonFiniteLoss``)
-``NONFINITE_EXIT``, anything else (bad input) ``BAD_INPUT``. A class whose module was never
-imported cannot have been raised, so telling them apart imports nothing: a bad argument stays a
-fast, torch-free exit.
+"""Every exit code laptrain gives (docs/lightning.md, "Interrupts and exit codes"): 0 a finished
+run, 128 + a signal's number a run that signal stopped, and the codes below. :func:`error_exit_code`
+tells a one-line ``error:`` apart by its class (``PreflightError``: ``DOES_NOT_FIT_EXIT``;
+``NonFiniteLoss``: ``NONFINITE_EXIT``; else ``BAD_INPUT``) without importing anything: a class
+whose module was never imported cannot have been raised.
 """
 
 from __future__ import annotations

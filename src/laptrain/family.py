@@ -1,22 +1,13 @@
-"""The family contract: what a model family may give laptrain, and how laptrain finds it.
+"""The family contract: what a model family may give laptrain, and how laptrain finds it
+(docs/model_families.md walks through writing one).
 
-A family is a package whose ``__init__.py`` defines ``FAMILY = Family(...)``. laptrain's own live
-in ``laptrain/families/<name>/`` (classifier, lora, trm); a user's project declares one the same
-way in ``user/<task>/__init__.py``. Nothing here names a family: a module's family is found from
-its ``_target_`` (the first package on its dotted path that defines ``FAMILY``), and the families
-that bring commands or smoke builds of their own are listed through the ``laptrain.families``
-entry point group (``pyproject.toml``), which an installed package of the user's can join too.
-
-Every field but ``name`` and ``summary`` is optional, and every hook is a plain callable. A family
-declares its hooks in its package's ``__init__.py`` as small functions that import the work when
-called, so asking "which family is this ``_target_``?" imports neither torch nor the family's
-module: the launch asks before torch is imported. Only packages on the path are imported, never
-the module that holds the class (docs/model_families.md walks through writing one). A family's
-own commands reach ``laptrain`` from an installed package's entry point or from the project's
-``user/<task>/`` package.
-
-A module without a family (a plain LightningModule, ``laptrain new``'s) is trained with no family
-rule: every question here answers None for it.
+A family is a package whose ``__init__.py`` defines ``FAMILY = Family(...)``: laptrain's own in
+``laptrain/families/<name>/``, a user's in ``user/<task>/``. Nothing here names a family: a
+module's family is the ``FAMILY`` of the first package on its ``_target_``'s dotted path, and the
+families with commands or smoke builds are listed through the ``laptrain.families`` entry points
+(and the project's ``user/``). Hooks are small functions that import the work when called, so
+asking "which family is this ``_target_``?" imports neither torch nor the module: the launch asks
+before torch is imported. A module without a family is trained with no family rule.
 """
 
 from __future__ import annotations
@@ -36,12 +27,8 @@ _DECLARES = re.compile(r"^(FAMILY\s*(:[^=\n]*)?=|from\s+\S+\s+import\s+[^#\n]*\b
 
 @dataclass(frozen=True)
 class FileRules:
-    """How one datamodule's local files are checked before the run folder exists.
-
-    Attributes:
-        options: the datamodule arguments its rules read, with their types.
-        rules: ``rules(files, **options)`` reads and checks the files; raises one line at fault.
-    """
+    """How one datamodule's local files are checked before the run folder exists: ``options``, the
+    datamodule arguments its ``rules(files, **options)`` read (raising one line at fault)."""
 
     options: dict[str, type | tuple[type, ...]]
     rules: Callable[..., Any]
@@ -68,30 +55,9 @@ class SmokeBuilds(Protocol):
 
 @dataclass(frozen=True)
 class Family:
-    """What one model family gives laptrain; all hooks optional.
-
-    Attributes:
-        name: the family's name (device smoke rows, ``laptrain doctor``'s ``<name> training``).
-        summary: one line saying what it trains (``laptrain preflight`` lists families by it).
-        refuse_precision: ``(device_kind, precision) -> reason | None``: why the family does not
-            train at that precision there; the launch refuses the run with that reason.
-        sizing: ``(cfg, model_cfg) -> (lines, fits)``: the memory forecast ``laptrain
-            preflight`` prints from the composed config alone (no weights loaded).
-        auto_settings: ``(model_cfg, budget_bytes, bf16_supported, say, capacity_bytes=) ->
-            kwargs``: constructor arguments that decide the model config's ``auto`` values on
-            this device, called before the module is built.
-        doctor_check: ``(profile) -> Check``: the check ``laptrain doctor model=<preset>`` runs
-            after its own (``laptrain.model.doctor_check.Check``).
-        file_rules: ``(datamodule_class_name) -> FileRules | None``: how the local files of one
-            of the family's datamodules are checked before the run folder exists.
-        fsdp_layers: ``(built_module) -> classes``: the layer classes ``trainer=fsdp`` wraps as
-            units of their own (None: the root alone).
-        fsdp_refusal: why ``trainer=fsdp`` cannot train the family (one line), or None.
-        manual_optimization: the family's modules step their optimizers themselves (``laptrain
-            why`` then never suggests ``trainer.gradient_clip_val``).
-        commands: ``() -> Commands``: the module of the family's own ``laptrain`` commands.
-        smoke: ``() -> SmokeBuilds``: the module of the family's device smoke build.
-    """
+    """What one model family gives laptrain: a ``name`` (smoke rows, ``laptrain doctor``), a
+    one-line ``summary``, and optional hooks; docs/model_families.md has each field's signature and
+    caller."""
 
     name: str
     summary: str
@@ -103,20 +69,20 @@ class Family:
     fsdp_layers: Callable[[Any], set[type]] | None = None
     fsdp_refusal: str | None = None
     manual_optimization: bool = False
+    why: Callable[[Any], list[Any]] | None = None
     commands: Callable[[], Commands] | None = None
     smoke: Callable[[], SmokeBuilds] | None = None
 
     def refusal(self, device_kind: str, precision: str) -> str | None:
-        """Why this family does not train at ``precision`` on ``device_kind`` (None: it does)."""
         return (
             None if self.refuse_precision is None else self.refuse_precision(device_kind, precision)
         )
 
 
 def _declaring_package(parts: list[str]) -> str | None:
-    """The first package on the dotted path ``parts`` (the last part, the class, left out) whose
-    ``__init__.py`` assigns or imports ``FAMILY``, found on disk: nothing is imported to find it, so a
-    ``_target_`` in torch or any other library costs a file lookup, not an import."""
+    """The first package on the dotted path ``parts`` (the class left out) whose ``__init__.py``
+    assigns or imports ``FAMILY``, found on disk: a ``_target_`` in torch costs a lookup, no
+    import."""
     try:
         spec = importlib.util.find_spec(parts[0])  # a top-level name: imports nothing
     except (ImportError, ValueError):
@@ -146,10 +112,9 @@ def _declaring_package(parts: list[str]) -> str | None:
 
 
 def family_of_target(target: object) -> Family | None:
-    """The family of a ``_target_`` (a module's or a datamodule's): the ``FAMILY`` of the first
-    package on its dotted path that defines one, or None. Only that package is imported, never the
-    module holding the class; a package that fails to import answers None (instantiating the
-    target reports the error in full)."""
+    """The family of a ``_target_``: the ``FAMILY`` of the first package on its path that defines
+    one, or None. Only that package is imported; one that fails to import answers None
+    (instantiating the target reports the error in full)."""
     package = _declaring_package(str(target).split("."))
     if package is None:
         return None
@@ -190,10 +155,9 @@ def family_of_preset(name: str | None, conf: Path) -> Family | None:
 
 
 def installed_families(project: Path | None = None) -> list[Family]:
-    """The families installed packages list under the ``laptrain.families`` entry points
-    (laptrain's own, and any other package's) and, given a project's root (on ``sys.path``), those
-    its ``user/<task>/__init__.py`` declare; in name order, the first of a name kept. One that
-    fails to load is left out (its package is broken, which its own import reports)."""
+    """The families of the ``laptrain.families`` entry points and, given a project's root, of its
+    ``user/<task>/__init__.py``; in name order, the first of a name kept, one that fails to load
+    left out (its own import reports it)."""
     from importlib.metadata import entry_points
 
     loaders: list[Callable[[], Any]] = [point.load for point in entry_points(group=ENTRY_POINTS)]

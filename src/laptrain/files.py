@@ -1,13 +1,5 @@
-"""Small file and process helpers shared by every floor (no torch, no laptrain imports).
-
-- :func:`file_digest`: a file's sha256, streamed (data-file stamps, model-cache manifests).
-- :func:`fsync_dir`: make a rename in a folder durable (checkpoints, adapter folders, caches).
-- :func:`pid_alive`: whether a process id is alive on this host (run-folder lock, stale caches).
-- :func:`write_text_atomic`: a run folder's records (``preflight.json``, ``run_info.json``,
-  ``metrics.json``, the report) replaced whole, never left half-written by a kill.
-- :func:`write_folder_atomic`: a model folder (a run's export, a step adapter, ``laptrain
-  export``'s output), written beside its place and swapped in.
-"""
+"""Small file and process helpers shared by every floor (no torch, no laptrain imports): a streamed
+sha256, a durable rename, whether a pid is alive, and atomic writes of a file or a whole folder."""
 
 from __future__ import annotations
 
@@ -28,7 +20,6 @@ EXPORT_MARKERS = ("config.json", "adapter_config.json", "Modelfile")
 
 
 def file_digest(path: Path) -> str:
-    """The sha256 of ``path``'s bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -105,17 +96,11 @@ def write_folder_atomic(
     replace: bool = False,
     fix: str = "free some space and rerun",
 ) -> Path:
-    """``write(folder)`` into ``.<name>.partial`` beside ``target``, then swap it in.
-
-    A kill or an error while writing leaves the old ``target`` (or none) and a hidden partial
-    folder the next export removes, never a half-written folder under the name asked for. A
-    symlink at ``target`` is replaced, not written through. An existing ``target`` is replaced
-    whole only when it is empty or an earlier export (it holds one of ``EXPORT_MARKERS``);
-    another non-empty folder is refused (ValueError, one line) before anything is written.
-    ``replace``: the caller has cleared ``target`` (``laptrain.commands.export_folder``), so it is
-    replaced whatever it holds. A full disk while writing is one line (``OSError(ENOSPC)``, ending
-    with ``fix``), the partial folder removed.
-    """
+    """``write(folder)`` into ``.<name>.partial`` beside ``target``, then swap it in (a symlink is
+    replaced, not written through): a kill leaves the old ``target`` and a partial folder. An
+    existing ``target`` is replaced only when empty or an earlier export (``EXPORT_MARKERS``), else
+    refused in one line before writing; ``replace``: the caller cleared it. A full disk is one line
+    ending with ``fix``."""
     target = Path(target)
     if not replace and _foreign_folder(target):
         raise ValueError(

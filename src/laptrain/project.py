@@ -1,11 +1,6 @@
-"""Where laptrain's repository is: ``conf/`` and ``train.py`` live there, not in the package.
-
-laptrain is a template: users edit ``conf/`` in their clone, so the configs stay files of the
-repository rather than package data. An editable install (the README's ``pip install -e``) keeps
-``src/laptrain`` inside the clone; a plain ``pip install .`` copies the package elsewhere, and then
-the clone is found from the working directory. Neither found: one line saying what to do.
-No torch import here (the launcher reads profiles before torch is imported).
-"""
+"""Where laptrain's repository is: ``conf/`` and ``train.py`` live in the user's clone, not the
+package. An editable install keeps the package inside the clone; otherwise the clone is found from
+the working directory, or one line says what to do. No torch import (read before torch loads)."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ def project_root(cwd: Path | None = None) -> Path:
 
 
 def default_cache_dir() -> Path:
-    """laptrain's machine-wide cache (model sources, measured worker costs): ``$LAPTRAIN_CACHE``
-    or ``~/.cache/laptrain``."""
+    """laptrain's machine-wide cache: ``$LAPTRAIN_CACHE`` or ``~/.cache/laptrain``."""
     return Path(os.environ.get("LAPTRAIN_CACHE") or Path.home() / ".cache" / "laptrain")
 
 

@@ -1,8 +1,5 @@
-"""The versions a run, a report or a bug report names: one list, read from package metadata.
-
-``importlib.metadata`` reads the installed distributions' metadata without importing them, so this
-is cheap (no torch import) and works before anything heavy is loaded.
-"""
+"""The versions a run, a report or a bug report names: one list, read from package metadata
+without importing the packages."""
 
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
 """The callbacks a run builds: only those that can act on it, decided once before any is built.
-
-Lightning calls every per-batch hook of every callback at every step, whether it does anything or
-not (``_call_callback_hooks``, lightning/pytorch/trainer/call.py). So an entry with ``enabled:
-false`` (the laptop guards follow ``hardware.guards``), a session budget without a limit and early
-stopping without a patience are not built at all.
-"""
+Lightning calls every per-batch hook of every callback at every step (``_call_callback_hooks``,
+lightning/pytorch/trainer/call.py), so a disabled entry, a session budget without a limit and
+early stopping without a patience are not built at all."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-import lightning.pytorch as pl
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,11 +25,6 @@ GUARDS = {
     "oom_backoff": "OOM backoff",
     "session_budget": "session budget",
 }
-PER_BATCH_HOOKS = tuple(  # on_train_batch_start ... on_before_zero_grad ... on_test_batch_end
-    name
-    for name in vars(pl.Callback)
-    if name.endswith(("batch_start", "batch_end", "backward", "optimizer_step", "zero_grad"))
-)
 
 
 def acts(spec: Mapping[str, Any], model: Any) -> bool:
@@ -59,12 +50,3 @@ def build_callbacks(section: DictConfig | None, model: Any) -> dict[str, Any]:
 def guards_line(names: Collection[str]) -> str:
     """The console line naming the guards built, e.g. ``guards: graceful stop, nonfinite``."""
     return "guards: " + (", ".join(on for name, on in GUARDS.items() if name in names) or "none")
-
-
-def without_lightning_no_ops(callbacks: Iterable[Any]) -> None:
-    """Set to None (this instance only) the per-batch hooks its class leaves as Lightning's no-op,
-    which the dispatcher then skips: 9 hook calls a step instead of 60 for a user's module on CPU."""
-    for callback in callbacks:
-        for name in PER_BATCH_HOOKS:
-            if getattr(type(callback), name, None) is getattr(pl.Callback, name):
-                setattr(callback, name, None)

@@ -1,13 +1,6 @@
-"""What the run and the callbacks may ask of one another, as Protocols instead of attribute names.
-
-A callback joins a contract by having the members below; it does not subclass anything, and nothing
-here imports a concrete callback, so a new guard (or a test's stand-in) plugs in by shape alone.
-``run.py`` and ``RunReport`` ask these Protocols; the helpers at the end are what they call.
-
-The state-version helper lives here too: every laptrain callback that saves state writes a
-``version`` and checks it on load, so a checkpoint from an older (or newer) laptrain resets that
-callback's state with one warning instead of a ``KeyError`` in the middle of a resume.
-"""
+"""What the run and the callbacks may ask of one another, as Protocols: a callback joins by shape,
+nothing here imports a concrete one. Also the state-version helper: a callback's state from
+another laptrain resets with one warning instead of a ``KeyError`` mid-resume."""
 
 from __future__ import annotations
 
@@ -22,10 +15,8 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class StopsRun(Protocol):
-    """Stops the run on purpose and leaves it resumable (a session budget, a swap stop).
-
-    ``stop_reason`` is None until the callback stops the run, then a short word ("session", "swap").
-    """
+    """Stops the run on purpose and leaves it resumable; ``stop_reason`` is None until then, then a
+    short word ("session", "swap")."""
 
     stop_reason: str | None
 
@@ -118,11 +109,8 @@ def report_sections(callbacks: Iterable[object]) -> dict[str, dict[str, Any]]:
 
 
 def cooling_s(callbacks: Iterable[object]) -> float:
-    """Seconds spent in cooling breaks so far, over all callbacks that take them.
-
-    Called several times per training step, so it reads the attribute directly: an ``isinstance``
-    check against a runtime-checkable Protocol costs ~15 us per callback (benchmarks/overhead.py).
-    """
+    """Seconds spent in cooling breaks so far, over all callbacks: read as an attribute, since an
+    ``isinstance`` against a runtime Protocol costs ~15 us per callback (benchmarks/overhead.py)."""
     total = 0.0
     for cb in callbacks:
         seconds = getattr(cb, "cooling_s", None)
@@ -136,11 +124,8 @@ class StateVersionWarning(UserWarning):
 
 
 def check_version(name: str, state: Mapping[str, Any], expected: int, resets: str) -> bool:
-    """Whether ``state`` (a callback's ``state_dict`` from a checkpoint) has version ``expected``.
-
-    On a mismatch, or no version at all (a checkpoint from before versions), warn once naming the
-    callback and ``resets`` (what the caller resets instead of loading), and return False.
-    """
+    """Whether ``state`` (a callback's checkpointed ``state_dict``) has version ``expected``; else
+    one warning naming the callback and what it ``resets``, and False."""
     found = state.get("version")
     if found == expected:
         return True
@@ -153,14 +138,10 @@ def check_version(name: str, state: Mapping[str, Any], expected: int, resets: st
 
 
 class VersionedState:
-    """A callback's checkpointed state, with the layout version it was written in.
-
-    Gap filled: Lightning saves a callback's ``state_dict`` into the checkpoint and hands it back
-    as it is; a checkpoint written by an older layout would be read into the wrong fields or fail
-    with a KeyError mid-resume. A subclass (listed before ``Callback``) says what it saves
-    (:meth:`saved_state`), how it takes it back (:meth:`restore_state`) and what it resets to when
-    the version differs (:meth:`reset_state`); the version check and its one warning are here.
-    """
+    """A callback's checkpointed state, with its layout version: Lightning hands a saved
+    ``state_dict`` back as it is, so an older layout would fill the wrong fields or raise KeyError
+    mid-resume. A subclass (before ``Callback``) defines :meth:`saved_state`, :meth:`restore_state`
+    and :meth:`reset_state`; the version check and its warning are here."""
 
     STATE_VERSION = 1
     STATE_NAME = "callback"  # the callback's config name, in the warning
@@ -187,7 +168,6 @@ class VersionedState:
 
 @runtime_checkable
 class BackPropagatesInChunks(Protocol):
-    """A module whose ``training_step`` back-propagates its batch range by range
-    (``laptrain.model.chunked_backward.ChunkedBackward``): the OOM backoff can halve its ranges."""
+    """A module whose ``training_step`` back-propagates range by range (``ChunkedBackward``)."""
 
     def chunked_backward(self, batch: Any, loss_fn: Any, size_fn: Any = None) -> Any: ...

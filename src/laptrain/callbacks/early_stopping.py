@@ -1,20 +1,11 @@
-"""Lightning's EarlyStopping, off until ``patience`` is set, that says where its best score was and
-keeps a run it stopped stopped when the same command runs again.
+"""Lightning's EarlyStopping that says where its best score was and keeps a run it stopped stopped.
 
-Gaps filled (lightning/pytorch/callbacks/early_stopping.py in 2.6.6):
-
-- It checks after every validation (``on_validation_end``), never at ``on_train_epoch_end``
-  (Lightning's choice when validation runs once an epoch). ModelCheckpoint, which Lightning runs
-  after every other callback, then saves the check's outcome in the same ``last.ckpt``; and a stop
-  in the middle of an epoch (Ctrl-C, SIGTERM, a session budget), which ends the epoch without a
-  validation (laptrain/checkpoints/stop.py), does not count a stale score a second time.
-- Its state (wait count, best score, stopped epoch, stopping reason) resumes as Lightning saves
-  it, but ``patience`` is this run's: Lightning restores the saved one over the config's.
-- A resumed run that it had already stopped ends at once (``trainer.should_stop`` as the state is
-  restored, before the fit loop starts), as a rerun of a finished run does; Lightning would train
-  on, since it saves the decision but never acts on it again.
-- The epoch of the best score, for the report and ``laptrain runs``: "stopped early at epoch 5
-  (best val/acc 0.61 at epoch 2)", epochs counted from 1 as the progress bar counts them.
+Gaps filled (lightning/pytorch/callbacks/early_stopping.py in 2.6.6): it checks after every
+validation, never at ``on_train_epoch_end``, so ModelCheckpoint saves the outcome in the same
+``last.ckpt`` and a mid-epoch stop (no validation) does not count a stale score twice; its state
+resumes but ``patience`` is this run's (Lightning restores the saved one); a resumed run it had
+stopped ends at once (Lightning saves the decision but never acts on it again); and it keeps the
+best score's epoch: "stopped early at epoch 5 (best val/acc 0.61 at epoch 2)".
 """
 
 from __future__ import annotations
@@ -28,18 +19,16 @@ from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 
 class EarlyStopping(LightningEarlyStopping):
-    """``lightning.pytorch.callbacks.EarlyStopping`` with ``patience=None`` meaning off (no check,
-    no state); the module docstring says what else differs. Other keyword arguments are Lightning's
-    (``min_delta``, ``stopping_threshold``, ``divergence_threshold``, ``check_finite``...)."""
+    """``lightning.pytorch.callbacks.EarlyStopping``, checked after every validation; the module
+    docstring says what else differs. Keyword arguments are Lightning's (``patience``,
+    ``min_delta``, ``stopping_threshold``, ``divergence_threshold``, ``check_finite``...); the run
+    builds it only once ``patience`` is set (callbacks/acting.py)."""
 
     report_section = "early_stopping"
 
-    def __init__(
-        self, monitor: str, mode: str = "max", patience: int | None = None, **kwargs: Any
-    ) -> None:
+    def __init__(self, monitor: str, mode: str = "max", **kwargs: Any) -> None:
         kwargs["check_on_train_epoch_end"] = False
-        super().__init__(monitor=monitor, mode=mode, patience=patience or 0, **kwargs)
-        self.enabled = patience is not None
+        super().__init__(monitor=monitor, mode=mode, **kwargs)
         self.best_epoch: int | None = None
         self._trainer: pl.Trainer | None = None
 
@@ -49,18 +38,16 @@ class EarlyStopping(LightningEarlyStopping):
 
     @property
     def stopped(self) -> bool:
-        return self.enabled and self.stopping_reason != EarlyStoppingReason.NOT_STOPPED
+        return self.stopping_reason != EarlyStoppingReason.NOT_STOPPED
 
     def _run_early_stopping_check(self, trainer: pl.Trainer) -> None:
-        if not self.enabled:
-            return
         best = self.best_score.clone()
         super()._run_early_stopping_check(trainer)
         if not torch.equal(best, self.best_score):
             self.best_epoch = trainer.current_epoch
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "best_epoch": self.best_epoch} if self.enabled else {}
+        return {**super().state_dict(), "best_epoch": self.best_epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         patience = self.patience
@@ -79,9 +66,7 @@ class EarlyStopping(LightningEarlyStopping):
         return f"stopped early at epoch {self.stopped_epoch + 1} ({best}{at})"
 
     def summary(self) -> dict[str, Any]:
-        """The report's ``early_stopping`` section (empty while off)."""
-        if not self.enabled:
-            return {}
+        """The report's ``early_stopping`` section."""
         return {
             "monitor": self.monitor,
             "patience": self.patience,

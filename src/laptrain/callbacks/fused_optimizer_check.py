@@ -1,13 +1,7 @@
 """Stop before the first step when the module's own optimizer unscales itself where that trains
-wrongly: 16-mixed under FSDP, or on MPS.
-
-laptrain turns ``model.optimizer.fused`` off for its presets there (laptrain.launch.device,
-``without_unsafe_fused``), but a user's module builds its optimizer in ``configure_optimizers``,
-which no config key reaches: its ``AdamW(fused=True)`` under ``trainer=fsdp`` at 16-mixed let each
-rank skip steps and shrink its loss scale on its own shard's overflow, and the ranks' scales drifted
-apart with no error (docs/hardware.md §3). The optimizers are known once Lightning has set them up,
-so this looks at them at the start of fit and refuses in one line.
-"""
+wrongly (16-mixed under FSDP, or on MPS): ``without_unsafe_fused`` covers laptrain's presets, but
+a user's ``configure_optimizers`` is out of reach; its fused AdamW under FSDP let the ranks'
+scales drift apart silently (docs/hardware.md §3)."""
 
 from __future__ import annotations
 

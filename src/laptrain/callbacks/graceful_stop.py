@@ -1,31 +1,15 @@
 """What a user does to a running job: Ctrl-C, SIGTERM, "checkpoint now"; nothing is lost.
 
-Gap filled: Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is (its
-OnExceptionCheckpoint may then save mid-step) and exits 1; SIGTERM stops at a batch boundary but
-exits 0, and ModelCheckpoint saves no ``last.ckpt`` when fit ends between two save points
-(docs/lightning.md, "Interrupts and exit codes"); nothing saves on request and goes on. This
-callback:
-
-- **first Ctrl-C** (``first_ctrl_c=checkpoint``, the default): writes ``last.ckpt`` at the next
-  step boundary a resume starts from exactly, then asks "Stop now? (y/N)" for ``second_ctrl_c_s``
-  seconds on a terminal (without one it just goes on). A second Ctrl-C before the save or within
-  those seconds stops; ``first_ctrl_c=stop`` stops at the first.
-- **stop** (SIGTERM, the second Ctrl-C, or a "y"): finishes the batch, writes ``last.ckpt`` there
-  and records the signal so the launcher exits 130 / 143 with a resume hint. One more Ctrl-C
-  aborts at once.
-- **checkpoint now** (``laptrain checkpoint <run>`` or the file ``<run>/checkpoint_now``,
-  :mod:`laptrain.run_folder.checkpoint_request`): as the first Ctrl-C, without the question.
-- at the end of fit, ``last.ckpt`` even when it falls between two periodic saves.
-- **submitit's time-limit / preemption signal** (a job of ``launcher=slurm`` or of Hydra's
-  ``submitit_local``; ``SUBMITIT_PREEMPT_SIGNAL``, USR2 unless set): stops as SIGTERM does, then
-  :func:`hand_over_to_submitit` gives the signal to submitit's own handler, which requeues the job
-  from rank 0 (docs/sweeps.md, "SLURM through submitit"). Left to that handler alone, rank 0 would
-  requeue and exit in the middle of a step with no ``last.ckpt`` and the other ranks would wait in
-  their next collective until killed.
-
-With several processes every rank acts at the same step: the signals and requests any rank has
-travel in one all-reduce at every batch end. Every save goes to the run's ``last.ckpt``
-(``paths.last_ckpt``) through :mod:`laptrain.checkpoints`.
+Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is and exits 1; SIGTERM exits 0
+with no ``last.ckpt`` between two save points; nothing saves on request (docs/lightning.md,
+"Interrupts and exit codes", and docs/cli.md for what the user sees). Here the first Ctrl-C saves
+at the next exact-resume boundary and asks "Stop now?"; a stop (SIGTERM, a second Ctrl-C) saves
+there and exits 130 / 143; ``laptrain checkpoint`` saves and goes on; fit's end always leaves
+``last.ckpt``. submitit's time-limit signal stops as SIGTERM does, then
+:func:`hand_over_to_submitit` passes it to submitit's handler, which requeues from rank 0
+(docs/sweeps.md, "SLURM through submitit"): alone, that handler exits mid-step with no
+``last.ckpt`` and leaves the other ranks in their next collective. With several processes the
+signals any rank has travel in one all-reduce at every batch end, so every rank acts at one step.
 """
 
 from __future__ import annotations
@@ -80,13 +64,10 @@ def submitit_preempt_signal(environ: Mapping[str, str] | None = None) -> signal.
 
 
 def hand_over_to_submitit(exit_code: int) -> None:
-    """After a run stopped for submitit's signal (``exit_code`` 128 + its number), with
-    ``last.ckpt`` written on every rank and the run folder unlocked: call the handler submitit
-    installed for that signal (``SignalHandler.checkpoint_and_try_requeue``, put back at the end of
-    fit). On rank 0 it pickles the job again, requeues it and exits (``scontrol requeue`` then
-    exit 255 on SLURM, exit 144 under the local executor, which is how that one knows to start the
-    job again), or raises ``UncompletedJobError`` when ``max_num_timeout`` is spent; on the other
-    ranks it only logs (submitit/core/job_environment.py:200-230). Anything else: returns."""
+    """After a run stopped for submitit's signal (``exit_code`` 128 + its number), ``last.ckpt``
+    written and the folder unlocked: call submitit's handler (``checkpoint_and_try_requeue``), which
+    on rank 0 requeues and exits (255 on SLURM, 144 locally) or raises ``UncompletedJobError`` when
+    ``max_num_timeout`` is spent (submitit/core/job_environment.py:200-230). Else: returns."""
     preempt = submitit_preempt_signal()
     if preempt is None or exit_code != 128 + preempt:
         return
@@ -104,15 +85,8 @@ def hand_over_to_submitit(exit_code: int) -> None:
 
 class GracefulStop(Callback):
     """Stop at a batch boundary on a signal; checkpoint and go on at a first Ctrl-C or on request.
-
-    Args:
-        run_dir: the run folder, where ``laptrain checkpoint`` leaves its request (None: no
-            requests from outside).
-        first_ctrl_c: ``checkpoint`` (save, ask, go on) or ``stop``.
-        second_ctrl_c_s: how long after the first Ctrl-C's save a second one stops (and the
-            question waits on a terminal).
-        check_every_s: how often rank 0 looks for the request file.
-    """
+    Options: conf/callbacks/graceful_stop.yaml (``run_dir``: where ``laptrain checkpoint`` leaves
+    its request; None: no requests)."""
 
     def __init__(
         self,
@@ -192,15 +166,11 @@ class GracefulStop(Callback):
             self._request = max(self._request, FILE_REQUEST)
 
     def _shared(self, trainer: pl.Trainer) -> tuple[int | None, int]:
-        """The stop signal and the checkpoint request any rank has, the same on every rank.
-
-        With several processes a signal may reach one rank (a scheduler signalling the main
-        process) or reach the ranks a batch apart, and only rank 0 sees the request file; each
-        deciding alone would leave one rank in the checkpoint's barrier while another starts the
-        next all-reduce. So every rank takes part in one all-reduce (max of the signal numbers and
-        of the requests, 0 for none) at every batch end, as Lightning's own loop broadcasts its
-        SIGTERM flag every step (``_broadcast_sigterm_tensor`` in
-        lightning/pytorch/loops/training_epoch_loop.py), which this handler replaces."""
+        """The stop signal and checkpoint request any rank has, the same on every rank: one
+        all-reduce (max) at every batch end, as Lightning's loop broadcasts its SIGTERM flag every
+        step (``_broadcast_sigterm_tensor``, loops/training_epoch_loop.py), which this handler
+        replaces; ranks deciding alone would leave one in a barrier while another starts the next
+        all-reduce."""
         request, self._request = self._request, NO_REQUEST
         if trainer.world_size == 1:
             return self.signal_received, request

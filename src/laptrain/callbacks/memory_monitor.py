@@ -36,46 +36,14 @@ class MemoryMonitor(VersionedState, Callback):
     """Log MPS/CUDA allocator figures, RSS, system memory and swap under ``memory/``.
 
     Lightning's ``DeviceStatsMonitor`` on MPS reports only psutil percentages; this reads the MPS
-    allocator (``current_allocated_memory``, ``driver_allocated_memory``, share of
-    ``recommended_max_memory``) and CUDA's allocated/reserved/peak through the device probe. It
-    empties the allocator cache at epoch end and under memory pressure only: doing it on every log
-    throws the cache away and slows the next steps (docs/hardware.md §7). On unified memory a job that does
-    not fit swaps instead of failing (docs/hardware.md §1), so swap growth gets one warning, or with
-    ``on_swap="stop"`` a checkpoint and a clean stop (``stop_reason = "swap"``, run.py exits 75, paused).
-
-    On macOS it also reads the kernel's memory-pressure level (Activity Monitor's green / yellow /
-    red; docs/hardware.md §16) and logs it as ``memory/pressure_level``. At "warning" it names, once,
-    the three other processes holding the most memory (field note 004 advises closing other apps;
-    this says which); at "critical" it warns, or with ``on_pressure="stop"`` checkpoints and stops
-    (``stop_reason = "memory pressure"``).
-
-    With several processes (DDP), every rank reaches a check point at the same optimizer step (the
-    check points follow ``global_step`` alone) and makes one ``strategy.broadcast`` there, whatever
-    it read: rank 0's swap growth and pressure level decide for every rank (``on_swap`` and
-    ``on_pressure`` are config, the same on every rank). A broadcast made only by the rank whose
-    reading fired leaves that rank waiting for ever (``DDPStrategy.broadcast`` is
-    ``torch.distributed.broadcast_object_list`` on every rank, lightning/pytorch/strategies/ddp.py
-    :306-312 in 2.6.6; with one process it returns its argument, single_device.py:91-92), and so
-    does a stop's save on one rank only (``Trainer.save_checkpoint`` ends in ``strategy.barrier``,
-    trainer/trainer.py:1465).
-
-    Args:
-        every_n_steps: read and log every N optimizer steps; None = ``trainer.log_every_n_steps``.
-        cleanup_on_epoch_end: gc + empty_cache after each training epoch.
-        cleanup_above_percent: also clean when system memory passes this percent (None = never).
-        cleanup_cooldown_steps: at least this many steps between two pressure cleanups.
-        on_swap: ``"warn"`` or ``"stop"`` when swap grows by ``swap_growth_mb`` during training.
-        on_pressure: ``"warn"`` or ``"stop"`` when the macOS pressure level reaches critical.
-        leak_window_steps, leak_mb_per_100_steps: see ``GrowthTrend``.
-        probe: device probe; None = the real one for ``trainer.strategy.root_device``.
-        pressure: memory-pressure source; None = macOS ``sysctl`` when ``use_os_pressure`` (none
-            off macOS).
-        use_os_pressure: False = never read the OS pressure level.
-        top_consumers: returns the other processes holding the most memory; None = psutil's top 3.
-
-    Raises:
-        ValueError: on out-of-range values, naming the config key.
-    """
+    allocator and CUDA's allocated/reserved/peak through the device probe. It empties the allocator
+    cache at epoch end and under memory pressure only: doing it on every log throws the cache away
+    and slows the next steps (docs/hardware.md §7). On unified memory a job that does not fit swaps
+    instead of failing (§1), so swap growth warns once, or with ``on_swap="stop"`` checkpoints and
+    stops (``stop_reason = "swap"``, exit 75). On macOS it logs the kernel's memory-pressure level
+    (§16): at "warning" it names the three other processes holding the most memory, at "critical" it
+    warns or (``on_pressure="stop"``) stops. Options: conf/callbacks/memory_monitor.yaml. With
+    several processes rank 0's readings decide at every check (docs/callbacks.md)."""
 
     report_section = "memory"
     STATE_VERSION = 1

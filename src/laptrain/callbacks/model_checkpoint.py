@@ -1,13 +1,10 @@
 """Lightning's ModelCheckpoint, quiet while laptrain stops a run on purpose.
 
-Gap filled: when a callback sets ``trainer.should_stop`` in the middle of an epoch, Lightning ends the
-epoch and ModelCheckpoint saves there as at any epoch end (``on_train_epoch_end``, then ``last.ckpt``
-again in ``on_train_end``; lightning/pytorch/callbacks/model_checkpoint.py:488 and :535 in 2.6.6).
-For a Ctrl-C, a SIGTERM, a session budget or a swap stop that adds a ``best-step<N>.ckpt`` ranked by
-a stale validation score, which an uninterrupted run never writes and whose presence changes which
-checkpoint the run tests at the end. During such a stop this subclass saves nothing; the stopping
-callback has already saved ``last.ckpt`` at the batch boundary (laptrain/checkpoints/stop.py).
-Every other behaviour, option and state key is Lightning's.
+A mid-epoch ``should_stop`` makes ModelCheckpoint save as at any epoch end
+(model_checkpoint.py:488 and :535 in 2.6.6): a ``best-step<N>.ckpt`` ranked by a stale score that
+an uninterrupted run never writes, which changes the checkpoint tested. During such a stop this
+saves nothing (the stopping callback saved ``last.ckpt``: laptrain/checkpoints/stop.py); the rest
+is Lightning's.
 """
 
 from __future__ import annotations

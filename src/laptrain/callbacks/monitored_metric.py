@@ -1,15 +1,11 @@
 """Stop at the first validation when the module logs no metric the checkpoints rank by, early
 stopping watches or an Optuna pruner is told.
 
-Which metrics a module logs is known only once it has run a validation. Lightning's
-``ModelCheckpoint`` then raises a ``MisconfigurationException`` with a traceback
-(lightning/pytorch/callbacks/model_checkpoint.py, ``_validate_monitor_key``). This callback looks
-first: Lightning runs checkpoint callbacks after every other one
-(``_CallbackConnector._reorder_callbacks``), so it stops the run before any checkpoint is written,
-with one line naming the metrics the module does log and ``model._metric_``, the key that picks the
-monitored one (conf/train.yaml ``optimized_metric``, conf/callbacks/model_checkpoint.yaml). Among
-the other callbacks it must come first: Lightning's EarlyStopping raises a RuntimeError of its own
-in the same hook (``_validate_condition_metric``).
+Lightning's ``ModelCheckpoint`` would raise ``MisconfigurationException`` with a traceback
+(``_validate_monitor_key``, lightning/pytorch/callbacks/model_checkpoint.py). Checkpoint callbacks
+run last (``_reorder_callbacks``), so this stops the run before any checkpoint is written, naming
+the metrics the module logs and ``model._metric_``; it must come before EarlyStopping, which
+raises in the same hook (``_validate_condition_metric``).
 """
 
 from __future__ import annotations
@@ -24,13 +20,9 @@ from laptrain.config.check import ConfigError
 
 
 class MonitoredMetricCheck(Callback):
-    """Raise :class:`ConfigError` at the end of the first validation (not the sanity check) when a
-    checkpoint callback monitors a metric the module did not log.
-
-    Args:
-        preset: the model preset's name (``model=<preset>``), named in the fix.
-        metric_set: whether the preset has a ``_metric_`` already (the override then takes no +).
-    """
+    """Raise :class:`ConfigError` at the end of the first validation when a checkpoint callback
+    monitors a metric the module did not log; ``preset`` (``model=<preset>``) and ``metric_set``
+    (the preset has a ``_metric_``: the override takes no +) shape the fix."""
 
     def __init__(self, preset: str = "<preset>", metric_set: bool = False) -> None:
         self.preset, self.metric_set, self.checked = preset, metric_set, False
@@ -83,7 +75,7 @@ def _watched(trainer: pl.Trainer) -> list[tuple[str, str | None, str | None]]:
         for cb in trainer.checkpoint_callbacks
     ]
     for cb in trainer.callbacks:
-        if isinstance(cb, EarlyStopping) and cb.enabled:
+        if isinstance(cb, EarlyStopping):
             option = None if cb.monitor == optimized else "callbacks.early_stopping.monitor"
             watched.append(("early stopping watches", cb.monitor, option))
         elif isinstance(cb, TrialPruning):

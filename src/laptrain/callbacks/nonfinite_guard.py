@@ -1,35 +1,15 @@
 """Stop at the first NaN/inf loss or gradient, before it reaches the weights, or skip that step.
 
-Gap filled: Lightning has no guard of its own (``detect_anomaly`` is a debugging tool that slows every
-step several times, and ``EarlyStopping(check_finite=True)`` looks only at a validation metric, after
-the weights are already NaN). A non-finite update makes every later step and checkpoint useless; a
-NaN model can even rank as "best" (an argmax over NaN logits still gives an accuracy). This guard
-looks at the loss before ``backward`` and at the gradients before the optimizer step:
-
-- ``action=stop`` (default): raise :class:`NonFiniteLoss` at once. Nothing of that step is applied
-  or saved, so ``last.ckpt`` is the last good state; the one-line error names the step, that
-  checkpoint and the likely causes for this run. Before raising, the guard keeps what it saw (the
-  step, the loss or the first parameter whose gradient is not finite, the value, the learning
-  rates, the precision) as ``stop`` in its report section: ``RunReport`` writes ``report.json``
-  from ``on_exception``, after the raise, and ``laptrain why`` reads it from there (a run status
-  alone says only ``interrupted (NonFiniteLoss)``).
-- ``action=skip``: drop the step, count it, and train on; the report lists the skipped steps. How
-  the step is dropped depends on who checks the gradients next (:func:`_discard_step`).
-
-Which parameter's gradient is bad is looked up (one check per tensor) only once the single fused
-check has failed, so a clean step costs what it did.
-
-Under 16-mixed a GradScaler already skips steps whose gradients overflow (and lowers its scale), so
-the gradients are not checked there; the loss still is. A skipped step under 16-mixed goes through
-the scaler too (docs/lightning.md, "The NaN guard's skip under 16-mixed"): with a fused optimizer
-the scaler's inf check runs inside ``scaler.step``, after this hook, and a step with no gradient
-left recorded no check, so ``scaler.update`` failed ("No inf checks were recorded prior to update").
-
-With several processes the ranks agree before acting (one all-reduce per optimizer step): each
-rank's loss is its own batch's, and under FSDP each rank holds only its shard of the gradients, so
-a NaN is seen by one rank alone. Deciding alone, that rank stopped while the others waited in the
-next collective, or skipped its shard's update while the others applied theirs. Now every rank
-stops, or skips, at the same step; a rank that saw nothing names the rank that did.
+Lightning has no such guard (``detect_anomaly`` slows every step; ``EarlyStopping(check_finite)``
+sees a validation metric after the weights are NaN), and a NaN model can even rank as "best". The
+loss is checked before ``backward``, the gradients before the optimizer step (one fused check; the
+bad parameter is looked up only after it fails). ``action=stop`` raises :class:`NonFiniteLoss`
+with nothing of the step applied, after keeping what it saw as ``stop`` in its report section
+(``laptrain why`` reads it); ``action=skip`` drops the step (:func:`_discard_step`). Under 16-mixed
+the GradScaler handles overflowing gradients, and a skip goes through the scaler too
+(docs/lightning.md, "The NaN guard's skip under 16-mixed"). With several processes the ranks agree
+in one all-reduce per optimizer step, so all stop or skip at the same step (under FSDP a NaN is in
+one rank's shard only).
 """
 
 from __future__ import annotations
@@ -54,10 +34,7 @@ class NonFiniteLoss(ValueError):
 
 
 class NonFiniteGuard(VersionedState, Callback):
-    """Args:
-    action: "stop" or "skip" (see the module doc).
-    check_grads: also check the gradients before each optimizer step (one device sync per step).
-    """
+    """Options: conf/callbacks/nonfinite_guard.yaml (``action``: stop or skip; ``check_grads``)."""
 
     STATE_VERSION = 1
     STATE_NAME = "nonfinite_guard"
@@ -194,16 +171,10 @@ def _agreed(
 
 
 def _discard_step(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None:
-    """Make the coming ``optimizer.step`` change nothing.
-
-    Under 16-mixed with an optimizer that unscales inside its own step (fused AdamW/Adam/SGD),
-    Lightning skips ``scaler.unscale_`` and the scaler checks the gradients for inf/NaN only inside
-    ``scaler.step``, after this hook. There every gradient is filled with NaN: the scaler records
-    ``found_inf``, the fused kernel leaves weights, moments and step count alone, and
-    ``scaler.update`` lowers the scale as for any overflow. Everywhere else (no scaler, or the
-    scaler already unscaled and recorded its check before this hook) the gradients are set to
-    None, which torch optimizers skip; NaN there would be applied when the recorded check was clean.
-    """
+    """Make the coming ``optimizer.step`` change nothing. Under 16-mixed with an optimizer that
+    unscales in its own step (fused AdamW/Adam/SGD) the scaler checks the gradients only inside
+    ``scaler.step``, after this hook: every gradient is filled with NaN, so it records ``found_inf``
+    and skips as for an overflow. Elsewhere the gradients are set to None, which optimizers skip."""
     scaler_checks_later = _has_grad_scaler(trainer) and _unscales_in_step(optimizer)
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -267,10 +238,9 @@ def _learning_rates(trainer: pl.Trainer) -> list[float]:
 
 
 def _all_finite(grads: list[torch.Tensor]) -> bool:
-    """Whether every gradient is finite: the sum of the per-tensor norms (one fused pass, one
-    device sync) is finite exactly when they all are (a sum of finite norms reaching float32's
-    maximum, ~3e38, counts as not finite too). Half the cost of stacking float copies and taking
-    their norm (benchmarks/overhead.py)."""
+    """Whether every gradient is finite: the sum of the per-tensor norms (one fused pass, one sync)
+    is finite exactly when they all are; half the cost of stacking copies
+    (benchmarks/overhead.py)."""
     return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads)).float().sum()))
 
 

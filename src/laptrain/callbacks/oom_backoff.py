@@ -35,7 +35,6 @@ GIVE_UP_HINT = (
 
 
 def is_oom(exc: BaseException) -> bool:
-    """Whether ``exc`` is an out-of-memory error on any device."""
     if isinstance(exc, torch.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
@@ -44,26 +43,12 @@ def is_oom(exc: BaseException) -> bool:
 class OOMBackoff(VersionedState, Callback):
     """Halve the micro-batch on OOM and redo the same optimizer step with more accumulation.
 
-    Lightning lets an OOM end the run (its batch-size finder only runs before training). With this
-    callback and a module whose ``training_step`` goes through ``ChunkedBackward``
-    (``laptrain.model.chunked_backward``), an OOM frees memory, halves the micro-batch and
-    retries only the failed part of the batch: the effective batch, the optimizer-step count and the
-    samples seen are those of an uninterrupted run. Any other module (Lightning's own backward)
-    gets the same from its train loader: the optimizer step the OOM interrupted starts over on
-    batches half as large (or a smaller divisor), accumulated twice as often
-    (``laptrain.callbacks.smaller_loader``); that needs the map-style loader laptrain rebuilds, and
-    where it cannot hold the run report says so. The micro-batch is kept in the checkpoint, so a
-    resumed run starts with the size that fits. At micro-batch 1 it gives up with what to change.
-
-    Args:
-        enabled: False lets OOMs propagate as usual.
-        every_n_steps: log ``oom/*`` every N optimizer steps (and at each backoff);
-            None = ``trainer.log_every_n_steps``.
-        probe: device probe whose cache is emptied after an OOM; None = the real one.
-
-    Raises:
-        ValueError: when ``every_n_steps`` < 1.
-    """
+    Lightning lets an OOM end the run. Here an OOM frees memory and halves the micro-batch: a module
+    that backpropagates through ``ChunkedBackward`` retries only the failed part of the batch; any
+    other gets the step restarted on a loader of smaller batches accumulated more often
+    (``laptrain.callbacks.smaller_loader``). The effective batch, step count and samples seen are
+    those of an uninterrupted run; the micro-batch is kept in the checkpoint; at micro-batch 1 it
+    gives up with what to change. Options: conf/callbacks/oom_backoff.yaml."""
 
     report_section = "oom"
     STATE_VERSION = 1
@@ -146,8 +131,7 @@ class OOMBackoff(VersionedState, Callback):
         self.batch_size, self.chunks = new, 1
 
     def inactive_because(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> str | None:
-        """The one console line saying why out-of-memory errors end this run, or None when the
-        backoff applies or a module's loader decides it (laptrain.callbacks.smaller_loader)."""
+        """Why OOMs end this run (one line); None when the backoff or the loader handles them."""
         if not self.enabled:
             return None
         if not isinstance(pl_module, BackPropagatesInChunks):
@@ -168,7 +152,6 @@ class OOMBackoff(VersionedState, Callback):
         return None
 
     def chunk_size(self, batch_size: int) -> int:
-        """Micro-batch to use for a batch of ``batch_size`` samples."""
         if not self.enabled:
             return batch_size
         size = batch_size if self.micro_batch is None else min(self.micro_batch, batch_size)
@@ -184,7 +167,7 @@ class OOMBackoff(VersionedState, Callback):
         self, message: str, size: int, trainer: pl.Trainer, new: int | None = None
     ) -> int:
         """Free memory after an OOM on ``size`` samples; return the new micro-batch (``new``, or
-        half of ``size``)."""
+        half)."""
         gc.collect()
         self.probe.empty_cache()
         first_line = message.splitlines()[0][:300]

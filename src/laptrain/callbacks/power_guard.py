@@ -23,53 +23,14 @@ class PowerGuard(VersionedState, Callback):
     """Hold off idle sleep during fit; watch the battery; stop or pause before it runs flat.
 
     No trainer in Lightning, HF, litgpt, torchtune or mlx-lm looks at power: macOS idle-sleeps a
-    laptop in the middle of a run and training pauses for hours, and a battery that dies during a
-    checkpoint save is a SIGKILL the user could have seen coming. This guard:
-
-    - starts ``caffeinate -i -w <pid>`` (macOS) or ``systemd-inhibit`` (Linux) in ``setup`` and ends
-      it in ``teardown`` or ``on_exception``; the holder also ends by itself when this process dies
-      (``laptrain.hardware.power.KeepAwake``);
-    - reads the battery (psutil) at the start and every ``check_every_n_steps`` steps, logs
-      ``power/percent`` and ``power/plugged``, and warns once when training starts on battery, with
-      the step-time cost measured in the run's earlier sessions when there is one;
-    - on battery below ``min_percent``: saves the run's ``last.ckpt`` at that batch boundary and
-      stops (``stop_reason = "battery"``; run.py exits 75 (paused) with "resume with the same
-      command");
-    - with ``pause_on_battery``: sleeps between steps while on battery until the charger is back
-      (logged like a cooling break; weights untouched), and still stops below ``min_percent``.
-
-    With several processes (DDP), rank 0's battery speaks for every rank: each rank reads its own,
-    then all make one ``strategy.broadcast`` of rank 0's reading at the start and at every check
-    (every ``check_every_n_steps`` batches, a count that is the same on every rank), also where
-    their own probe found nothing; a rank that skipped it would leave the others waiting for ever
-    (``DDPStrategy.broadcast`` is ``torch.distributed.broadcast_object_list`` on every rank,
-    lightning/pytorch/strategies/ddp.py:306-312 in 2.6.6; with one process it returns its
-    argument, single_device.py:91-92). A battery stop saves on every rank at the same batch
-    (``Trainer.save_checkpoint`` ends in ``strategy.barrier``, trainer/trainer.py:1465). When a
-    pause reads the battery again is a clock's call, so while paused every rank makes one broadcast
-    per sleep slice (at most 1 s) and follows rank 0's verdict: wait, resume or stop (a signal
-    that reaches another rank only is acted on once the pause ends: ``GracefulStop`` shares it at
-    the batch end).
-
-    Args:
-        keep_awake: hold the idle-sleep assertion during fit.
-        battery: battery source; None = psutil's when ``use_os_battery``.
-        use_os_battery: False = never read the battery (keep-awake only).
-        warn_on_battery: one warning when training starts (or resumes) on battery.
-        min_percent: on battery below this percentage, checkpoint and stop.
-        pause_on_battery: pause between steps while on battery instead of training on it.
-        check_every_n_steps: how often the battery is read (also on the first step).
-        pause_check_seconds: while paused, how often the battery is read again.
-        awake: the sleep holder; None = ``KeepAwake()`` for this machine.
-        clock, sleep: injectable ``time.monotonic`` and ``time.sleep``.
-
-    Raises:
-        ValueError: on out-of-range values, naming the config key.
-
-    Example::
-
-        python train.py callbacks.power_guard.min_percent=30 callbacks.power_guard.pause_on_battery=true
-    """
+    laptop mid-run, and a battery that dies during a save is a SIGKILL the user could have seen
+    coming. The keep-awake holder (``caffeinate``/``systemd-inhibit``, ``KeepAwake``) lives from
+    ``setup`` to ``teardown``/``on_exception`` and ends with this process; below ``min_percent`` on
+    battery the guard saves ``last.ckpt`` and stops (``stop_reason = "battery"``, exit 75), and with
+    ``pause_on_battery`` it sleeps between steps until the charger is back (logged like a cooling
+    break). Options: conf/callbacks/power_guard.yaml; docs/hardware.md §16; ``awake``, ``clock`` and
+    ``sleep`` are injectable. With several processes rank 0's battery decides, one broadcast per
+    check and per sleep slice of a pause (docs/callbacks.md)."""
 
     report_section = "power"
     STATE_VERSION = 1
@@ -286,7 +247,6 @@ class PowerGuard(VersionedState, Callback):
         )
 
     def plot_point(self) -> dict[str, Any]:
-        """The last battery reading, for the report's plot points."""
         if self.last is None:
             return {}
         return {"battery_percent": self.last.percent, "plugged": self.last.plugged}

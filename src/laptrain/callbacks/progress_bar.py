@@ -1,16 +1,11 @@
 """Lightning's Rich progress bar, counting epochs the way a reader does, drawn at most
 ``refresh_rate`` times a second.
 
-Gaps filled: ``RichProgressBar`` labels the first of 3 epochs "Epoch 0/2" (0-based index over the
-last index, lightning/pytorch/callbacks/progress/rich_progress.py ``_get_train_description``).
-This one says "Epoch 1/3"; without an epoch limit (``max_epochs=-1``) it says "Epoch 1".
-
-And it redraws the bar and reads every logged metric (``get_metrics``: ``.item()`` on each, a
-device sync on MPS and CUDA) at every training batch end, however short the step, while Rich's
-own thread also redraws ``refresh_rate`` times a second (Lightning's default: 100). A tiny MLP's
-step paid 0.2 ms for it on 2 cores (benchmarks/overhead.py), more than the step itself. Here a
-batch end draws only when ``1 / refresh_rate`` seconds have passed since the last drawing (and
-the last one before an epoch ends or validation starts is always drawn).
+``RichProgressBar`` labels the first of 3 epochs "Epoch 0/2" (``_get_train_description``,
+lightning/pytorch/callbacks/progress/rich_progress.py); this says "Epoch 1/3" ("Epoch 1" without
+a limit). And it redraws and reads every metric (``.item()``: a device sync) at every batch end:
+0.2 ms a step for a tiny MLP on 2 cores (benchmarks/overhead.py). Here a batch end draws only when
+``1 / refresh_rate`` seconds have passed (and always before an epoch ends or validation starts).
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ from typing_extensions import override
 
 
 class EpochProgressBar(RichProgressBar):
-    """``RichProgressBar`` with a 1-based "Epoch n/total" label, drawn at most ``refresh_rate``
-    times a second; the arguments are its own."""
+    """``RichProgressBar`` with a 1-based "Epoch n/total", drawn at most ``refresh_rate``/s."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,8 +1,5 @@
-"""Write a run report: ``report.json``, ``report.md`` and the ``report.png`` it embeds.
-
-Plain functions over plain dicts, so the files can be rebuilt and tested without a Trainer. The plot
-uses matplotlib's object API with the Agg canvas: no pyplot, no GUI backend, no global state.
-"""
+"""Write a run report (``report.json``, ``report.md``, ``report.png``) from plain dicts, so it is
+rebuilt and tested without a Trainer; matplotlib's object API on the Agg canvas (no pyplot)."""
 
 from __future__ import annotations
 
@@ -26,13 +23,9 @@ IGNORE_LABEL = -100
 
 
 def token_count(batch: Any) -> int | Tensor | None:
-    """Real (non-pad) tokens in a tokenized batch, else ``input_ids`` size, else None.
-
-    A 2D ``attention_mask`` marks them (a preference batch's ``[B, 2, L]`` one too). A packed batch (``data.packing``) holds a 4D additive float
-    mask instead, whose sum is -inf, so its rows are read from ``labels`` (``packed_tokens``).
-    The count stays a 0-dim tensor on the batch's device: reading it as a number would wait for the
-    device to finish every queued kernel, once per step (on MPS or CUDA). The caller adds these up
-    and reads the total only when it reports it."""
+    """Real (non-pad) tokens in a tokenized batch (its 2D or ``[B, 2, L]`` ``attention_mask``; a
+    packed batch's from its ``labels``: ``packed_tokens``), else ``input_ids`` size, else None. A
+    0-dim tensor on the batch's device: reading it as a number would sync the device every step."""
     if not isinstance(batch, Mapping):
         return None
     mask, labels, ids = (batch.get(k) for k in ("attention_mask", "labels", "input_ids"))
@@ -46,11 +39,8 @@ def token_count(batch: Any) -> int | Tensor | None:
 
 
 def packed_tokens(labels: Tensor) -> Tensor:
-    """Non-pad positions of packed rows: each row's last labelled position + 1.
-
-    Padding is each row's tail, and every packed example ends with a labelled token (its last
-    response's end-of-turn: ``segment_texts`` drops turns after the last assistant turn and an
-    empty response is refused), so the tail after the last label is exactly the padding."""
+    """Non-pad positions of packed rows: each row's last labelled position + 1 (every packed example
+    ends with a labelled end-of-turn, so the tail after it is the padding)."""
     labelled = labels.detach() != IGNORE_LABEL
     last = labels.shape[1] - labelled.flip(1).int().argmax(1)
     return torch.where(labelled.any(1), last, 0).sum()

@@ -1,22 +1,11 @@
-"""Carry the random number generators' states in the checkpoint.
+"""Carry the random number generators' states in the checkpoint (docs/lightning.md, "RNG state").
 
-Gap filled: Lightning 2.6.6 checkpoints hold no RNG state (the keys it writes are in
-``lightning/pytorch/trainer/connectors/checkpoint_connector.py`` ``dump_checkpoint``), so dropout
-masks and random augmentation after a resume differ from an uninterrupted run. This callback saves
-the python, numpy and torch generators (CPU, every CUDA device, and MPS, whose generator is its
-own: ``torch.mps.get_rng_state``) and restores them when training resumes.
-
-Under several processes each rank's generators have drawn differently (its batches differ in
-shape, so dropout took other amounts of randomness), and only rank 0 writes the checkpoint: every
-rank's states are gathered into it (one ``all_gather_object`` per save, on every rank, as
-Lightning builds the checkpoint on every rank in ``Trainer.save_checkpoint``) and each rank
-restores its own.
-
-A requeued job may get fewer GPUs than the one that saved (a 4-GPU job back on
-``CUDA_VISIBLE_DEVICES=1``): ``torch.cuda.set_rng_state_all`` over the saved list indexed devices
-that no longer exist and the resume failed with ``IndexError``. Each save names the process's own
-device; a restore sets the devices that exist and then gives this process's device the state its
-device had (docs/lightning.md, "RNG state").
+Lightning 2.6.6 checkpoints hold no RNG state (``dump_checkpoint``,
+lightning/pytorch/trainer/connectors/checkpoint_connector.py), so dropout and augmentation after a
+resume differ. This saves python's, numpy's and torch's (CPU, every CUDA device, MPS's own)
+generators: every rank's, gathered by one ``all_gather_object`` per save, each rank restoring its
+own. Each save names the process's own device, so a job requeued on fewer GPUs restores what
+exists (``set_rng_state_all`` over the saved list raised ``IndexError``).
 """
 
 from __future__ import annotations

@@ -40,29 +40,12 @@ GUARD_SECTIONS = ("memory", "thermal", "oom", "power")
 class RunReport(VersionedState, Callback):
     """Write ``report.json``, ``report.md`` and ``report.png`` in the run folder.
 
-    Lightning leaves a run's story spread over logger files; this gathers it in one place: hardware
-    and profile, versions, wall and training time, samples/s and tokens/s, peak memory per kind,
-    swap, cooling breaks, OOM backoffs (each a section from a callback with ``summary()``, the
-    ``Reports`` contract in ``laptrain.callbacks.contracts``), the best checkpoint and the command
-    that resumes the run, final metrics and a plot over steps with the validation curve. It writes
-    at the end of fit, after test, after an exception (Ctrl-C) and at a session-budget stop, and
-    prints nothing (the launcher names the run folder once, at the end). Its totals live in the
-    checkpoint, so a resumed run's report covers every session.
-
-    The loggers get its figures too (report.json was the only place samples/s was kept): the
-    samples/s of each plot point as ``train/samples_per_s``, and at the end of fit the report's
-    numbers as ``run/<section>/<key>`` and, for MLflow and W&B, the best checkpoint's path.
-
-    Args:
-        output_dir: run folder; None = ``trainer.default_root_dir``.
-        profile: hardware profile name (``${hardware.name}``) shown in the report.
-        every_n_steps: one plot point every N optimizer steps; None = ``trainer.log_every_n_steps``.
-        max_points: plot points kept; beyond that every other point is dropped.
-        clock: injectable ``time.monotonic``.
-
-    Raises:
-        ValueError: when ``every_n_steps`` or ``max_points`` is too small.
-    """
+    Lightning leaves a run's story spread over logger files; this gathers it: hardware, versions,
+    times, throughput, peak memory, the sections of callbacks with ``summary()`` (``Reports``), the
+    best checkpoint, the resume command, final metrics and a plot. It writes at the end of fit,
+    after test, after an exception and at a session-budget stop, and keeps its totals in the
+    checkpoint, so a resumed run's report covers every session. The loggers get its figures too
+    (``train/samples_per_s``, ``run/<section>/<key>``). Options: conf/callbacks/run_report.yaml."""
 
     STATE_VERSION = 1
     STATE_NAME = "run_report"
@@ -227,9 +210,8 @@ class RunReport(VersionedState, Callback):
 
     @rank_zero_only
     def _send_to_loggers(self, trainer: pl.Trainer) -> None:
-        """The report's figures for every logger at the fit's last step, as ``run/<section>/<key>``
-        (throughput, time, peak memory, the guards' totals, the best score), and the best
-        checkpoint's path for the trackers that keep text (MLflow's tags, W&B's summary)."""
+        """The report's figures for every logger at the fit's last step as ``run/<section>/<key>``,
+        and the best checkpoint's path for MLflow's tags and W&B's summary."""
         if self._report is None or not trainer.loggers:
             return
         metrics = summary_metrics(self._report)
@@ -346,8 +328,7 @@ SUMMARY_SECTIONS = ("time", "throughput", *GUARD_SECTIONS, "checkpoint")
 
 
 def summary_metrics(report: Mapping[str, Any]) -> dict[str, float]:
-    """``run/<section>/<key>``: each finite number at the top of a :data:`SUMMARY_SECTIONS`
-    section."""
+    """``run/<section>/<key>``: each finite number of a :data:`SUMMARY_SECTIONS` section."""
     metrics = {}
     for section in SUMMARY_SECTIONS:
         for key, value in (report.get(section) or {}).items():
@@ -358,9 +339,8 @@ def summary_metrics(report: Mapping[str, Any]) -> dict[str, float]:
 
 
 def process_memory() -> dict[str, Any]:
-    """This process's peak resident memory (this session only; MiB despite the key's name), for
-    runs without the memory monitor, whose device and swap readings would otherwise show as
-    zeros."""
+    """This process's peak resident memory this session (MiB despite the key), for runs without the
+    memory monitor."""
     mb = process_peak_bytes() / 1024**2
     return {"peak_process_rss_mb": round(mb, 1), "source": "VmHWM (memory monitor off)"}
 

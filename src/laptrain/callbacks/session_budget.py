@@ -17,34 +17,12 @@ from laptrain.checkpoints.stop import request_stop
 class SessionBudget(Callback):
     """Stop at a batch boundary once this process has trained ``max_minutes`` or ``max_epochs``.
 
-    Lightning's ``max_time`` (the ``Timer`` callback) restores its elapsed time from the checkpoint,
-    so its budget is cumulative over resumes (docs/lightning.md, "Timer and max_time") and a resumed run would stop at once.
-    This budget is per process: "train 2-3 epochs at a time, then let the machine rest" (field note 000, docs/field_notes.md).
-    When it runs out it sets ``trainer.should_stop`` and ``stop_reason = "session"`` (saving
-    the run's ``last.ckpt`` at that batch boundary: ``laptrain.checkpoints.stop.request_stop``; an
-    epoch-end stop needs no save of its own, the end-of-fit save is right there);
-    ``run.train`` then exits 75 (paused) with "resume with the same command". A run that would
-    end anyway at this point (``max_epochs``/``max_steps`` reached) is not flagged.
-
-    With several processes (DDP), every rank makes one ``strategy.broadcast`` at every batch end
-    (while ``max_minutes`` is set), before anything it alone may have seen: rank 0's clock and
-    rank 0's ``should_stop`` decide for every rank, so that no rank waits in the broadcast alone or
-    in a stop's save (``DDPStrategy.broadcast`` is ``torch.distributed.broadcast_object_list`` on
-    every rank, lightning/pytorch/strategies/ddp.py:306-312 in 2.6.6; ``Trainer.save_checkpoint``
-    ends in ``strategy.barrier``, trainer/trainer.py:1465).
-
-    Args:
-        max_minutes: wall-clock minutes of training per process; None = no limit.
-        max_epochs: training epochs per process; None = no limit.
-        clock: injectable ``time.monotonic``.
-
-    Raises:
-        ValueError: when a limit is not positive.
-
-    Example::
-
-        python train.py callbacks.session_budget.max_epochs=2   # rerun the same line to go on
-    """
+    Lightning's ``max_time`` restores its elapsed time from the checkpoint, so its budget spans
+    resumes (docs/lightning.md, "Timer and max_time"); this one is per process: "train 2-3 epochs at
+    a time, then let the machine rest" (field note 000). It stops through
+    ``laptrain.checkpoints.stop.request_stop`` (``stop_reason = "session"``, exit 75); a run that
+    would end there anyway is not flagged. With several processes every rank broadcasts at every
+    batch end while ``max_minutes`` is set: rank 0's clock decides (docs/callbacks.md)."""
 
     def __init__(
         self,

@@ -1,13 +1,8 @@
 """Cut the train loader's batch mid-epoch, keeping the effective batch and the sample position.
-
-Gap it fills: Lightning has no way to change a DataLoader's batch once fit has started, so
-``OOMBackoff`` does it for a module that back-propagates whole batches (any LightningModule):
-the loader laptrain rebuilt over ``ResumableDistributedSampler`` (laptrain.data.user_loaders) is
-rebuilt again with a batch ``factor`` times smaller that starts at the same sample, accumulation
-grows by ``factor`` and the fit loop's batch counters are counted in the new batches
-(lightning/pytorch/loops/training_epoch_loop.py: accumulation, the epoch's end and the validation
-interval are all counted in batches of the epoch).
-"""
+Lightning cannot change a DataLoader's batch once fit started, so for a module that
+back-propagates whole batches ``OOMBackoff`` rebuilds laptrain's resumable loader ``factor``
+times smaller from the same sample, grows accumulation by ``factor`` and recounts the fit loop's
+batch counters (loops/training_epoch_loop.py counts everything in batches)."""
 
 from __future__ import annotations
 

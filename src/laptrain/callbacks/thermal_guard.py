@@ -20,41 +20,13 @@ from laptrain.hardware.thermal import LEVEL_NAMES, ThermalSource, thermal_source
 class ThermalGuard(VersionedState, Callback):
     """Pause training between steps while the machine is hot.
 
-    Lightning has no thermal awareness at all: a fanless MacBook Air throttles and the run just
-    gets slower. This guard reads the OS thermal state (``laptrain.hardware.thermal``) and the step
-    time drift against the run's own early baseline, logs both under ``thermal/``, and when either
-    says "hot" sleeps between two steps. A break changes timing only: weights, batches and
-    optimizer state are untouched, so results are the same with or without breaks.
-
-    With several processes (DDP), every rank reaches a check at the same batch (every
-    ``check_every_n_steps`` batches, a count that is the same on every rank) and makes one
-    ``strategy.broadcast`` there, hot or not: rank 0's verdict (its source, its step times, its
-    clock against the hourly budget) decides every rank's break and micro-batch divisor, so that
-    all ranks pause together (``DDPStrategy.broadcast`` is
-    ``torch.distributed.broadcast_object_list`` on every rank, lightning/pytorch/strategies/ddp.py
-    :306-312 in 2.6.6; with one process it returns its argument, single_device.py:91-92).
-
-    Args:
-        source: thermal source; None = the first that works on this machine (may be none).
-        use_os_source: False = never look for a source, judge by step-time drift only.
-        hot_level: thermal level that triggers a break (2 = serious, 3 = critical).
-        drift_threshold_pct: a break when the window's median step time is this much slower than
-            the baseline; None = ignore drift.
-        warmup_steps, baseline_steps, window_steps: see ``ThroughputDrift``.
-        break_seconds: length of one break; max_break_seconds_per_hour caps all breaks.
-        check_every_n_steps: how often the source is read, the scalars logged and a break decided.
-        hot_micro_batch_divisor: while hot, also divide the micro-batch by this (more accumulation,
-            same effective batch; needs a ``SplitsMicroBatch`` callback, i.e. ``OOMBackoff``, and a
-            ``ChunkedBackward`` model); 1 = off.
-        probe: device probe (synchronised before each clock read); clock, sleep: injectable time.
-
-    Raises:
-        ValueError: on out-of-range values, naming the config key.
-
-    Example::
-
-        Trainer(callbacks=[ThermalGuard(break_seconds=60, max_break_seconds_per_hour=600)])
-    """
+    Lightning has no thermal awareness: a fanless MacBook Air throttles and the run just gets
+    slower. This guard reads the OS thermal state (``laptrain.hardware.thermal``) and the step-time
+    drift against the run's own early baseline, logs both under ``thermal/``, and when either says
+    "hot" sleeps between two steps. A break changes timing only: weights, batches and optimizer
+    state are untouched. Options: conf/callbacks/thermal_guard.yaml (``hot_micro_batch_divisor``
+    needs ``OOMBackoff`` and a ``ChunkedBackward`` model). With several processes rank 0's verdict
+    decides every rank's break, so all pause together (docs/callbacks.md)."""
 
     report_section = "thermal"
     STATE_VERSION = 1
@@ -193,7 +165,6 @@ class ThermalGuard(VersionedState, Callback):
         return taken
 
     def plot_point(self) -> dict[str, Any]:
-        """The last thermal state and drift, for the report's plot."""
         return {"thermal_state": self.last_level, "drift_pct": self.last_drift_pct}
 
     def summary(self) -> dict[str, Any]:

@@ -1,11 +1,6 @@
-"""The thermal guard's arithmetic, without a Trainer: step-time drift and the cooling budget.
-
-A laptop that throttles runs the same step more slowly. ``ThroughputDrift`` compares the median step
-time of a recent window with the run's own early baseline; this works on every OS, including the
-ones where no thermal source can be read. ``CoolingBudget`` decides how long a break may be, with a
-cap per rolling hour so that a machine that stays slow for another reason (a second job, a battery
-power mode) is not paused forever.
-"""
+"""The thermal guard's arithmetic, without a Trainer: ``ThroughputDrift`` compares a recent window's
+median step time with the run's early baseline (on every OS); ``CoolingBudget`` caps breaks per
+rolling hour, so a machine slow for another reason is not paused forever."""
 
 from __future__ import annotations
 

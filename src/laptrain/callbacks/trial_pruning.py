@@ -1,16 +1,11 @@
 """Report the monitored metric to this job's Optuna trial after every validation, and stop the run
-when the study's pruner says the trial is hopeless.
+when the study's pruner says the trial is hopeless (docs/sweeps.md).
 
-Gap filled: Hydra's sweepers never hand a job its trial (hydra#1710), so no sweep could prune.
-laptrain's sweeper (src/hydra_plugins/laptrain_optuna_sweeper/) puts the trial's number in the
-job's environment (``hydra.job.env_set``, :data:`TRIAL_ENV`), and the job finds the trial
-through the study's storage (an RDB URL), never through the sweeper's memory: so a job that
-submitit runs in another process, or on another machine, prunes as one run in the sweeper's does.
-
-The step Optuna sees is the validation's index (1, 2, ...), so trials with other batch sizes line
-up. A pruned run stops as Lightning's EarlyStopping stops a run (``trainer.should_stop`` at the end
-of the validation, whose checkpoints ModelCheckpoint then writes), and the job raises
-``optuna.TrialPruned`` (:func:`raise_in_sweep`), which the sweeper records as a PRUNED trial.
+Hydra's sweepers never hand a job its trial (hydra#1710). laptrain's sweeper puts the trial's
+number in the job's environment (:data:`TRIAL_ENV`) and the job finds the trial through the
+study's RDB storage, so a job in another process or machine prunes too. The step is the
+validation's index, so trials with other batch sizes line up; a pruned run stops as EarlyStopping
+does, and the job raises ``optuna.TrialPruned`` (:func:`raise_in_sweep`).
 """
 
 from __future__ import annotations
@@ -70,8 +65,8 @@ def sweep_trial_number() -> int | None:
 
 
 class TrialPruning(Callback):
-    """After every validation: ``trial.report(<monitor>, step=<validation index>)``, then stop the
-    run once ``trial.should_prune()``; ``ended_early`` is then the console line."""
+    """``trial.report`` after every validation; stops the run once ``trial.should_prune()``
+    (``ended_early`` is then the console line)."""
 
     def __init__(self, trial: optuna.Trial, monitor: str) -> None:
         self.trial, self.monitor = trial, monitor

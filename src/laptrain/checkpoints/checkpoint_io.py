@@ -1,40 +1,19 @@
 """Checkpoint bytes: written so that a kill at any instant leaves a loadable file, read with care.
 
-Gap filled (writing): Lightning 2.6.6 saves through ``_atomic_save``
-(lightning/fabric/utilities/cloud_io.py:85): it serialises the whole checkpoint into memory, then
-writes it inside an fsspec transaction. For a local path fsspec 2026.9 writes the bytes to a file made
-by ``tempfile.mkstemp()`` in the system temp folder and commits with ``shutil.move``
-(fsspec/implementations/local.py, ``LocalFileOpener._open`` and ``commit``). Where that folder is
-on another filesystem (a tmpfs ``/tmp`` on Linux, a cluster's local disk) the move is a copy, and a
-kill during the copy leaves a truncated ``last.ckpt``; nothing is fsynced, so a power cut can leave
-an empty file after the rename; and the checkpoint is held in memory twice. :class:`AtomicCheckpointIO`
-writes straight to a temporary file in the checkpoint's own folder, fsyncs it, renames it over the
-target (atomic on one filesystem) and fsyncs the folder. A full disk gives one error naming the
-folder and its free space, and the previous file is untouched.
+Writing: Lightning 2.6.6's ``_atomic_save`` (lightning/fabric/utilities/cloud_io.py:85) moves a
+temporary file from the system temp folder (a copy across filesystems, killable half way), fsyncs
+nothing and holds the checkpoint in memory twice. :class:`AtomicCheckpointIO` writes beside the
+target, fsyncs, renames and fsyncs the folder; a full disk, which torch's zip writer mostly reports
+as a RuntimeError with the ``OSError`` in its ``__context__`` (torch/serialization.py:853), is one
+line naming the folder and its free space. docs/lightning.md ("Atomic saves") has the sources and
+measurements. :func:`move_into_place` is the same fsynced rename for a stop's side file
+(:mod:`.stop`).
 
-A full disk rarely surfaces as the ``OSError`` itself. ``torch.save`` into a file object writes
-through ``buffer.write`` (torch/csrc/jit/python/init.cpp, ``PyTorchFileWriter``); when that raises,
-``_open_zipfile_writer_buffer.__exit__`` (torch/serialization.py:853-854 in torch 2.13) still calls
-``write_end_of_file``, whose zip writer finds its position behind and throws ``RuntimeError: [enforce
-fail at inline_container.cc:672] . unexpected pos 704 vs 598`` (caffe2/serialize/inline_container.cc,
-``ostream_write_func``): the ``OSError(ENOSPC)`` is then only that RuntimeError's ``__context__``.
-So the whole ``__cause__``/``__context__`` chain is searched for ENOSPC/EDQUOT; a short write that
-torch reports with another errno behind it, or none (its path writer says ``PytorchStreamWriter
-failed writing file``), is one line too, with that reason and the free space (docs/lightning.md).
-
-A stop checkpoint is written beside its target and moved over it later (:mod:`.stop`):
-:func:`move_into_place` is that rename, fsynced like the writer's own.
-
-Reading: every checkpoint is opened with ``weights_only=True`` (and Lightning is asked to load it
-the same way), with the objects the run's config builds allowed (:mod:`.trusted`): :func:`load_state`
-memory-maps it for the few values a reader wants (its step, a saved score), :func:`read_checkpoint`
-also says in one line why a file is not a checkpoint (:mod:`.resume` checks its weights against the
-model).
-
-Under FSDP Lightning reads a full checkpoint without its checkpoint IO: ``FSDPStrategy.
-load_checkpoint`` calls ``_lazy_load`` (lightning/pytorch/strategies/fsdp.py:631), an unrestricted
-unpickler (lightning/fabric/utilities/load.py:179-213). :func:`weights_only_under_fsdp` makes that
-call :func:`load_state` (``weights_only=True``, memory-mapped as lazily, the IO's allowed objects).
+Reading: every checkpoint is opened with ``weights_only=True``, the objects the run's config builds
+allowed (:mod:`.trusted`); :func:`load_state` memory-maps it, :func:`read_checkpoint` says in one
+line why a file is not a checkpoint. Under FSDP Lightning reads a full checkpoint with an
+unrestricted unpickler (``_lazy_load``, lightning/pytorch/strategies/fsdp.py:631);
+:func:`weights_only_under_fsdp` routes that call through :func:`load_state`.
 """
 
 from __future__ import annotations
@@ -122,8 +101,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def checkpoint_plugins(configured: Any, trusted: TrustedGlobals | None = None) -> list[Any]:
-    """The trainer's plugins with laptrain's crash-safe checkpoint writer (loading ``trusted``'s
-    objects), unless one is given."""
+    """The trainer's plugins with laptrain's crash-safe checkpoint IO, unless one is given."""
     plugins = list(configured or [])
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO(trusted))
@@ -131,8 +109,7 @@ def checkpoint_plugins(configured: Any, trusted: TrustedGlobals | None = None) -
 
 
 def weights_only_under_fsdp(strategy: Any) -> None:
-    """Make ``strategy``, when it is Lightning's ``FSDPStrategy``, load full checkpoints with
-    :func:`load_state` instead of Lightning's unrestricted ``_lazy_load`` (see module)."""
+    """Make Lightning's ``FSDPStrategy`` load full checkpoints with :func:`load_state`."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if isinstance(strategy, FSDPStrategy):
@@ -207,8 +184,8 @@ def checkpoint_step(path: str | Path, trusted: TrustedGlobals | None = None) -> 
 
 
 def read_checkpoint(path: str | Path, trusted: TrustedGlobals | None = None) -> dict[str, Any]:
-    """A checkpoint's contents, memory-mapped, tensors, plain values and ``trusted``'s objects
-    only; one-line errors."""
+    """A checkpoint's contents (memory-mapped, only ``trusted``'s objects allowed); one-line
+    errors."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(

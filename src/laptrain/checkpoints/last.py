@@ -1,13 +1,7 @@
-"""Where a run's ``last.ckpt`` is: the one place its path is built and looked up.
-
-The name is Lightning's own: ``ModelCheckpoint(save_last=True)`` writes ``<dirpath>/last.ckpt``
-(``CHECKPOINT_NAME_LAST``). ``conf/paths/default.yaml`` gets it through the
-``${laptrain_last_ckpt:<ckpt_dir>}`` resolver (``paths.last_ckpt``), code that has only a run
-folder (``laptrain runs``, the run report) through :func:`run_last_checkpoint`.
-
-A run has one ``last.ckpt``, and every save laptrain makes there (a stop, a checkpoint on request,
-the end of fit) goes through :mod:`.stop`, which the job tells where it is (``paths.last_ckpt``).
-"""
+"""Where a run's ``last.ckpt`` is: Lightning's ``<dirpath>/last.ckpt`` (``CHECKPOINT_NAME_LAST``),
+given to the config by the ``${laptrain_last_ckpt:<ckpt_dir>}`` resolver (``paths.last_ckpt``) and
+to code that has a run folder by :func:`run_last_checkpoint`. Every save there goes through
+:mod:`.stop`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Which checkpoint a run resumes from, checked before any training.
-
-``ckpt_path=<file>`` wins; else, unless ``resume=false``, the run's ``last.ckpt`` when it exists.
-The file is opened the safe way (tensors and plain values only) and its weights compared with the
-model's before any training, so a truncated file or one from another model is a one-line error
-instead of a traceback mid-fit; temporary files of saves a kill interrupted are removed first.
-"""
+"""Which checkpoint a run resumes from (``ckpt_path``, else ``last.ckpt`` unless ``resume=false``),
+opened the safe way and its weights compared with the model's before any training, so a truncated
+or foreign file is a one-line error; temporary files of interrupted saves are removed first."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ from laptrain.checkpoints.trusted import TrustedGlobals
 
 
 def resume_checkpoint(ckpt_path: str | None, resume: bool, last: str | Path) -> str | None:
-    """The checkpoint to resume from: ``ckpt_path``, else ``last`` (the run's ``last.ckpt``)
-    when ``resume`` is on and it exists."""
+    """``ckpt_path``, else ``last`` when ``resume`` is on and it exists."""
     if ckpt_path:
         path = Path(str(ckpt_path)).expanduser()
         if not path.is_file():
@@ -31,7 +26,6 @@ def resume_checkpoint(ckpt_path: str | None, resume: bool, last: str | Path) -> 
 
 
 def written_last(last: str | Path) -> str | None:
-    """``last`` (the run's ``last.ckpt``) when a save wrote it, else None."""
     return str(last) if Path(last).is_file() else None
 
 
@@ -55,7 +49,6 @@ def checked_resume_checkpoint(
 
 
 def resuming_line(path: str, trusted: TrustedGlobals | None = None) -> str:
-    """What the run says before it resumes from ``path``."""
     step, epoch = checkpoint_step(path, trusted)
     return (
         f"resuming from {path} (global step {step}, epoch {epoch}); resume=false starts a new run"

@@ -1,46 +1,20 @@
 """The stop every guard asks for, and every save of ``last.ckpt`` during a fit, owned by one
 :class:`Stops` per trainer. A guard makes one call, :func:`request_stop`: the fit ends at a batch
-boundary that a resume starts from exactly, with ``last.ckpt`` saved there.
+boundary a resume starts from exactly, with ``last.ckpt`` saved there.
 
-After ``trainer.should_stop`` is set mid-epoch, Lightning ends the epoch loop and counts the epoch as
-done, and ``ModelCheckpoint(save_last=True).on_train_end`` (lightning 2.6) then rewrites
-``last.ckpt`` whenever that instance has not written it in this process (the 250-step periodic one,
-say), with the epoch already counted. Resuming from that file skips the rest of the epoch. So the
-stop saves at the batch boundary into a side file, and :class:`Stops` moves it over the run's
-``last.ckpt`` in its ``on_train_end``, after every ModelCheckpoint's; then every rank waits at a
-barrier, so that no rank exits (and under submitit gets rank 0 killed before it requeues) before
-the file is in place.
-
-``should_stop`` set mid-epoch also makes Lightning run a validation pass right away
-(``_should_check_val_fx``, lightning/pytorch/loops/training_epoch_loop.py:540 in 2.6.6), and
-ModelCheckpoint then ranks the stopped weights among the best ones: a pass the uninterrupted run
-never makes, a ``best-step<N>.ckpt`` it never writes, and minutes of waiting after a Ctrl-C on a
-large validation set. :func:`end_fit_now` turns validation off for the rest of this fit
-(``trainer.enable_validation`` is false when ``limit_val_batches`` is 0, trainer.py:1354), and
-laptrain's ModelCheckpoint saves nothing while such a stop is under way
-(:func:`ended_at_batch_boundary`).
-
-A stop asked for on a batch that a validation follows (the epoch's last batch, or every
-``val_check_interval`` batches) waits: the validation and its checkpoints are part of the
-uninterrupted run, and Lightning resumes a checkpoint taken just before them as if they had run
-(``FitLoop.reset``, fit_loop.py:397-411: the epoch is counted done, its validation never runs).
-:class:`Stops` asks again at the next batch boundary, one batch later. Likewise in the middle of a
-gradient accumulation: the gradients summed so far are not in any checkpoint, so the stop waits for
-the optimizer step (at most ``accumulate_grad_batches - 1`` batches).
-
-A save asked for in a callback's ``on_train_batch_end`` (a stop, a checkpoint on request) waits
-until every callback has run its hook for that batch (:func:`queue_save`): :class:`Stops` joins the
-end of ``trainer.callbacks`` when first needed in a fit, after every ModelCheckpoint and any
-callback a model adds (the EMA of TRM, which would otherwise be saved one update behind: measured
-through ``train.py``, 13 of TRM's 15 tensors then differed after the resume).
-
-Where ``last.ckpt`` is: the job's ``paths.last_ckpt`` (:func:`use_last_checkpoint`), else, for a
-Trainer the job did not build, where its first ``ModelCheckpoint(save_last=True)`` writes it.
+``trainer.should_stop = True`` alone is not that (docs/lightning.md, "A stop sets should_stop:
+what Lightning does next", has Lightning 2.6.6's lines and the measurements): the stop saves into a
+side file that :class:`Stops` moves over ``last.ckpt`` after every ModelCheckpoint's
+``on_train_end`` (then every rank waits at a barrier); :func:`end_fit_now` turns off the
+validation a mid-epoch stop would run; a stop before a due validation or mid-accumulation waits
+for the next clean boundary; and a save asked for in ``on_train_batch_end`` waits until every
+callback ran it (:func:`queue_save`; TRM's EMA would be saved one update behind).
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -48,6 +22,22 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from laptrain.checkpoints.checkpoint_io import move_into_place
+
+PER_BATCH_HOOKS = tuple(  # on_train_batch_start ... on_before_zero_grad ... on_test_batch_end
+    name
+    for name in vars(Callback)
+    if name.endswith(("batch_start", "batch_end", "backward", "optimizer_step", "zero_grad"))
+)
+
+
+def without_lightning_no_ops(callbacks: Iterable[Any]) -> None:
+    """Set to None (this instance only) the per-batch hooks its class leaves as Lightning's no-op,
+    which the dispatcher then skips (``_call_callback_hooks``, lightning/pytorch/trainer/call.py,
+    calls every callback's hooks): 9 hook calls a step instead of 60 for a user's module on CPU."""
+    for callback in callbacks:
+        for name in PER_BATCH_HOOKS:
+            if getattr(type(callback), name, None) is getattr(Callback, name):
+                setattr(callback, name, None)
 
 
 class QueuedSave(Protocol):
@@ -75,8 +65,7 @@ class Stops(Callback):
         self.ended = False  # end_fit_now stopped this fit
         self.stop_saved: str | None = None  # the side file, until it is put in place
         self.saved_step: int | None = None
-        for name in _NO_OPS:  # Lightning calls every callback's per-batch hooks, no-ops too
-            setattr(self, name, None)
+        without_lightning_no_ops([self])  # joins trainer.callbacks after job/run.py's pass
 
     @classmethod
     def of(cls, trainer: Any) -> Stops:
@@ -139,20 +128,8 @@ class Stops(Callback):
         Stops._OF[trainer] = Stops(self.last)
 
 
-# the per-batch hooks Stops leaves as Lightning's no-op: set to None on each instance, they leave
-# Lightning's dispatch (it skips a hook that is not callable), as callbacks/acting.py does for the
-# callbacks the job builds (Stops joins the list later, during the fit)
-_NO_OPS = tuple(
-    name
-    for name in vars(Callback)
-    if name.endswith(("batch_start", "batch_end", "backward", "optimizer_step", "zero_grad"))
-    and getattr(Stops, name) is getattr(Callback, name)
-)
-
-
 def use_last_checkpoint(trainer: pl.Trainer, path: str | Path | None) -> None:
-    """Make ``path`` (the job's ``paths.last_ckpt``) where every stop and save of ``trainer``'s
-    fit writes ``last.ckpt``."""
+    """Make ``path`` (the job's ``paths.last_ckpt``) where ``trainer``'s stops and saves write."""
     Stops.of(trainer).last = Path(path) if path else None
 
 
@@ -220,7 +197,6 @@ def end_fit_now(trainer: pl.Trainer) -> None:
 
 
 def ended_at_batch_boundary(trainer: pl.Trainer) -> bool:
-    """Whether :func:`end_fit_now` stopped this trainer's fit."""
     return Stops.of(trainer).ended
 
 

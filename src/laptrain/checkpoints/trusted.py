@@ -1,16 +1,12 @@
 """The objects a checkpoint may hold besides tensors and plain values: those the run's own config
-builds, loaded the safe way (``weights_only=True``) with exactly those allowed.
+builds, loaded with ``weights_only=True`` and exactly those allowed.
 
-A module written the lightning-hydra-template way takes its network as an object (``net:
-{_target_: ...}``) and its optimizer and scheduler as ``_partial_: true`` objects, and keeps them
-with ``self.save_hyperparameters(logger=False)``: Lightning pickles them into every checkpoint's
-``hyper_parameters``, and torch's restricted unpickler refuses their classes (``UnpicklingError``).
-They come from the user's own config, so they are trusted: :func:`trusted_globals` collects the
-classes and callables of the ``_target_`` entries of ``model`` and ``data``, with what the objects
-they built name in a pickle (the layers of a network, the partial of a ``_partial_: true`` entry),
-and :meth:`TrustedGlobals.loading` allows them for one load
-(``torch.serialization.safe_globals``). Any other global stays refused, in one line naming it and
-the argument that holds it.
+A lightning-hydra-template module keeps its ``net`` and ``_partial_`` optimizer in
+``save_hyperparameters``, so Lightning pickles them into ``hyper_parameters`` and torch's
+restricted unpickler refuses them. They come from the user's config, so :func:`trusted_globals`
+collects the ``_target_`` classes of ``model`` and ``data`` and what their objects name in a pickle,
+and :meth:`TrustedGlobals.loading` allows them for one load (``torch.serialization.safe_globals``);
+any other global stays refused, in one line naming it.
 """
 
 from __future__ import annotations

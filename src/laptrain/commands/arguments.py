@@ -1,7 +1,5 @@
-"""The argument every ``laptrain`` command that reads a run declares: the run, by the name
-``laptrain runs`` prints or by its folder, and ``--root``, where names are looked up
-(:func:`laptrain.run_folder.listing.resolve_run`). Shared by the CLI's own commands
-(``laptrain/commands/cli.py``) and the families' (their ``FAMILY.commands``)."""
+"""The argument every ``laptrain`` command that reads a run declares (laptrain's and the families'):
+the run, by name or folder, and ``--root`` (:func:`laptrain.run_folder.listing.resolve_run`)."""
 
 from __future__ import annotations
 

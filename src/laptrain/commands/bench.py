@@ -1,16 +1,11 @@
-"""``laptrain bench [overrides...]``: time N training steps of the job ``train.py`` would run.
+"""``laptrain bench [overrides...]``: time N training steps of the job ``train.py`` would run
+(docs/cli.md).
 
-The job is composed, checked and built exactly as ``train.py`` does (the same hardware profile,
-data, model, plan, callbacks and loggers), but everything is written to a temporary folder that
-is removed at the end, and there is no validation and no test. A :class:`StepClock` callback times every
-batch; the report gives samples/s, tokens/s, step-time percentiles, the share of each step spent
-waiting for data, peak memory, CPU use, padding, and one line of advice per bottleneck found.
-
-``--compare key=a,b`` builds the job twice and runs the two settings in alternating rounds
-(A B A B ...), so that a machine busy with other work slows both alike, and prints the ratio.
-
-Lightning's ``SimpleProfiler``/``AdvancedProfiler`` time hooks, but not the share of a step spent
-in the dataloader next to CPU use and padding, nor advice; this module fills that gap.
+The job is composed, checked and built as ``train.py`` does, written to a temporary folder removed
+at the end, without validation or test. A :class:`StepClock` times every batch: samples/s,
+tokens/s, step-time percentiles, the share spent waiting for data, peak memory, CPU use, padding
+and one line of advice per bottleneck, which Lightning's profilers do not give. ``--compare
+key=a,b`` alternates the two settings (A B A B ...) so a busy machine slows both alike.
 """
 
 from __future__ import annotations
@@ -279,8 +274,8 @@ def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = T
 
 
 def checkpointing_key(model_cfg: Mapping[str, Any]) -> str | None:
-    """``model.<key>`` that turns gradient checkpointing on in this model's config, or None when
-    it has none (a user's own module)."""
+    """``model.<key>`` that turns gradient checkpointing on in this config; None for a user's
+    module."""
     return next((f"model.{key}" for key in CHECKPOINTING_KEYS if key in model_cfg), None)
 
 
@@ -466,15 +461,6 @@ def bench_command(args: argparse.Namespace) -> int:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
-
-
-def bench_main(argv: Sequence[str]) -> int:
-    """``laptrain bench`` from a list of arguments (options and overrides in any order)."""
-    parser = argparse.ArgumentParser(
-        prog="laptrain bench", description="time N training steps of your job (no run folder)"
-    )
-    add_arguments(parser)
-    return bench_command(parser.parse_intermixed_args(list(argv)))
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -1,33 +1,11 @@
-"""The ``laptrain`` console script (docs/cli.md: every command, its output and exit codes). Each
-subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser`` declares
-their arguments (tests/test_cli.py keeps the two in step). A model family's own commands (``predict``
-for the classifier, ``export``/``generate``/``eval`` for LoRA) are not declared here: the family's
-``commands`` hook returns their module (laptrain.family), which brings its parsers and functions.
+"""The ``laptrain`` console script; docs/cli.md has every command, its output and exit codes.
 
-- ``laptrain train [overrides]``: the repository's ``train.py``, exactly as ``python train.py``
-  (``laptrain-train`` is the same).
-- ``laptrain predict <run> "text" ...`` / ``--file f.csv|.tsv|.jsonl|.parquet``: a finished
-  classifier run's labels.
-- ``laptrain runs``: each run under ``outputs/``: status, step, best score, the command to resume;
-  ``laptrain runs compare A B`` side by side, ``laptrain runs summary SWEEP`` k-fold mean ± std,
-  ``laptrain runs clean A`` removes (laptrain.run_folder).
-- ``laptrain why <run>``: what happened in the run and what to change (laptrain.commands.why).
-- ``laptrain checkpoint <run>``: a running job writes ``last.ckpt`` now and goes on.
-- ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``: is this machine ready.
-- ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
-  job's memory estimate from config.json alone.
-- ``laptrain export|generate|eval <run or adapter folder> [--device D] [--dtype T]``: LoRA
-  adapters, on the run's device and base dtype unless told.
-- ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.commands.bench).
-- ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.commands.fetch).
-- ``laptrain new NAME``: your own model, data, presets and a test under ``user/NAME/``, ready to
-  train (laptrain.commands.new).
-
-Shared by all: a run is named as ``laptrain runs`` prints it or by its folder, under ``--root``
-(:func:`laptrain.run_folder.listing.resolve_run`); options and overrides mix in any order
-(:class:`Parser`); every argument's help shows its default (:class:`HelpFormatter`); ``--json`` on
-``doctor``, ``runs``, ``why`` and ``preflight``; one exit code per outcome
-(:mod:`laptrain.exit_codes`).
+Each subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser``
+declares their arguments (tests/test_cli.py keeps the two in step). A family's own commands come
+from its ``commands`` hook (laptrain.family), parsers and functions both. Shared by all: a run is
+named as ``laptrain runs`` prints it or by its folder (:func:`laptrain.run_folder.listing.
+resolve_run`); options and overrides mix in any order (:class:`Parser`); every help shows its
+default (:class:`HelpFormatter`); one exit code per outcome (:mod:`laptrain.exit_codes`).
 """
 
 from __future__ import annotations
@@ -56,10 +34,8 @@ from laptrain.run_folder.listing import RUNS_ROOT, resolve_run
 
 
 def configured_model_params(overrides: list[str]) -> int | None:
-    """Parameter count of the model the training config would build (on the meta device: no memory).
-
-    None when it cannot be known without data (e.g. the datamodule supplies required sizes).
-    """
+    """Parameter count of the model the training config would build, on the meta device (no memory);
+    None when it needs the data (e.g. sizes the datamodule supplies)."""
     try:
         import torch
         from hydra import compose, initialize_config_dir
@@ -135,8 +111,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def runs_json(states: list[Any], root: Path) -> str:
-    """``laptrain runs --json``: the table's rows as one JSON document (a score as the table
-    shows it, to 4 significant digits)."""
+    """``laptrain runs --json``: the table's rows as one JSON document."""
     rows = []
     for s in states:
         metric, _, score = (s.best or "").rpartition(" ")
@@ -199,7 +174,6 @@ def why(args: argparse.Namespace) -> int:
 
 
 def checkpoint(args: argparse.Namespace) -> int:
-    """Ask a running job to write last.ckpt at its next step boundary and go on."""
     from laptrain.run_folder.checkpoint_request import checkpoint_command
 
     return checkpoint_command(args.run, args.root, args.wait)
@@ -392,8 +366,7 @@ PARSERS: dict[str, Callable[[Any], None]] = {
 
 
 def family_commands(project: Path | None = None) -> list[Commands]:
-    """The modules of the families' own commands (each ``FAMILY.commands``: ``predict`` for the
-    classifier, ``export``/``generate``/``eval`` for LoRA, an installed package's, or one in the
+    """The modules of the families' own commands (each ``FAMILY.commands``, installed or in the
     project's ``user/``), in family-name order; ``laptrain --help`` lists them after laptrain's."""
     return [f.commands() for f in installed_families(project) if f.commands is not None]
 
@@ -410,10 +383,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``): a parser
-    whose positionals allow it parses with argparse's ``parse_known_intermixed_args``, also as a
-    subcommand's parser (its parent calls ``parse_known_args``). Parsers with a subcommand or
-    ``REMAINDER`` positional (the top level, ``runs``, ``train``) parse as argparse does."""
+    """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``) through
+    argparse's ``parse_known_intermixed_args``, also as a subcommand's parser; a parser with a
+    subcommand or ``REMAINDER`` positional (top level, ``runs``, ``train``) parses as argparse
+    does."""
 
     _mixing = False
 
@@ -444,8 +417,7 @@ def package_version() -> str:
 
 
 def build_parser(families: list[Commands] | None = None) -> argparse.ArgumentParser:
-    """Every subcommand's arguments (``families``: whose commands to add; default: the installed
-    families'); ``COMMANDS`` maps each name to its function."""
+    """Every subcommand's arguments, the ``families``' included (default: the installed ones)."""
     parser = Parser(
         prog="laptrain",
         description="laptrain: train, inspect and use runs (docs/cli.md)",
@@ -478,16 +450,18 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": bench_command,
     "fetch": fetch_command,
     "new": new_command,
-    **{name: run for family in family_commands() for name, run in family.COMMANDS.items()},
 }
 
 
+def command_table(families: list[Commands]) -> dict[str, Callable[[argparse.Namespace], int]]:
+    return {**COMMANDS, **{name: run for f in families for name, run in f.COMMANDS.items()}}
+
+
 def import_from_clone() -> Path | None:
-    """Puts the clone's root first on ``sys.path``, where ``python train.py`` has it (Python adds
-    a script's folder): a preset's ``_target_: user.<name>...`` then imports in ``laptrain train``,
-    ``bench`` and ``doctor`` too, whose console script's folder is the venv's ``bin/``
-    (docs/your_model.md). Returns the clone's root, whose ``user/`` families may bring commands;
-    outside a clone nothing changes (None)."""
+    """Puts the clone's root first on ``sys.path``, as ``python train.py`` has it, so a preset's
+    ``_target_: user.<name>...`` imports in ``laptrain train``, ``bench`` and ``doctor`` too
+    (docs/your_model.md). Returns the root, whose ``user/`` families may bring commands; None
+    outside a clone."""
     try:
         root = project_root()
     except ProjectNotFound:
@@ -500,9 +474,8 @@ def import_from_clone() -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     families = family_commands(import_from_clone())
     args = build_parser(families).parse_args(argv)
-    commands = {**COMMANDS, **{n: run for f in families for n, run in f.COMMANDS.items()}}
     try:
-        return commands[args.command](args)
+        return command_table(families)[args.command](args)
     except ProjectNotFound as err:  # a plain `pip install .` run outside the clone
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,10 +1,6 @@
-"""``laptrain doctor``: is this machine ready to train, and if not, what to change (field note 004 asked for a self-test).
-
-Each check returns a ``Check``; "ready" means every check passed, including a few real training
-steps of a tiny model on the profile's device with its precision. Warnings (``ok`` with a note)
-inform without blocking. Inputs (environment, machine, profile) are arguments, so tests can make a
-check fail on purpose.
-"""
+"""``laptrain doctor``: is this machine ready to train, and if not, what to change (field note 004).
+"Ready" means every check passed, a few real training steps on the profile's device included;
+warnings inform without blocking. Inputs are arguments, so tests can make a check fail."""
 
 from __future__ import annotations
 
@@ -251,8 +247,7 @@ def checkpoint_need(params: int | None, kept: int = 3) -> tuple[float, str]:
 
 
 def _tiny_encoder() -> Any:
-    """A 2-layer transformer encoder classifier (torch's own layers: embedding, attention, layer
-    norm, feed-forward, a linear head) as a LightningModule that keeps its training losses."""
+    """A 2-layer transformer encoder classifier of torch's own layers, keeping its losses."""
     import lightning.pytorch as pl
     import torch
     import torch.nn.functional as F
@@ -284,8 +279,7 @@ def _tiny_encoder() -> Any:
 
 
 def check_training(profile: Mapping[str, Any]) -> Check:
-    """Three real optimizer steps of a tiny transformer classifier on the profile's device and
-    precision."""
+    """Three real optimizer steps of a tiny classifier on the profile's device and precision."""
     import torch
 
     from laptrain.hardware.probe import TorchProbe

@@ -1,12 +1,7 @@
-"""Where an export (``laptrain export``, every format) may write: one rule, :func:`export_target`.
-
-An export replaces its output folder whole, so the rule decides what may be replaced: a folder an
-earlier export wrote (it holds :data:`EXPORT_MARKER`, written into every export), an empty or
-missing one, or, with ``--force``, any other folder. A folder that is, contains or lies inside a
-model being read (the base, the adapter) is refused even with ``--force``. What transformers,
-peft or Ollama files a folder holds says nothing about who wrote it: a base model folder holds a
-``config.json`` too.
-"""
+"""Where an export (every format) may write: :func:`export_target`. An export replaces its folder
+whole, so only one an earlier export wrote (:data:`EXPORT_MARKER`), an empty or missing one, or
+with ``--force`` any other may be replaced; one that is, holds or lies inside a model being read
+is refused even then (a base model folder holds a ``config.json`` too)."""
 
 from __future__ import annotations
 

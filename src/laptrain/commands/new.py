@@ -1,25 +1,12 @@
-"""``laptrain new NAME``: a working model and data of your own, ready to edit.
+"""``laptrain new NAME``: a working model and data of your own, ready to edit (docs/your_model.md).
 
-Writes, in the clone (or ``--root``):
-
-- ``user/NAME/model.py``: ``<Name>Module``, a plain LightningModule (a small MLP classifier);
-- ``user/NAME/data.py``: ``<Name>DataModule``, a plain LightningDataModule in the
-  lightning-hydra-template style (``save_hyperparameters``, ``self.hparams.batch_size``);
-- ``user/NAME/test_NAME.py``: a fit and a ``train.py`` run (``python -m pytest user/NAME``);
-- ``conf/model/NAME.yaml`` and ``conf/data/NAME.yaml``, whose ``_target_`` names them.
-
-``python train.py model=NAME data=NAME`` trains it at once. ``user/`` is a package at the clone's
-root, and the root is on ``sys.path`` whenever ``python train.py`` runs (Python puts a script's
-folder first), so a preset names code there as ``user.NAME.model.<Name>Module`` and nothing is
-reinstalled (docs/your_model.md).
-
-The files come from a few templates shipped in the package (``laptrain/templates/new/``) with two
-placeholders, ``{{name}}`` and ``{{cls}}``, filled by plain string replacement. No cookiecutter or
-copier: they would be a new dependency and a second templating syntax beside Hydra's ``${...}``,
-which the presets themselves use, for six files without choices or conditionals.
-
-Bad input (a NAME that is no lowercase Python identifier, a file that exists) is one line and exit
-code 2 with nothing written; a write that fails part-way removes what it wrote.
+Writes ``user/NAME/{model,data,test_NAME}.py`` (a plain LightningModule and a
+lightning-hydra-template style LightningDataModule) and ``conf/{model,data}/NAME.yaml``, so
+``python train.py model=NAME data=NAME`` trains at once: ``train.py``'s folder is on ``sys.path``.
+The files come from templates (``laptrain/templates/new/``) with ``{{name}}`` and ``{{cls}}`` filled
+by string replacement: cookiecutter or copier would be a dependency and a second templating syntax
+beside Hydra's, for six files without choices. Bad input is one line and exit 2 with nothing
+written; a write that fails part-way removes what it wrote.
 """
 
 from __future__ import annotations

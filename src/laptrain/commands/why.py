@@ -1,72 +1,29 @@
-"""``laptrain why <run>``: what happened in a run and what to change, read from the run's own records.
+"""``laptrain why <run>``: what happened in a run and what to change, read from the run's own
+records.
 
-The records (any one is enough):
-
-- the TensorBoard event files under ``<run>/tensorboard/`` (tensorboard's ``EventAccumulator``, as
-  TensorBoard itself reads them; ``<run>/csv/metrics.csv`` when the run logged with ``logger=csv``):
-  ``train/loss``, ``val/*``, ``lr-*`` (Lightning), ``memory/*``, ``thermal/*``, ``oom/*`` (the
-  guards);
-- ``report.json`` (``RunReport``): the status and step, the precision, the monitored metric, the
-  final metrics; its plot points give ``samples_per_s`` (logged nowhere else) and stand in for a
-  curve the event files lack (``loss``, ``val_history``, ``thermal_state``, ``rss_mb``); the NaN
-  guard's record (section ``nonfinite``: the steps it skipped; ``stop``, where it stopped the run:
-  the step, ``what`` was not finite (``loss`` or ``gradients``), the first such ``parameter``, the
-  ``value`` as text, the learning rates ``lr`` and the ``precision``; in reports written before
-  that record, a stop shows only as the status ``interrupted (NonFiniteLoss)`` at
-  ``run.global_step``, the step the guard names) and the OOM backoffs (section ``oom``,
-  ``events``: step, micro-batch from and to);
-- the precision, where the report lacks it: ``run_info.json`` (the plan), then ``.hydra/config.yaml``.
-
-Steps are as each record numbers them: Lightning logs ``train/*``, ``val/*`` and ``lr-*`` at
-``trainer.global_step - 1`` (TensorBoard's x axis), the guards, the report and the checkpoint names
-at ``global_step``.
+The records (any one is enough): the TensorBoard event files under ``<run>/tensorboard/`` (read with
+tensorboard's ``EventAccumulator``, as TensorBoard does; ``<run>/csv/metrics.csv`` under
+``logger=csv``), ``report.json`` (``RunReport``: status, step, precision, monitored metric, the NaN
+guard's ``nonfinite`` and the OOM backoff's ``oom`` sections; its plot points give
+``samples_per_s``, logged nowhere else, and stand in for curves the event files lack), and for the
+precision ``run_info.json`` then ``.hydra/config.yaml``. Steps are as each record numbers them:
+Lightning logs ``train/*``, ``val/*`` and ``lr-*`` at ``trainer.global_step - 1``, the guards and
+the report at ``global_step``.
 
 :func:`diagnose` is a pure function of the series (``{name: [(step, value), ...]}``) and the report;
 each rule gives at most one :class:`Finding` naming the step and value it rests on. The rules and
-their thresholds (the constants below):
-
-- non-finite: the NaN guard stopped the run (its ``stop`` record: the loss or the parameter whose
-  gradient was not finite, its value, the learning rate and precision of that step, and fixes for
-  that kind: gradients -> clipping, a lower learning rate, bf16 instead of fp16; the loss -> the
-  data, a lower learning rate, or only the data and the initial weights at step 0, before any
-  update; else the status ``interrupted (NonFiniteLoss)`` of an older report) or skipped steps
-  (``nonfinite.skipped``), else a NaN/inf in ``train/loss`` (guard off); with the learning rate
-  at that step (the ``lr-*`` scalar at or before it) where the guard recorded none, the precision
-  and the usual fixes (gradient clipping only where the model trains with Lightning's automatic
-  optimization: not TRM, ``MANUAL_OPTIMIZATION``).
-- OOM backoff: ``oom.events`` (else drops of ``oom/micro_batch``): each micro-batch from -> to.
-- divergence: ``train/loss`` smoothed by an EMA over ``EMA_POINTS`` (10) logged points
-  (alpha 2 / 11) rises more than ``DIVERGENCE_RISE`` (20 %) above its minimum after that minimum,
-  and stays above that line to the last point, for at least ``DIVERGENCE_STAY`` (3) points; needs
-  ``DIVERGENCE_POINTS`` (10) points.
-- overfitting: ``val/loss`` had its lowest value at least ``OVERFIT_EVALS`` (3) evaluations before
-  the last (so the last 3 or more evaluations, all above it), the last one ``OVERFIT_RISE`` (2 %)
-  or more above it, while ``train/loss`` (the same EMA) is lower at the end than at that step.
-- plateau: the monitored validation metric (``report.json`` ``checkpoint.monitor``, else the
-  config's ``model._metric_`` or ``optimized_metric``, else ``val/loss``) spans less than ``PLATEAU_RELATIVE`` (1 %) of its
-  mean (max - min) over the last N >= ``PLATEAU_EVALS`` (4) evaluations (N as large as stays so).
-- throughput fall: the median samples/s (or tokens/s) of the last quarter of the points is below
-  ``THROUGHPUT_FALL`` (80 %) of the median of the first half; needs ``THROUGHPUT_POINTS`` (8)
-  points; with the thermal state, step-time drift, system memory, swap, memory pressure, cooling
-  breaks and OOM backoffs of that stretch, where recorded.
-- DPO likelihood fall (a DPO run: ``train/logps_chosen`` and ``train/logps_rejected`` logged):
-  the chosen answers' log-probability, smoothed by the same EMA, ends ``DPO_FALL`` (10 %) or more
-  below where it started while the rejected ones' fell too: the reward margin grows by pushing
-  both answers down, the failure DPO is known for; needs ``DPO_POINTS`` (4) points.
-
-No rule fires: one line, "nothing unusual found", with the final metrics.
+their thresholds (the constants below) are listed in docs/cli.md (``laptrain why``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import logging
 import math
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +32,7 @@ from laptrain.family import family_of
 from laptrain.hardware.power import PRESSURE_WARNING, pressure_name
 from laptrain.hardware.thermal import LEVEL_NAMES
 from laptrain.ranks.processes import shards_model_state
+from laptrain.run_folder.listing import json_record, section
 
 Points = list[tuple[int, float]]
 Series = dict[str, Points]
@@ -89,8 +47,6 @@ PLATEAU_EVALS = 4
 PLATEAU_RELATIVE = 0.01
 THROUGHPUT_FALL = 0.80
 THROUGHPUT_POINTS = 8
-DPO_FALL = 0.10
-DPO_POINTS = 4
 MAX_LINES = 8  # the header and up to 7 findings
 
 # RunReport's status after an exception is f"interrupted ({type(exception).__name__})"; the NaN
@@ -115,13 +71,12 @@ SYSTEM_PERCENT_GROWTH = 5.0
 
 @dataclass(frozen=True)
 class Finding:
-    """One claim about the run: what (``kind``), where (``step``, ``value``), what to change.
+    """One claim about the run: what (``kind``), where (``step``, ``value``: the curve's value
+    there, smoothed for divergence, the slow stretch's median for throughput, the micro-batch
+    reached for an OOM backoff, the learning rate for a recorded non-finite step), what to
+    change."""
 
-    ``value`` is the curve's value at ``step`` (the smoothed one for divergence, the median of the
-    slow stretch for throughput, the micro-batch reached for an OOM backoff, the learning rate for a
-    non-finite step the guard recorded)."""
-
-    kind: str  # nonfinite, oom, divergence, overfitting, plateau, throughput, dpo, ok
+    kind: str  # nonfinite, oom, divergence, overfitting, plateau, throughput, ok, a family's
     step: int | None
     value: float | None
     text: str
@@ -142,9 +97,10 @@ class RunRecords:
     monitor: str | None = None
     clip: str | None = CLIP  # the overrides that clip this run's gradients; None: none can
     checkpoints: dict[int, str] = field(default_factory=dict)  # best-step<N>.ckpt by N
+    family_rules: Callable[[Series], list[Finding]] | None = None  # its family's ``why``
 
 
-def _num(value: float | None) -> str:
+def number_text(value: float | None) -> str:
     if value is None:
         return "—"
     if not math.isfinite(value):
@@ -159,11 +115,11 @@ def _lr(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _finite(points: Points) -> Points:
+def finite_points(points: Points) -> Points:
     return [(s, v) for s, v in points if math.isfinite(v)]
 
 
-def _ema(values: list[float], points: int = EMA_POINTS) -> list[float]:
+def smoothed(values: list[float], points: int = EMA_POINTS) -> list[float]:
     alpha = 2.0 / (points + 1)
     out: list[float] = []
     for v in values:
@@ -179,16 +135,11 @@ def _value_at(points: Points, step: int) -> float | None:
     return before[-1] if before else points[0][1]
 
 
-def _section(report: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
-    body = (report or {}).get(name)
-    return body if isinstance(body, dict) else {}
-
-
 def _lr_at(series: Series, report: Mapping[str, Any] | None, step: int) -> float | None:
     tags = sorted(t for t in series if t.startswith("lr-"))
     if tags:
         return _value_at(series[tags[0]], step)
-    run = _section(report, "run")
+    run = section(report, "run")
     logged = [v for k, v in sorted(run.items()) if k.startswith("lr-") and isinstance(v, float)]
     return logged[0] if logged else None
 
@@ -261,7 +212,7 @@ def nonfinite(
     precision: str | None,
     clip: str | None = CLIP,
 ) -> Finding | None:
-    run, guard = _section(report, "run"), _section(report, "nonfinite")
+    run, guard = section(report, "run"), section(report, "nonfinite")
     stop = _guard_stop(guard)
     if stop is not None:
         return _recorded_stop(stop, series, report, precision, clip)
@@ -304,11 +255,11 @@ def nonfinite(
 def oom_backoff(series: Series, report: Mapping[str, Any] | None) -> Finding | None:
     events = [
         (int(e["step"]), int(e["from"]), int(e["to"]))
-        for e in _section(report, "oom").get("events") or []
+        for e in section(report, "oom").get("events") or []
         if isinstance(e, dict) and {"step", "from", "to"} <= e.keys()
     ]
     if not events:  # no report (a killed run): the logged micro-batch
-        points = _finite(series.get("oom/micro_batch", []))
+        points = finite_points(series.get("oom/micro_batch", []))
         events = [
             (s, int(prev), int(v)) for (_, prev), (s, v) in zip(points, points[1:]) if v < prev
         ]
@@ -336,10 +287,10 @@ def oom_backoff(series: Series, report: Mapping[str, Any] | None) -> Finding | N
 def divergence(
     series: Series, report: Mapping[str, Any] | None, clip: str | None = CLIP
 ) -> Finding | None:
-    points = _finite(series.get("train/loss", []))
+    points = finite_points(series.get("train/loss", []))
     if len(points) < DIVERGENCE_POINTS:
         return None
-    steps, ema = [s for s, _ in points], _ema([v for _, v in points])
+    steps, ema = [s for s, _ in points], smoothed([v for _, v in points])
     low = min(range(len(ema)), key=ema.__getitem__)
     line = ema[low] + DIVERGENCE_RISE * abs(ema[low])
     below = [i for i in range(low, len(ema)) if ema[i] <= line]
@@ -353,16 +304,16 @@ def divergence(
         "divergence",
         steps[low],
         ema[low],
-        f"train/loss rising after step {steps[low]}: smoothed {_num(ema[low])} there, "
-        f"{_num(ema[-1])} at step {steps[-1]} ({rise:+.0%}), over +{DIVERGENCE_RISE:.0%} "
+        f"train/loss rising after step {steps[low]}: smoothed {number_text(ema[low])} there, "
+        f"{number_text(ema[-1])} at step {steps[-1]} ({rise:+.0%}), over +{DIVERGENCE_RISE:.0%} "
         f"since step {steps[start]}",
         f"lower model.optimizer.lr{try_lr}" + (f" or set {clip}" if clip else ""),
     )
 
 
 def overfitting(series: Series, checkpoints: Mapping[int, str]) -> Finding | None:
-    val = _finite(series.get("val/loss", []))
-    train = _finite(series.get("train/loss", []))
+    val = finite_points(series.get("val/loss", []))
+    train = finite_points(series.get("train/loss", []))
     if len(val) <= OVERFIT_EVALS or len(train) < 2:
         return None
     values = [v for _, v in val]
@@ -371,7 +322,7 @@ def overfitting(series: Series, checkpoints: Mapping[int, str]) -> Finding | Non
     if after < OVERFIT_EVALS or values[-1] < values[best] + OVERFIT_RISE * abs(values[best]):
         return None
     step = val[best][0]
-    ema = _ema([v for _, v in train])
+    ema = smoothed([v for _, v in train])
     at_best = _value_at(list(zip([s for s, _ in train], ema)), step)
     if at_best is None or ema[-1] >= at_best:
         return None
@@ -381,9 +332,10 @@ def overfitting(series: Series, checkpoints: Mapping[int, str]) -> Finding | Non
         "overfitting",
         step,
         values[best],
-        f"overfitting: val/loss rising after step {step}: {_num(values[best])} there, {_num(values[-1])} at "
+        f"overfitting: val/loss rising after step {step}: {number_text(values[best])} there, "
+        f"{number_text(values[-1])} at "
         f"step {val[-1][0]} over {after} evaluations, while train/loss (smoothed) fell "
-        f"{_num(at_best)} -> {_num(ema[-1])}",
+        f"{number_text(at_best)} -> {number_text(ema[-1])}",
         f"{keep}; stop near step {step} next time, or regularize (more data, "
         "dropout, model.optimizer.weight_decay)",
     )
@@ -391,7 +343,7 @@ def overfitting(series: Series, checkpoints: Mapping[int, str]) -> Finding | Non
 
 def plateau(series: Series, monitor: str | None) -> Finding | None:
     name = monitor if monitor in series else "val/loss"
-    evals = _finite(series.get(name, []))
+    evals = finite_points(series.get(name, []))
     if len(evals) < PLATEAU_EVALS:
         return None
 
@@ -423,30 +375,9 @@ def plateau(series: Series, monitor: str | None) -> Finding | None:
         "plateau",
         first,
         mean,
-        f"{name} flat at {_num(mean)} ± {half:.1g} over the last {n} evaluations "
+        f"{name} flat at {number_text(mean)} ± {half:.1g} over the last {n} evaluations "
         f"(steps {first}-{last})",
         advice,
-    )
-
-
-def dpo_likelihood_fall(series: Series) -> Finding | None:
-    """The chosen answers' log-probability falling with the rejected ones' (module doc)."""
-    chosen = _finite(series.get("train/logps_chosen", []))
-    rejected = _finite(series.get("train/logps_rejected", []))
-    if len(chosen) < DPO_POINTS or len(rejected) < DPO_POINTS:
-        return None
-    c, r = _ema([v for _, v in chosen]), _ema([v for _, v in rejected])
-    if c[0] - c[-1] < DPO_FALL * abs(c[0]) or r[-1] >= r[0]:
-        return None
-    return Finding(
-        "dpo",
-        chosen[-1][0],
-        c[-1],
-        f"DPO: the chosen answers' log-probability fell {_num(c[0])} -> {_num(c[-1])} (smoothed, "
-        f"steps {chosen[0][0]}-{chosen[-1][0]}) along with the rejected ones' ({_num(r[0])} -> "
-        f"{_num(r[-1])}): the margin grows by pushing both answers down",
-        "raise model.beta (e.g. 0.1 -> 0.3) to stay nearer the base, lower model.optimizer.lr, "
-        "or start from an instruction-tuned run (model.init_adapters=<run>)",
     )
 
 
@@ -454,14 +385,14 @@ def _throughput_series(series: Series) -> tuple[str, Points] | None:
     names = [*THROUGHPUT_TAGS]
     names += sorted(t for t in series if t.endswith(("samples_per_s", "tokens_per_s")))
     for name in names:
-        points = [(s, v) for s, v in _finite(series.get(name, [])) if v > 0]
+        points = [(s, v) for s, v in finite_points(series.get(name, [])) if v > 0]
         if len(points) >= THROUGHPUT_POINTS:
             return name, points
     return None
 
 
 def _in(points: Points, lo: int, hi: int) -> list[float]:
-    return [v for s, v in _finite(points) if lo <= s <= hi]
+    return [v for s, v in finite_points(points) if lo <= s <= hi]
 
 
 SLOW_ADVICE = {
@@ -489,7 +420,7 @@ def _slow_context(
         said.append(f"step time +{max(drift):.0f} % over the baseline")
     breaks = [
         e
-        for e in _section(report, "thermal").get("events") or []
+        for e in section(report, "thermal").get("events") or []
         if isinstance(e, dict) and late[0] <= e.get("step", -1) <= late[1]
     ]
     if breaks:
@@ -501,7 +432,7 @@ def _slow_context(
     why = why or ("memory" if memory else "")
     halved = [
         e
-        for e in _section(report, "oom").get("events") or []
+        for e in section(report, "oom").get("events") or []
         if isinstance(e, dict) and early[0] <= e.get("step", -1) <= late[1]
     ]
     if halved:
@@ -523,7 +454,7 @@ def _memory_signs(series: Series, early: tuple[int, int], late: tuple[int, int])
     swap_early = _in(series.get("memory/swap_used_mb", []), *early)
     swap_late = _in(series.get("memory/swap_used_mb", []), *late)
     if swap_early and swap_late and max(swap_late) - min(swap_early) >= SWAP_GROWTH_MB:
-        said.append(f"swap {_num(max(swap_late))} MB (was {_num(min(swap_early))})")
+        said.append(f"swap {number_text(max(swap_late))} MB (was {number_text(min(swap_early))})")
     system_early = _in(series.get("memory/system_percent", []), *early)
     system_late = _in(series.get("memory/system_percent", []), *late)
     if (
@@ -557,7 +488,8 @@ def throughput(series: Series, report: Mapping[str, Any] | None) -> Finding | No
         "throughput",
         late[0],
         slow,
-        f"{unit} fell from {_num(fast)} (median, steps {early[0]}-{early[1]}) to {_num(slow)} "
+        f"{unit} fell from {number_text(fast)} (median, steps {early[0]}-{early[1]}) to "
+        f"{number_text(slow)} "
         f"(steps {late[0]}-{late[1]}, {slow / fast - 1:+.0%}); then: {', '.join(said)}",
         advice,
     )
@@ -566,7 +498,7 @@ def throughput(series: Series, report: Mapping[str, Any] | None) -> Finding | No
 def _final_metrics(series: Series, report: Mapping[str, Any] | None, monitor: str | None) -> str:
     metrics = {
         k: float(v)
-        for k, v in _section(report, "metrics").items()
+        for k, v in section(report, "metrics").items()
         if isinstance(v, int | float) and k.startswith(("val/", "test/", "train/loss"))
     }
     if not metrics:
@@ -576,7 +508,7 @@ def _final_metrics(series: Series, report: Mapping[str, Any] | None, monitor: st
             if pts and k.startswith(("val/", "test/", "train/loss"))
         }
     order = sorted(metrics, key=lambda k: (k != monitor, not k.startswith("val/"), k))
-    return " · ".join(f"{k} {_num(metrics[k])}" for k in order[:5]) or "no metrics recorded"
+    return " · ".join(f"{k} {number_text(metrics[k])}" for k in order[:5]) or "no metrics recorded"
 
 
 def diagnose(
@@ -587,16 +519,13 @@ def diagnose(
     monitor: str | None = None,
     checkpoints: Mapping[int, str] | None = None,
     clip: str | None = CLIP,
+    family_rules: Callable[[Series], list[Finding]] | None = None,
 ) -> list[Finding]:
-    """The findings of every rule (module doc), most pressing first; "ok" when none fires.
-
-    ``series``: ``{name: [(step, value), ...]}`` sorted by step; ``report``: ``report.json``'s
-    contents; ``precision`` and ``monitor`` fill in what the report lacks; ``checkpoints``: the
-    run's ``best-step<N>.ckpt`` files by N, named when overfitting leaves one worth keeping;
-    ``clip``: the overrides that clip this run's gradients (:func:`clip_overrides`), None where
-    Lightning refuses any.
-    """
-    hardware, ckpt = _section(report, "hardware"), _section(report, "checkpoint")
+    """The findings of every rule (docs/cli.md), most pressing first; "ok" when none fires.
+    ``precision`` and ``monitor`` fill in what ``report`` lacks; ``checkpoints``: the run's
+    ``best-step<N>.ckpt`` by N; ``clip``: :func:`clip_overrides`; ``family_rules``:
+    ``Family.why``."""
+    hardware, ckpt = section(report, "hardware"), section(report, "checkpoint")
     precision = hardware.get("precision") or precision
     monitor = ckpt.get("monitor") or monitor
     found = [
@@ -605,14 +534,14 @@ def diagnose(
         divergence(series, report, clip),
         overfitting(series, checkpoints or {}),
         plateau(series, monitor),
-        dpo_likelihood_fall(series),
+        *(family_rules(series) if family_rules else []),
         throughput(series, report),
     ]
     findings = [f for f in found if f is not None]
     if findings:
         return findings
     steps = [pts[-1][0] for pts in series.values() if pts]
-    step = _section(report, "run").get("global_step") or (max(steps) if steps else None)
+    step = section(report, "run").get("global_step") or (max(steps) if steps else None)
     where = f" (step {step})" if step is not None else ""
     return [
         Finding(
@@ -628,22 +557,13 @@ def diagnose(
 # ---- reading a run folder ----
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _add(series: Series, name: str, step: int, value: Any) -> None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         series.setdefault(name, []).append((int(step), float(value)))
 
 
 def read_event_dir(folder: Path) -> Series:
-    """Every scalar of the event files in ``folder`` (one TensorBoard run), as TensorBoard reads
-    them (a resumed run's orphaned steps purged)."""
+    """Every scalar of one TensorBoard run's event files, as TensorBoard reads them."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
 
@@ -708,16 +628,10 @@ def _from_report(series: Series, report: Mapping[str, Any]) -> None:
 
 
 def clip_overrides(config: Mapping[str, Any], precision: str | None) -> str | None:
-    """The overrides that let a run like this one (its ``.hydra/config.yaml`` as a dict) clip its
-    gradients, or None where Lightning refuses every form of it:
-
-    - a model trained with manual optimization (TRM): Lightning refuses ``gradient_clip_val``;
-    - FSDP: Lightning's FSDP precision refuses norm clipping (``FSDPPrecision.clip_grad_by_norm``
-      in lightning/pytorch/plugins/precision/fsdp.py), the algorithm the Trainer uses by default;
-    - a fused Adam/AdamW under ``16-mixed`` (outside MPS, where laptrain builds it unfused): the
-      optimizer unscales inside its step, so Lightning refuses to clip before it
-      (lightning/pytorch/plugins/precision/amp.py, ``clip_gradients``); clipping needs it unfused.
-    """
+    """The overrides that let a run like this one (its ``.hydra/config.yaml``) clip its gradients,
+    or None where Lightning refuses every form: manual optimization (TRM), FSDP
+    (``FSDPPrecision.clip_grad_by_norm``); a fused Adam/AdamW under ``16-mixed`` off MPS needs
+    ``fused=false`` too (it unscales in its step: ``clip_gradients``, plugins/precision/amp.py)."""
     model = config.get("model") if isinstance(config.get("model"), dict) else {}
     trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
     hardware = config.get("hardware") if isinstance(config.get("hardware"), dict) else {}
@@ -736,12 +650,12 @@ def clip_overrides(config: Mapping[str, Any], precision: str | None) -> str | No
     return CLIP
 
 
-def _config_facts(folder: Path) -> tuple[str | None, str | None, str | None]:
-    """(precision, monitored metric, the overrides that clip gradients) from ``run_info.json`` and
-    ``.hydra/config.yaml``."""
+def _config_facts(folder: Path) -> tuple[str | None, str | None, str | None, Any]:
+    """(precision, monitored metric, the overrides that clip gradients, the family's ``why``
+    rules) from ``run_info.json`` and ``.hydra/config.yaml``."""
     import yaml
 
-    precision = ((_json(folder / "run_info.json") or {}).get("plan") or {}).get("precision")
+    precision = ((json_record(folder / "run_info.json") or {}).get("plan") or {}).get("precision")
     try:
         config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
@@ -758,7 +672,8 @@ def _config_facts(folder: Path) -> tuple[str | None, str | None, str | None]:
     configured = hardware.get("precision")
     configured = configured if isinstance(configured, str) and "${" not in configured else None
     precision = precision or configured
-    return precision, monitor, clip_overrides(config, precision)
+    family = family_of(model)
+    return precision, monitor, clip_overrides(config, precision), family and family.why
 
 
 def read_run(folder: str | Path) -> RunRecords:
@@ -768,7 +683,7 @@ def read_run(folder: str | Path) -> RunRecords:
         raise ValueError(
             f"no run folder {folder}: give a folder such as outputs/<run> (`laptrain runs` lists them)"
         )
-    report = _json(folder / "report.json")
+    report = json_record(folder / "report.json")
     series: Series = {}
     logs = folder / "tensorboard"
     files = sorted(logs.rglob("events.out.tfevents.*")) if logs.is_dir() else []
@@ -784,17 +699,17 @@ def read_run(folder: str | Path) -> RunRecords:
         )
     if report:
         _from_report(series, report)
-    precision, monitor, clip = _config_facts(folder)
+    precision, monitor, clip, rules = _config_facts(folder)
     checkpoints = {}
     for path in (folder / "checkpoints").glob("best-step*.ckpt"):
         number = re.fullmatch(r"best-step(\d+)(-v\d+)?", path.stem)
         if number:
             checkpoints[int(number.group(1))] = f"checkpoints/{path.name}"
-    return RunRecords(folder, series, report, precision, monitor, clip, checkpoints)
+    return RunRecords(folder, series, report, precision, monitor, clip, checkpoints, rules)
 
 
 def _header(records: RunRecords) -> str:
-    run = _section(records.report, "run")
+    run = section(records.report, "run")
     if run:
         status = str(run.get("status", "status not recorded"))
         return f"{records.folder}: {status} at step {run.get('global_step', '—')}"
@@ -812,6 +727,7 @@ def run_findings(records: RunRecords) -> list[Finding]:
         monitor=records.monitor,
         checkpoints=records.checkpoints,
         clip=records.clip,
+        family_rules=records.family_rules,
     )
 
 
@@ -822,10 +738,9 @@ def why_lines(folder: str | Path, limit: int = MAX_LINES) -> list[str]:
 
 
 def why_json(folder: str | Path, limit: int = MAX_LINES) -> dict[str, Any]:
-    """What ``laptrain why --json`` prints: the run, its recorded status and step, the header line
-    and each finding (the ones :func:`why_lines` prints) with its kind, step, value and advice."""
+    """``laptrain why --json``: the run, its status, step and header, and each finding."""
     records = read_run(folder)
-    run = _section(records.report, "run")
+    run = section(records.report, "run")
     findings = run_findings(records)[: limit - 1]
     return {
         "run": str(records.folder),

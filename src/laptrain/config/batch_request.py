@@ -1,7 +1,5 @@
-"""``data.batch_size`` as the user asks for it: a number, ``from_profile`` (the hardware profile's
-batch) or ``auto`` (the memory preflight picks). Read by the pre-check, the plan and the preflight,
-so the three spellings are defined once here, and a run parses its request once
-(:func:`batch_request`) into a :class:`BatchRequest` it passes down."""
+"""``data.batch_size`` as the user asks for it: a number, ``from_profile`` or ``auto``, spelled
+once here; a run parses its request once (:func:`batch_request`) and passes it down."""
 
 from __future__ import annotations
 
@@ -31,7 +29,6 @@ def is_auto(value: object) -> bool:
 
 
 def batch_follows_profile(cfg: DictConfig) -> bool:
-    """Whether this run's data takes its batch from the hardware profile (``from_profile``)."""
     return str(cfg.data.get("batch_size")) == FROM_PROFILE
 
 

@@ -1,12 +1,8 @@
 """Check the whole composed config before any data or model work, and say what is wrong in one line.
-
-Gap it fills: Hydra instantiates lazily, so a misspelt argument or ``model.optimizer.lr=abc`` fails
-only when that object is built, after data preparation, as a long traceback; and Hydra's own
-composition errors are multi-line. Here every ``_target_`` is bound to its constructor's signature
-(names, and types where annotated) up front, all problems are gathered into one message, and a few
-Trainer values Lightning would refuse late are checked too (the idea of torchtune's
-``config/_validate.py``). Hydra's errors are turned into one line naming the override to type.
-"""
+Hydra instantiates lazily, so a misspelt argument fails late as a traceback: here every
+``_target_`` is bound to its constructor's signature up front (the idea of torchtune's
+``config/_validate.py``), all problems go into one message, and Hydra's own composition errors
+become one line naming the override to type."""
 
 from __future__ import annotations
 
@@ -101,8 +97,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def _role_problem(obj: Any, target: str, path: str) -> str | None:
-    """A model or data ``_target_`` whose class is not what Lightning trains (a function that
-    builds one is not checked)."""
+    """A model or data ``_target_`` whose class is not what Lightning trains."""
     role = ROLES.get(path)
     if role is None or not inspect.isclass(obj):
         return None
@@ -275,9 +270,9 @@ def check_trainer_values(trainer: Mapping[str, Any], data_target: object = None)
 
 
 def check_run_name(value: object) -> list[str]:
-    """``run_name`` is one folder under ``outputs/``: a path (``../../x`` would write outside it,
-    ``a/b`` would be a run ``laptrain runs`` never lists) or an empty name (``outputs/`` itself as
-    the run folder) is refused before Hydra makes any folder."""
+    """``run_name`` is one folder under ``outputs/``: a path or an empty name is refused before
+    Hydra makes any folder (``../../x`` writes outside it, ``a/b`` is a run ``laptrain runs`` never
+    lists)."""
     if value is None:
         return []
     name = str(value)
@@ -294,12 +289,9 @@ def _real(value: object) -> bool:
 
 
 def check_hardware_values(hardware: Mapping[str, Any]) -> list[str]:
-    """The profile's numbers that the run computes with, refused up front where they would give a
-    traceback mid-run (``nan`` as a batch size, ``torch.set_num_threads(-1)``) or a run that never
-    ends (an ``inf`` memory budget): ``memory_fraction`` in (0, 1], ``memory_budget_gb`` a finite
-    number of GiB > 0 or null, ``torch_threads`` an int >= 1, or null / 0 for torch's default
-    (laptrain.job.plan and job.run treat a falsy value as unset), ``malloc_keep_freed`` a bool
-    (``"yes"`` would otherwise mean off: laptrain.hardware.malloc applies only ``True``)."""
+    """The profile's numbers, refused up front where they would give a traceback mid-run or a run
+    that never ends: ``memory_fraction`` in (0, 1], ``memory_budget_gb`` finite > 0 or null,
+    ``torch_threads`` an int >= 1 or null / 0 (torch's default), ``malloc_keep_freed`` a bool."""
     problems = []
     fraction = hardware.get("memory_fraction")
     if fraction is not None and not (_real(fraction) and 0 < fraction <= 1):
@@ -337,12 +329,9 @@ def _shown_devices(devices: object) -> str:
 
 
 def check_launcher_values(cfg: DictConfig) -> list[str]:
-    """``launcher=slurm`` asks SLURM for ``trainer.devices`` GPUs and tasks per node
-    (conf/launcher/slurm.yaml), and sbatch takes only a count there (submitit's
+    """``launcher=slurm`` needs ``trainer.devices`` as a count (sbatch's and submitit's
     ``gpus_per_node``/``tasks_per_node`` are ints, hydra_plugins/hydra_submitit_launcher/config.py):
-    ``auto``, ``-1`` and a GPU list mean "what this node has", which a job not yet placed cannot
-    know. Refused in one line naming the count to set, before anything resolves the launcher (the
-    structured config would fail with "could not be converted to Integer", and ``-1`` not at all)."""
+    ``auto``, ``-1`` and a GPU list are refused in one line before the launcher resolves."""
     target = OmegaConf.select(cfg, "hydra.launcher._target_", default=None)
     if not str(target or "").endswith("SlurmLauncher"):
         return []
@@ -362,11 +351,8 @@ def check_launcher_values(cfg: DictConfig) -> list[str]:
 
 def check_config(cfg: DictConfig, built_with: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` listing every problem of the composed config, or return.
-
-    ``built_with``: dotted keys that the run passes at instantiation instead of the config value
-    (e.g. ``{"data.batch_size": 1}`` where the run plan decides the batch), so that the
-    ``from_profile`` placeholder is not reported as a type error.
-    """
+    ``built_with``: dotted keys the run passes at instantiation instead (``{"data.batch_size":
+    1}``)."""
     launcher_problems = check_launcher_values(cfg)
     if launcher_problems:  # before resolving: the launcher's fields interpolate trainer.devices
         raise ConfigError("; ".join(launcher_problems))
@@ -525,9 +511,8 @@ def compose_argv(argv: Sequence[str], conf_dir: str, config_name: str = "train")
 
 
 def _as_built(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
-    """The config as the run instantiates it, and the values it passes instead of the config's:
-    under ``data.batch_size=from_profile`` a datamodule that takes a batch argument gets a number,
-    and one that does not is built without the key (laptrain.job.datamodule_settings)."""
+    """The config as the run instantiates it, and the values passed instead of the config's (under
+    ``from_profile`` a datamodule taking a batch gets a number, one that does not loses the key)."""
     if not batch_follows_profile(cfg):
         return cfg, None
     target = OmegaConf.select(cfg, "data._target_", default=None)
@@ -552,18 +537,10 @@ def _takes(obj: Any, name: str) -> bool:
 
 
 def check_composed(cfg: DictConfig) -> None:
-    """:func:`check_config` as the run will build it (imports each target, so torch: call it after
-    the profile's environment is applied)."""
+    """:func:`check_config` as the run builds it (imports targets: after the profile's env)."""
     try:
         check_config(*_as_built(cfg))
     except ConfigError:
         raise
     except Exception as err:  # an interpolation that cannot resolve, e.g. a missing env var
         raise ConfigError(f"config cannot be resolved: {err}".splitlines()[0]) from err
-
-
-def precheck(argv: Sequence[str], conf_dir: str, config_name: str = "train") -> DictConfig:
-    """:func:`compose_argv` then :func:`check_composed`; returns the composed config."""
-    cfg = compose_argv(argv, conf_dir, config_name)
-    check_composed(cfg)
-    return cfg

@@ -1,12 +1,7 @@
-"""Where Hydra accepts overrides on a command line, and how the launcher adds its own there.
-
-Hydra parses ``sys.argv`` with argparse (hydra/_internal/utils.py ``get_args_parser``): the overrides
-are one positional with ``nargs="*"``, so argparse takes them as one contiguous run. An override
-after an option that follows other overrides (``a=1 --cfg job b=2``) is refused as an "unrecognized
-argument". The launcher therefore inserts its overrides right after the user's last override, or
-right after the script name when there is none, and never after an option (``--info`` takes an
-optional value and would swallow it).
-"""
+"""Where Hydra accepts overrides on a command line, and how the launcher adds its own there: Hydra's
+argparse takes the overrides as one contiguous positional (``get_args_parser``,
+hydra/_internal/utils.py), so they go right after the user's last override (or the script name),
+never after an option (``--info`` would swallow it)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Group options that need a Hydra plugin from an optional extra, checked before Hydra composes.
-
-Gap it fills: without the plugin Hydra answers ``launcher=slurm`` with "Could not find
-'hydra/launcher/submitit_slurm' ... choose one of basic", and a sweep whose sampler cannot be
-imported (``-m hparams_search=optuna`` without optuna) prints an error and exits 0. Here the option
-is matched to the extra that provides its plugin and refused in one line naming the install.
-
-The same goes for laptrain's own options whose ``_target_`` needs a package from an extra
-(``logger=mlflow``, ``logger=wandb``): Hydra composes them fine, and the run would fail only once
-the logger is built, after the run folder is made, with Lightning's "Module not found: mlflow".
-"""
+"""Group options that need a package from an optional extra, refused in one line naming the install
+before Hydra composes: without the plugin Hydra answers ``launcher=slurm`` with "Could not find
+'hydra/launcher/submitit_slurm'", a sweep without optuna exits 0, and ``logger=mlflow`` without
+mlflow fails only once the run folder is made."""
 
 from __future__ import annotations
 
@@ -48,8 +41,7 @@ def installed(module: str) -> bool:
 
 
 def _options(value: str) -> list[str]:
-    """The options one group override names: ``a``, ``[a,b]`` (several at once) or ``a,b`` (a
-    sweep over them)."""
+    """The options one group override names: ``a``, ``[a,b]`` or a sweep ``a,b``."""
     value = value.strip()
     if value.startswith("[") and value.endswith("]"):
         value = value[1:-1]

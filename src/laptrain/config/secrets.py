@@ -1,12 +1,7 @@
-"""Credentials kept out of what laptrain writes: the trackers' copy of the config, ``tracking.json``,
-the run report's resume command and the run folder's lock file.
-
-Gap it fills: the whole resolved config goes to TensorBoard/CSV ``hparams.yaml``, MLflow's params
-and W&B's config, so a token given as an option (``+model.hf_token=...``) or a tracking URI with
-its login (``MLFLOW_TRACKING_URI=https://user:password@host``) ended up in files and servers that
-are shared more widely than the shell it was typed in. Here a value whose key is named like a
-credential becomes :data:`MASK`, and a URI keeps its scheme and host without its ``user:password@``.
-"""
+"""Credentials kept out of what laptrain writes (the trackers' copy of the config,
+``tracking.json``, the resume command, the lock file): the resolved config goes to
+``hparams.yaml``, MLflow and W&B, so a value whose key is named like a credential becomes
+:data:`MASK`, and a URI loses its ``user:password@``."""
 
 from __future__ import annotations
 
@@ -26,8 +21,7 @@ URI_LOGIN = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/\s@]+@", re.IGNORECASE)
 
 
 def secret_name(key: str) -> bool:
-    """Whether a config key (its last part: ``model.hf_token`` -> ``hf_token``) names a
-    credential."""
+    """Whether a config key's last part (``model.hf_token`` -> ``hf_token``) names a credential."""
     return bool(SECRET_NAME.search(key.rsplit(".", 1)[-1].lstrip("+~")))
 
 
@@ -37,8 +31,7 @@ def without_login(text: str) -> str:
 
 
 def masked(value: Any) -> Any:
-    """A copy of a config container (dicts, lists, scalars) with credentials masked: values of
-    keys named like one, and URI logins in every string."""
+    """A copy of a config container with credentials and URI logins masked."""
     if isinstance(value, dict):
         return {
             k: MASK if secret_name(str(k)) and value[k] not in (None, "") else masked(value[k])
@@ -50,8 +43,7 @@ def masked(value: Any) -> Any:
 
 
 def masked_argument(argument: str) -> str:
-    """A command-line argument or Hydra override with its credential masked:
-    ``+model.hf_token=hf_abc`` -> ``+model.hf_token=***``."""
+    """An argument or override with its credential masked: ``+model.hf_token=***``."""
     key, equals, value = argument.partition("=")
     if equals and value and secret_name(key):
         return f"{key}={MASK}"

@@ -1,13 +1,7 @@
-"""What the run may ask of a datamodule beyond Lightning's own hooks, as Protocols.
-
-Nothing here is required: a plain ``LightningDataModule`` trains under ``python train.py``; its
-batch and loader settings are found where Lightning's batch-size finder looks (an attribute or an
-``hparams`` entry: ``laptrain/job/datamodule_settings.py``), so one written the
-lightning-hydra-template way gets the machine profile's (docs/your_model.md). A datamodule joins a
-Protocol by having the members; the run, the plan and the preflight ask ``isinstance(dm,
-KnowsLengths)`` and the like instead of probing attribute names. Each Protocol's docstring says
-what it buys.
-"""
+"""What the run may ask of a datamodule beyond Lightning's own hooks, as Protocols. None is
+required: a plain ``LightningDataModule`` trains, its batch and loader settings found where
+Lightning's batch-size finder looks (job/datamodule_settings.py; docs/your_model.md). A
+datamodule joins a Protocol by having its members; each docstring says what it buys."""
 
 from __future__ import annotations
 
@@ -19,11 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class KnowsLengths(Protocol):
-    """Tokenized before the plan is made: ``longest_example`` is the most tokens one item of a
-    split can put in a batch row (after packing and ``pad_to_multiple_of``, at most
-    ``max_length``), which is what the memory preflight sizes activations by.
-
-    Buys: preflight sizing of a token model from its longest batch row."""
+    """Tokenized before the plan: ``longest_example`` is the most tokens one item of a split puts in
+    a batch row (after packing and padding), which the memory preflight sizes activations by."""
 
     max_length: int
 
@@ -33,28 +24,23 @@ class KnowsLengths(Protocol):
 @runtime_checkable
 class SizesTheModel(Protocol):
     """Knows sizes the model is built with (vocabulary, labels, special token ids) only after
-    ``setup``: the run passes ``model_kwargs()`` to the model's constructor.
-
-    Buys: sizes set once, by the data, instead of repeated in the model's preset."""
+    ``setup``: the run passes ``model_kwargs()`` to the model, so the data sets them once."""
 
     def model_kwargs(self) -> dict[str, Any]: ...
 
 
 @runtime_checkable
 class SavesArtifacts(Protocol):
-    """Leaves files a prediction needs beside the exported model (tokenizer, label names).
-
-    Buys: a run folder that a prediction needs nothing else beside (``laptrain predict``)."""
+    """Leaves what a prediction needs beside the export (tokenizer, label names): ``laptrain
+    predict``."""
 
     def save_artifacts(self, folder: str | Path) -> None: ...
 
 
 @runtime_checkable
 class LoaderSettings(Protocol):
-    """Builds its own loaders with these settings; the plan reports them instead of the
-    profile's (``data.num_workers`` etc. win over ``hardware.*``).
-
-    Buys: a console and ``run_info.json`` that report the loader settings really used."""
+    """Builds its own loaders with these settings, which the console and ``run_info.json`` report
+    instead of the profile's (``data.num_workers`` etc. win over ``hardware.*``)."""
 
     num_workers: int
     persistent_workers: bool
@@ -63,20 +49,17 @@ class LoaderSettings(Protocol):
 
 @runtime_checkable
 class EvaluatesInOtherBatches(Protocol):
-    """Validates and tests in batches of ``eval_batch_size`` (None: the training batch).
-
-    Buys: validation and test in a batch of their own size."""
+    """Validates and tests in batches of ``eval_batch_size`` (None: the training batch)."""
 
     eval_batch_size: int | None
 
 
 @runtime_checkable
 class ShardsItself(Protocol):
-    """``shards_itself = True``: its loaders give each process its own share of every batch and
-    its train loader saves its own position (laptrain's datamodules, through data/sampler.py).
-    The run leaves such loaders as they are, with Lightning's distributed sampler off. Any other
-    datamodule gets Lightning's sampler under several processes and a train loader that resumes
-    mid-epoch exactly (data/user_loaders.py)."""
+    """``shards_itself = True``: its loaders give each process its share and its train loader saves
+    its position (laptrain's, through data/sampler.py), so the run turns Lightning's distributed
+    sampler off; any other datamodule gets it and a resumable train loader
+    (data/user_loaders.py)."""
 
     shards_itself: bool
 

@@ -1,13 +1,8 @@
-"""Data files by suffix: the one place that knows which suffixes laptrain reads and how each kind of
-file is opened, streamed and parsed, for every kind of row (records as tables:
-:mod:`laptrain.data.tables`, which the classifier's labelled texts read; LoRA's instruction and
-preference rows: ``laptrain/families/lora/instruction_rows.py``, ``preference_rows.py``).
-
-:data:`FORMATS` maps a suffix to its kind (delimited text, JSON, Parquet) and that kind's options;
-:func:`read_by_suffix` calls the reader a kind of rows gives for that kind. A new suffix of a kind
-laptrain reads (another delimiter, another JSON Lines name) is one line of :data:`FORMATS`; a new
-kind is a reader here and one function in each kind of rows. Every problem is one
-:class:`DataError` line naming the file, the line at fault and the fix (docs/data.md).
+"""Data files by suffix: the one place that knows which suffixes laptrain reads and how each kind
+is opened, streamed and parsed, for every kind of row (:mod:`laptrain.data.tables`; LoRA's
+instruction and preference rows). :data:`FORMATS` maps a suffix to its kind and options;
+:func:`read_by_suffix` calls the rows' reader for that kind. Every problem is one
+:class:`DataError` line naming the file, the line and the fix (docs/data.md).
 """
 
 from __future__ import annotations
@@ -40,15 +35,9 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class FileFormat:
-    """How one suffix is read.
-
-    Attributes:
-        kind: ``delimited`` (CSV-like text with a header line), ``json`` (JSON values), or
-            ``parquet``.
-        delimiter: the field separator of a delimited file.
-        document: a JSON file holds one document (an array of rows) rather than one value per
-            line (JSON Lines); a ``.json`` file that is no array is read as JSON Lines.
-    """
+    """How one suffix is read: ``kind`` (``delimited`` text with a header line, ``json`` or
+    ``parquet``), a delimited file's ``delimiter``, and whether a JSON file is one ``document`` (an
+    array of rows; a ``.json`` file that is no array is read as JSON Lines)."""
 
     kind: str
     delimiter: str = ","
@@ -68,7 +57,6 @@ _OTHER = FileFormat("json")
 
 
 def file_format(path: Path) -> FileFormat:
-    """The format ``path``'s suffix names (any case)."""
     return FORMATS.get(path.suffix.lower(), _OTHER)
 
 
@@ -195,14 +183,9 @@ def unclosed_quote(where: str, what: str) -> DataError:
 
 
 def csv_records(path: Path, encoding: str, delimiter: str) -> Iterator[tuple[int, list[str]]]:
-    """``(first line, fields)`` of each non-blank record of a CSV file, the header first.
-
-    Streamed with ``strict`` quoting (a malformed quote is an error, not a guess), every field
-    capped at ``MAX_TEXT_CHARS`` and every physical line at ``MAX_LINE_CHARS``. A quote left open
-    is named at the line where it opened: when the file ends inside it, when the text after its
-    closing quote is not a delimiter (``strict``), and when the record it makes has fewer fields
-    than the header. A record is never cut or guessed at.
-    """
+    """``(first line, fields)`` of each non-blank record of a CSV file, the header first: streamed
+    with ``strict`` quoting, fields capped at ``MAX_TEXT_CHARS``, lines at ``MAX_LINE_CHARS``. A
+    quote left open is named at the line where it opened; a record is never cut or guessed at."""
     limit = csv.field_size_limit()
     csv.field_size_limit(MAX_TEXT_CHARS)
     start = 1
@@ -287,8 +270,8 @@ def read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def read_text(path: Path, encoding: str = "utf-8") -> str:
-    """A text data file's whole contents (a ``.json`` document); an empty file or another
-    encoding is a :class:`DataError`."""
+    """A text data file's whole contents; an empty file or another encoding is a
+    :class:`DataError`."""
     with open_text(path, encoding) as f:
         text = f.read()
     if not text.strip():

@@ -1,7 +1,6 @@
-"""The data check the launcher runs on the composed ``data`` config, before the run folder exists:
-the local files of a datamodule whose family gives ``file_rules`` (the classifier's labelled texts,
-LoRA's instructions and preferences, or a user family's own) are read and checked by the rules that
-datamodule applies, so a bad file is refused in about a second, before torch is imported."""
+"""The launcher's data check before the run folder exists: the local files of a datamodule whose
+family gives ``file_rules`` are read and checked by its rules, so a bad file is refused in about
+a second, before torch is imported."""
 
 from __future__ import annotations
 

@@ -1,30 +1,16 @@
 """Batches of similar length, in a seeded order that a resumed run continues exactly.
 
-Why: users' texts are long-tailed. With random batches and per-batch padding most of the compute
-goes to pad tokens; grouping by length recovers most of it (``benchmarks/padding.py`` measures it).
+Users' texts are long-tailed: with random batches most compute goes to padding
+(``benchmarks/padding.py``). ``LengthGroupedBatchSampler`` shuffles with ``(seed, epoch)``, sorts
+mega-batches of ``batch_size * mega_batches`` by length, cuts them into batches and shuffles the
+batch order (transformers' ``LengthGroupedSampler``'s idea, resumable and Trainer-free). Under
+DDP it shards itself: global batches of ``batch_size * replicas``, each rank its part, so 2 ranks
+x 8 see what 1 rank x 16 sees. Lightning's ``use_distributed_sampler`` would rebuild it as
+``cls(sampler, batch_size=..., drop_last=...)`` (lightning/pytorch/utilities/data.py,
+``_dataloader_init_kwargs_resolve_sampler``), so its datamodules declare ``shards_itself``.
 
-``LengthGroupedBatchSampler`` shuffles indices with ``(seed, epoch)``, cuts them into mega-batches of
-``batch_size * mega_batches`` indices, sorts each mega-batch by length and cuts it into batches, then
-shuffles the batch order, so that batches stay random but each holds similar lengths (the same idea
-as transformers' ``LengthGroupedSampler``, which is not resumable and needs the Trainer).
-
-Under several processes (DDP) the sampler shards itself: with ``replicas`` processes it cuts
-global batches of ``batch_size * replicas`` indices exactly as one process with that batch size
-would, and process ``rank`` takes its part of each. So every rank takes as many steps, the ranks'
-indices are disjoint and together the whole split, and 2 ranks x batch 8 see the same examples per
-step as 1 rank x batch 16. Lightning's own injection (``use_distributed_sampler``) cannot do this:
-it rebuilds a batch sampler that is not a ``BatchSampler`` as ``cls(sampler, batch_size=...,
-drop_last=...)`` (lightning/pytorch/utilities/data.py, ``_dataloader_init_kwargs_resolve_sampler``),
-which would hand this class the rank's index list as its lengths; the datamodules that use it
-declare ``shards_itself`` (data/contracts.py), the run turns that injection off for them, and this
-class refuses a sampler.
-
-``ResumableDataLoader`` fills the gap Lightning leaves for mid-epoch resume (docs/lightning.md,
-"Mid-epoch resume"): a plain DataLoader has no ``state_dict``, so Lightning replays the interrupted
-epoch from its start. This loader counts the batches it has handed out (not what workers
-prefetched) and, restored, skips exactly those. It runs over either sampler of this module:
-``LengthGroupedBatchSampler`` (laptrain's datamodules) or ``ResumableDistributedSampler`` (a user's
-plain loader, rebuilt by ``laptrain.data.user_loaders``).
+``ResumableDataLoader`` counts the batches handed out (not those prefetched) and, restored, skips
+exactly those (docs/lightning.md, "Mid-epoch resume"); it runs over either sampler here.
 """
 
 from __future__ import annotations
@@ -171,9 +157,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
 
 class ResumableDataLoader(DataLoader):
-    """A DataLoader whose position Lightning saves and restores: over a
-    ``LengthGroupedBatchSampler`` (``batch_sampler=``) or a ``ResumableDistributedSampler``
-    (``sampler=`` with ``batch_size=``)."""
+    """A DataLoader whose position Lightning saves and restores, over either sampler here."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

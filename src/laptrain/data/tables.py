@@ -1,15 +1,11 @@
-"""One data file as a :class:`Table` of records, which files a ``data.files`` config names, and
-the split checks every file-reading datamodule shares (the classifier's labelled texts, LoRA's
-instruction and preference rows, or a datamodule of the user's own).
+"""One data file as a :class:`Table` of records, which files a ``data.files`` config names, and the
+split checks every file-reading datamodule shares.
 
-Gap it fills: ``datasets``' CSV and JSON builders (pandas, pyarrow) answer a broken JSONL line, a
-Latin-1 file or a quote left open with "An error occurred while generating the dataset"
-(``DatasetGenerationError``, datasets 5.2, measured on tests/data/bad/), naming neither the line nor
-the fix, and read a JSON array in a ``.jsonl`` file as rows without a word. Here the records are
-read with the standard library (pyarrow for Parquet), by suffix in :mod:`laptrain.data.file_formats`,
-so every problem is one :class:`DataError` line naming the file, the line and the fix. This module
-imports neither torch nor ``datasets``: the check before the run (``laptrain.data.precheck``) reads
-files with it in about a second, before torch loads.
+``datasets``' builders answer a broken JSONL line, a Latin-1 file or an open quote with "An error
+occurred while generating the dataset" (datasets 5.2), naming neither line nor fix. Here records are
+read with the standard library (pyarrow for Parquet) by suffix (:mod:`laptrain.data.file_formats`),
+so every problem is one :class:`DataError` line naming file, line and fix. No torch, no
+``datasets``: the pre-check reads files with it in about a second, before torch loads.
 """
 
 from __future__ import annotations
@@ -186,8 +182,7 @@ def read_table(path: Path, encoding: str = "utf-8") -> Table:
 def check_train_and_val(
     splits: Mapping[str, Sequence[Any]], source: str, held: str, val_fraction: float
 ) -> None:
-    """Refuse splits without a training or a validation row; ``held``: what ``source`` holds
-    (``"120 rows"``), for the message."""
+    """Refuse splits without a training or validation row (``held``: what ``source`` holds)."""
     if not splits["train"]:
         raise DataError(f"{source} has no row left for training: add rows")
     if not splits["val"]:

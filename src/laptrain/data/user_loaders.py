@@ -1,30 +1,14 @@
-"""A user's datamodule gets what laptrain's own datamodules build themselves: a train loader that
-resumes mid-epoch exactly, and one share of the data per process under DDP / FSDP.
+"""A user's datamodule gets what laptrain's own build themselves: a train loader that resumes
+mid-epoch exactly, and one share of the data per process under DDP / FSDP (docs/lightning.md,
+"A user's plain loader").
 
-Gap filled: a user's ``DataLoader(shuffle=True)`` has no ``state_dict``, so Lightning cannot save
-its position; a run stopped mid-epoch and rerun replays that epoch from its first batch in a new
-order (Lightning warns "your dataloader is not resumable"; measured through ``train.py``: weights
-0.11 apart from a run never stopped). And Lightning's distributed sampler, the one way a plain
-loader gets one share per process, was off for every datamodule because laptrain's own samplers
-shard themselves and Lightning would rebuild them (``laptrain.data.sampler``).
-
-So, for a datamodule that is not :class:`~laptrain.data.contracts.ShardsItself`:
-
-- the Trainer gets ``use_distributed_sampler=True`` (unless the config sets it): Lightning's
-  ``DistributedSampler`` reaches the validation and test loaders under several processes;
-- its ``train_dataloader`` is wrapped: a plain ``DataLoader`` over a map-style dataset with torch's
-  own random or sequential sampler is rebuilt, with every setting it had, as a
-  :class:`~laptrain.data.sampler.ResumableDataLoader` over a
-  :class:`~laptrain.data.sampler.ResumableDistributedSampler`: the order Lightning's injected
-  ``DistributedSampler`` gives (seed ``PL_GLOBAL_SEED``, reseeded each epoch), one share per
-  process, and a position Lightning saves in the checkpoint. Being a ``DistributedSampler``,
-  Lightning leaves it in place (``_requires_distributed_sampler``,
-  lightning/pytorch/trainer/connectors/data_connector.py:169-175).
-
-A train loader that cannot be rebuilt that way (an ``IterableDataset``, a sampler of the user's
-own, a ``DataLoader`` subclass, not a ``DataLoader``) is left as it is, with one line saying that a
-run stopped mid-epoch will not resume exactly. One that saves its own position (``state_dict`` and
-``load_state_dict``, e.g. torchdata's ``StatefulDataLoader``) is left as it is, silently.
+For a datamodule that is not :class:`~laptrain.data.contracts.ShardsItself` the Trainer gets
+``use_distributed_sampler=True`` (unless configured), and a plain ``DataLoader`` over a map-style
+dataset with torch's own sampler is rebuilt, every setting kept, as a ``ResumableDataLoader`` over
+a ``ResumableDistributedSampler``, which Lightning leaves in place
+(``_requires_distributed_sampler``, trainer/connectors/data_connector.py:169-175). Any other
+train loader is left as it is, with one line saying it will not resume exactly (silently when it
+saves its own position, as torchdata's ``StatefulDataLoader``).
 """
 
 from __future__ import annotations
@@ -113,8 +97,7 @@ def resumable_train_loader(
 
 
 def resized_loader(loader: ResumableDataLoader, batch_size: int, skip: int) -> ResumableDataLoader:
-    """``loader`` with batches of ``batch_size``, over the same order, starting ``skip`` indices
-    into this epoch (laptrain.callbacks.smaller_loader)."""
+    """``loader`` with batches of ``batch_size``, same order, starting ``skip`` indices in."""
     loader.sampler.skip = skip
     return ResumableDataLoader(
         loader.dataset, sampler=loader.sampler, **{**_settings(loader, 0), "batch_size": batch_size}

@@ -1,21 +1,13 @@
 """DataLoader workers that leave Ctrl-C and SIGTERM to the main process.
 
-Gap it fills: Ctrl-C in a terminal goes to the whole foreground process group, and a scheduler
-(``scancel``, ``kill -TERM -<pgid>``) may signal every process of a job. A DataLoader worker keeps
-Python's default handlers, so it dies at once, while the main process is asked to finish the batch,
-a due validation or an accumulation window and save: its next fetch then fails with "DataLoader
-worker (pid N) exited unexpectedly" and no stop checkpoint is written. Neither torch nor Lightning
-changes the workers' handlers (``torch/utils/data/_utils/worker.py`` ``_worker_loop``; Lightning's
-``pl_worker_init_function`` only seeds). So each worker ignores both signals; the main process still
-ends its workers itself (``_MultiProcessingDataLoaderIter._shutdown_workers`` sets their done event
-and joins them), and a worker whose main process is gone exits through torch's ``ManagerWatchdog``.
-
-A spawn-started worker (macOS's default start method) is a fresh interpreter that imports torch
-before ``worker_init_fn`` runs: a second or more with Python's default handlers, when a Ctrl-C
-still killed it. :func:`worker_context` closes that window: the main process blocks both signals
-while it starts a worker (a blocked signal waits, it is not lost, and arrives as soon as the start
-returns), the worker inherits the blocked mask across its exec (POSIX ``execve``), and
-:class:`WorkerInit` unblocks them only once they are ignored.
+Ctrl-C reaches the whole foreground process group (and ``scancel`` every process of a job): a
+worker with Python's default handlers dies at once, while the main process is finishing the batch
+to save, whose next fetch then fails with "DataLoader worker (pid N) exited unexpectedly". Neither
+torch (``_worker_loop``) nor Lightning (``pl_worker_init_function`` only seeds) changes that, so
+each worker ignores both signals; the main process still ends its workers
+(``_shutdown_workers``), and an orphan exits through torch's ``ManagerWatchdog``. A spawned worker
+imports torch before ``worker_init_fn`` runs, so :func:`worker_context` blocks both signals while
+it starts one (the mask survives ``execve``) and :class:`WorkerInit` unblocks them once ignored.
 """
 
 from __future__ import annotations

@@ -1,4 +1,2 @@
-"""The machine: detection (``detect``), the device probe (``probe``), profiles and their precision
-rules (``profile``), ``hardware=auto`` (``auto``), the environment exported before torch (``env``),
-power and thermal readings (``power``, ``thermal``). No torch import at module level: the launch
-reads profiles before the environment is exported."""
+"""The machine: detection, the device probe, profiles and their precision rules, ``hardware=auto``,
+the environment exported before torch, power and thermal readings. No torch at module level."""

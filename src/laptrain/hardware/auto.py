@@ -1,10 +1,6 @@
-"""Resolve ``hardware=auto`` to a concrete profile before Hydra composes the config.
-
-The launcher rewrites ``hardware=auto`` (or no ``hardware=`` at all) on the command line into
-``hardware=<profile>``, so that the chosen profile's ``env:`` is applied before torch is imported,
-user overrides of ``hardware.*`` still apply, and ``--cfg job`` shows the real values.
-Detection here must not import torch.
-"""
+"""Resolve ``hardware=auto`` (or no ``hardware=``) on the command line to ``hardware=<profile>``
+before Hydra composes, so its ``env:`` applies before torch is imported, ``hardware.*`` overrides
+still apply and ``--cfg job`` shows the real values. No torch import here."""
 
 from __future__ import annotations
 
@@ -90,10 +86,8 @@ def cuda_blocker(machine: MachineInfo) -> str:
 
 
 def choose_profile(machine: MachineInfo) -> Choice:
-    """The closest profile for a machine (pure: tests pass recorded machines).
-
-    Raises ``UnsupportedMachine`` on an x86_64 macOS process (an Intel Mac, or Rosetta).
-    """
+    """The closest profile for a machine (pure: tests pass recorded machines);
+    ``UnsupportedMachine`` on an x86_64 macOS process (an Intel Mac, or Rosetta)."""
     if machine.intel_mac:
         if machine.rosetta:
             raise UnsupportedMachine(
@@ -176,15 +170,11 @@ def resolve_hardware_argv(
     detect: Callable[[], MachineInfo] = detect_machine,
     profile_loader: Callable[[str], dict] = load_profile,
 ) -> tuple[list[str], str | None]:
-    """Return argv with ``hardware=auto`` replaced by the detected profile, and a line saying why.
-
-    With an explicit ``hardware=<name>`` argv is kept; the line is then a note when this machine
-    would have been given another profile (None when they agree, or when no profile fits this
-    machine). A CPU profile that leaves ``torch_threads`` null gets the detected physical-core count
-    as ``hardware.torch_threads=N``, unless the user set that key. The overrides go where Hydra's
-    parser accepts them (``laptrain.config.overrides.insert_overrides``), so flags may come anywhere.
-    Raises ``UnsupportedMachine`` for ``hardware=auto`` on a machine no profile fits (an Intel Mac).
-    """
+    """Return argv with ``hardware=auto`` replaced by the detected profile, and a line saying why
+    (with an explicit ``hardware=<name>``, a note when this machine would get another, else None). A
+    CPU profile whose ``torch_threads`` is null gets the physical-core count unless the user set it;
+    the overrides go where Hydra's parser takes them (``insert_overrides``). ``UnsupportedMachine``
+    for ``hardware=auto`` on a machine no profile fits."""
     args = list(argv)
     positions = [
         i for i in override_indices(args) if args[i].split("=", 1)[0] in ("hardware", "+hardware")

@@ -1,13 +1,7 @@
-"""What machine is this? Read without sudo and without importing torch.
-
-The launcher resolves ``hardware=auto`` before torch is imported (torch reads a profile's env vars
-once, at import or at the first MPS allocation: docs/hardware.md §1, §2), so detection reads the OS:
-``sysctl`` and ``platform.mac_ver()`` on macOS, ``/proc/cpuinfo`` and ``/proc/meminfo`` on Linux,
-``nvidia-smi`` for NVIDIA GPUs, and the installed torch's ``torch/version.py`` as text (never
-imported) to know whether that torch was built with CUDA. The raw outputs are collected in a
-``RawMachine`` and parsed by pure functions, so tests feed recorded outputs of machines this one is
-not (tests/recordings/).
-"""
+"""What machine is this? Read without sudo and without importing torch (``hardware=auto`` resolves
+before torch reads a profile's environment): ``sysctl`` and ``mac_ver()`` on macOS, ``/proc`` on
+Linux, ``nvidia-smi``, and torch's ``version.py`` as text. Raw outputs go into a ``RawMachine``
+parsed by pure functions, so tests feed recorded machines (tests/recordings/)."""
 
 from __future__ import annotations
 
@@ -136,10 +130,7 @@ class MachineInfo:
 
     @property
     def memory_gb(self) -> int:
-        """Installed memory in marketing GB (16 for a 16 GB Mac; rounded to the nearest integer).
-
-        Apple's "16 GB" is 16 GiB of RAM (2^34 bytes), so the bytes are divided by 2^30; the
-        result is the size printed on the box, and ``summary`` labels it GB as Apple does."""
+        """Installed memory in marketing GB: Apple's "16 GB" is 16 GiB, so bytes / 2^30, rounded."""
         return round(self.memory_bytes / GiB)
 
     def cores_text(self) -> str:
@@ -164,11 +155,8 @@ def parse_sysctl(text: str) -> dict[str, str]:
 
 
 def parse_cpuinfo(text: str) -> tuple[str, int, int]:
-    """(CPU model, physical cores, logical CPUs) from /proc/cpuinfo.
-
-    Physical cores = distinct (physical id, core id) pairs; where a kernel omits them (some VMs,
-    ARM boards) every logical CPU counts as a core.
-    """
+    """(CPU model, physical cores, logical CPUs) from /proc/cpuinfo; cores are distinct (physical
+    id, core id) pairs, or every logical CPU where a kernel omits them."""
     model = ""
     logical = 0
     cores: set[tuple[str, str]] = set()
@@ -206,12 +194,8 @@ def parse_nvidia_smi(text: str) -> tuple[GpuInfo, ...]:
 
 
 def parse_torch_version_py(text: str) -> tuple[str, bool | None]:
-    """(torch version, built with CUDA?) from the text of ``torch/version.py``.
-
-    The build writes ``cuda: Optional[str] = '12.8'`` on a CUDA build and ``= None`` otherwise
-    (torch 2.13.0+cpu here). Where that line is missing, the local version tag decides: "+cpu" is a
-    CPU build, "+cu126" a CUDA one; a plain "2.13.0" (PyPI's wheels) says nothing, so None.
-    """
+    """(torch version, built with CUDA?) from ``torch/version.py``'s ``cuda:`` line, else the local
+    tag ("+cpu", "+cu126"); a plain PyPI version says nothing (None)."""
     version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
     version_text = version.group(1) if version else ""
     cuda = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*(.+?)\s*$", text, re.MULTILINE)
@@ -272,15 +256,10 @@ WEDGED: set[tuple[str, ...]] = set()
 def run_probe(
     command: list[str], timeout: float, warn: Callable[[str], None] = _warn
 ) -> tuple[int, str] | None:
-    """(exit code, stdout) of a short probe command; None when it is missing, fails to start or
-    does not finish within ``timeout`` seconds.
-
-    ``subprocess.run(timeout=)`` is not enough for a probe that hangs in the kernel (a wedged
-    ``nvidia-smi``): after the timeout it kills the child and then waits for it with no limit
-    (CPython's Lib/subprocess.py, ``run``: ``process.kill()`` then ``process.wait()``), and a process
-    in uninterruptible sleep is never reaped. Here the child is killed and left to a daemon
-    thread to reap, one warning line names the command, and the caller reads "unknown".
-    """
+    """(exit code, stdout) of a short probe command; None when it is missing, fails or exceeds
+    ``timeout``. ``subprocess.run(timeout=)`` waits without limit for the killed child (CPython's
+    ``run``), and a wedged ``nvidia-smi`` in uninterruptible sleep is never reaped: here a daemon
+    thread reaps it and one warning line names the command."""
     key = tuple(command)
     if key in WEDGED:
         return None

@@ -1,15 +1,8 @@
-"""Apply a hardware profile's ``env:`` map before torch is imported.
-
-torch reads PYTORCH_ENABLE_MPS_FALLBACK and OMP/MKL thread counts at import and the MPS watermark
-ratios when the MPS allocator starts (docs/hardware.md §1, §2, §6), so this module must not import
-torch.
-A variable the user already exported wins over the profile.
-
-The MPS allocator refuses LOW > HIGH when it starts (pytorch/pytorch:
-aten/src/ATen/mps/MPSAllocator.mm ``init_allocator``): a bare RuntimeError at the first MPS
-allocation. ``resolve_watermarks`` runs that check here, before torch, for both the launcher and
-``laptrain doctor`` (docs/hardware.md §1).
-"""
+"""Apply a hardware profile's ``env:`` map before torch is imported (torch reads these at import or
+when the MPS allocator starts: docs/hardware.md §1, §2, §6); a variable the user exported wins.
+The MPS allocator refuses LOW > HIGH watermarks with a bare RuntimeError at the first allocation
+(``init_allocator``, aten/src/ATen/mps/MPSAllocator.mm): ``resolve_watermarks`` checks it here,
+for the launcher and ``laptrain doctor``."""
 
 from __future__ import annotations
 
@@ -35,12 +28,9 @@ class WatermarkError(ProfileError):
 
 @dataclass(frozen=True)
 class Watermarks:
-    """The ratios torch will use, and what the launcher does about them.
-
-    ``set_low``: the LOW the launcher exports so that LOW <= HIGH (None: nothing to change).
-    ``notes``: one line each (a lowered LOW, an exported HIGH of 0.0). ``problem`` / ``fix``: a
-    combination only the user can repair (both exported, or not a ratio); empty when fine.
-    """
+    """The MPS watermark ratios torch will use: ``set_low``, the LOW the launcher exports so that
+    LOW <= HIGH (None: none); ``notes``, one line each; ``problem`` / ``fix``, what only the user
+    can repair."""
 
     high: float
     low: float
@@ -174,11 +164,8 @@ def apply_env(
     profile_env: Mapping[str, object] | None,
     environ: MutableMapping[str, str] | None = None,
 ) -> EnvReport:
-    """Set each profile variable that is not already set; return what was applied and what was kept.
-
-    Raises ``WatermarkError`` (a ValueError) before setting anything when the exported MPS
-    watermark ratios are ones torch would refuse; lowers a profile's LOW under an exported HIGH.
-    """
+    """Set each profile variable not already set; return what was applied and what was kept. Raises
+    ``WatermarkError`` before setting anything for exported MPS watermarks torch would refuse."""
     environ = os.environ if environ is None else environ
     marks = resolve_watermarks(profile_env, environ)
     if not marks.ok:

@@ -1,17 +1,12 @@
 """``hardware.malloc_keep_freed``: glibc's malloc keeps the memory a training step frees.
 
-The gap it fills: with glibc's defaults a CPU step that frees and re-allocates its activations gets
-fresh pages each time (blocks over the mmap threshold are unmapped on free, and the top of the heap
-is trimmed), and the kernel faults in and zeroes every new page inside whichever op first writes it
-(docs/hardware.md §9c). glibc reads ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_`` only when a
-process starts, so a profile's ``env:`` map cannot set them for the running process; ``mallopt(3)``
-sets the same two parameters at run time.
-
-Sources: mallopt(3) (man-pages), "M_MMAP_MAX ... Setting this parameter to 0 disables the use of
-mmap(2) for servicing large allocation requests" and "Setting M_TRIM_THRESHOLD to -1 disables
-trimming completely"; the constants are glibc's ``malloc/malloc.h`` (``M_TRIM_THRESHOLD -1``,
-``M_MMAP_MAX -4``); ``mallopt`` returns 1 on success, 0 on error. Only Linux with glibc has them:
-macOS, musl and Windows get a no-op. This module must not import torch (it runs before it).
+With glibc's defaults a CPU step gets fresh pages for its activations each time (large blocks are
+unmapped on free, the heap top trimmed), and the kernel zeroes every new page inside the op that
+first writes it (docs/hardware.md §9c). glibc reads ``MALLOC_MMAP_MAX_`` /
+``MALLOC_TRIM_THRESHOLD_`` only at process start, so this sets them with ``mallopt(3)``
+(``M_MMAP_MAX`` 0, ``M_TRIM_THRESHOLD`` -1; constants from glibc's ``malloc/malloc.h``; 1 on
+success). Linux with glibc only; a no-op elsewhere. This module must not import torch (it runs
+before it).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""This process's own peak resident memory, since it started.
-
-Gap filled: ``getrusage``'s ``ru_maxrss`` on Linux also holds the peak of the process that started
-this one (the kernel carries the parent's high-water mark over ``exec``: ``exec_mmap`` in
-fs/exec.c folds the old memory map's ``hiwater_rss`` into the process's ``maxrss``). So a rank
-Lightning starts from rank 0, or a run a 3 GB test runner starts, read the parent's peak (measured
-here: a child of a process holding 1 GiB read 1037 MiB; its ``VmHWM`` read 13 MiB). ``VmHWM`` in
-``/proc/self/status`` is the high-water mark of this process's own memory map (proc(5)); macOS
-has no ``/proc`` and its ``ru_maxrss`` (in bytes) is the fallback.
-"""
+"""This process's own peak resident memory, since it started: on Linux ``ru_maxrss`` carries the
+parent's peak over ``exec`` (``exec_mmap``, fs/exec.c; a child of a 1 GiB process read 1037 MiB,
+its ``VmHWM`` 13 MiB), so ``VmHWM`` of ``/proc/self/status`` is read; macOS falls back on
+``ru_maxrss`` (bytes)."""
 
 from __future__ import annotations
 

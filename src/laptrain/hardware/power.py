@@ -1,17 +1,9 @@
-"""Where the laptop guards learn about power and memory pressure, and how the machine is kept awake.
-
-Three readers and one holder, each injectable so the guards run on a CPU-only machine with fakes
-(docs/hardware.md §16):
-
-- ``PsutilBattery``: ``psutil.sensors_battery()`` (percent, plugged in, seconds left); psutil
-  returns None where there is no battery, so a desktop reads as "no battery".
-- ``SysctlPressure``: macOS ``sysctl -n kern.memorystatus_vm_pressure_level``, the kernel's memory
-  pressure level behind Activity Monitor's colours: 1 normal, 2 warning, 4 critical (XNU's
-  ``NOTE_MEMORYSTATUS_PRESSURE_*`` values).
-- ``top_processes``: the other processes holding the most memory (psutil, by RSS).
-- ``KeepAwake``: an idle-sleep assertion held by a child process tied to this process:
-  ``caffeinate -i -w <pid>`` on macOS, ``systemd-inhibit`` around ``tail --pid=<pid>`` on Linux.
-"""
+"""Where the laptop guards learn about power and memory pressure, and how the machine is kept awake
+(docs/hardware.md §16); each is injectable, so the guards run on a CPU-only machine with fakes:
+``PsutilBattery`` (no battery: a desktop), ``SysctlPressure`` (macOS
+``kern.memorystatus_vm_pressure_level``: 1 normal, 2 warning, 4 critical, XNU's
+``NOTE_MEMORYSTATUS_PRESSURE_*``), ``top_processes`` and ``KeepAwake`` (``caffeinate -i -w <pid>``
+on macOS, ``systemd-inhibit`` around ``tail --pid=<pid>`` on Linux)."""
 
 from __future__ import annotations
 
@@ -21,11 +13,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from laptrain.hardware.detect import run_probe, sysctl_path
-from laptrain.hardware.probe import next_scripted
 
 # kern.memorystatus_vm_pressure_level answers with XNU's dispatch levels (bsd/sys/event.h)
 PRESSURE_NORMAL, PRESSURE_WARNING, PRESSURE_CRITICAL = 1, 2, 4
@@ -88,19 +79,6 @@ class PsutilBattery:
         return BatteryReading(float(raw.percent), raw.power_plugged, left)
 
 
-@dataclass
-class FakeBattery:
-    """Scripted readings for tests: returned in order, the last one repeats; empty = no battery."""
-
-    readings: list[BatteryReading] = field(default_factory=list)
-    name: str = "fake"
-    calls: int = 0
-
-    def read(self) -> BatteryReading | None:
-        self.calls += 1
-        return next_scripted(self.readings)
-
-
 @runtime_checkable
 class PressureSource(Protocol):
     """Anything that reads the OS memory-pressure level (1, 2, 4); None when it cannot tell."""
@@ -136,17 +114,6 @@ class SysctlPressure:
             return None
 
 
-@dataclass
-class FakePressure:
-    """Scripted pressure levels for tests: in order, the last one repeats; empty = no answer."""
-
-    levels: list[int | None] = field(default_factory=list)
-    name: str = "fake"
-
-    def read(self) -> int | None:
-        return next_scripted(self.levels)
-
-
 def pressure_source(platform: str = sys.platform) -> PressureSource | None:
     """The kernel's level on macOS; None elsewhere (Linux has PSI, which means something else)."""
     return SysctlPressure() if platform == "darwin" else None
@@ -179,12 +146,9 @@ def top_processes(n: int = 3, exclude_pid: int | None = None) -> list[ProcessMem
 def inhibit_command(
     pid: int, platform: str = sys.platform, which: Callable[[str], str | None] = shutil.which
 ) -> list[str] | None:
-    """The command that holds off idle sleep until process ``pid`` exits; None where there is none.
-
-    macOS: ``caffeinate -i`` prevents idle sleep, ``-w pid`` ends it when that process exits (even
-    by SIGKILL). Linux: ``systemd-inhibit`` holds an idle and sleep lock for as long as its child
-    runs, and ``tail --pid`` (GNU coreutils) exits when ``pid`` does.
-    """
+    """The command that holds off idle sleep until process ``pid`` exits (None where there is none):
+    ``caffeinate -i -w pid`` on macOS (ends even on SIGKILL); ``systemd-inhibit`` around GNU
+    ``tail --pid`` on Linux."""
     if platform == "darwin":
         return [which("caffeinate") or "/usr/bin/caffeinate", "-i", "-w", str(pid)]
     if platform.startswith("linux") and which("systemd-inhibit") and which("tail"):
@@ -216,14 +180,9 @@ def spawn(command: list[str]) -> subprocess.Popen:
 
 
 class KeepAwake:
-    """Hold an idle-sleep assertion from ``start`` until ``stop`` (or until this process dies).
-
-    Args:
-        platform, which: injectable ``sys.platform`` and ``shutil.which``.
-        spawn: starts the command and returns a ``subprocess.Popen``-like object (tests pass a fake).
-        settle_s: how long to wait after the start for a holder that fails at once (no D-Bus).
-        sleep: injectable ``time.sleep``.
-    """
+    """Hold an idle-sleep assertion from ``start`` until ``stop`` (or this process's death);
+    ``platform``, ``which``, ``spawn`` and ``sleep`` are injectable; ``settle_s``: how long to wait
+    for a holder that fails at once (no D-Bus)."""
 
     def __init__(
         self,

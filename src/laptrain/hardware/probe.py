@@ -1,33 +1,16 @@
-"""The one interface behind which laptrain reads the device.
-
-Everything device-specific (memory figures, cache release, synchronisation, which precisions the
-device can run) is asked of a ``DeviceProbe``. Code that acts on those answers (preflight, memory
-monitor, OOM backoff, thermal guard) takes a probe as an argument, so its MPS and CUDA branches run
-on a CPU-only machine with a ``FakeProbe``.
-
-torch is imported inside the methods, never at module import: ``laptrain.hardware`` is imported by
-the launcher before the profile's environment variables are applied (docs/hardware.md §1, §2, §6).
-"""
+"""The one interface behind which laptrain reads the device: a ``DeviceProbe`` answers memory,
+cache release, synchronisation and precision support, and what acts on it takes it as an
+argument, so MPS and CUDA branches run on CPU with a ``FakeProbe`` (tests/fakes.py). torch is
+imported inside the methods: the launcher imports this before the profile's environment is
+applied (docs/hardware.md §1, §2, §6)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 DEVICE_KINDS = ("cpu", "cuda", "mps")
-
-T = TypeVar("T")
-
-
-def next_scripted(script: list[T]) -> T | None:
-    """The next of a test fake's scripted answers: in order, the last one repeats; None when empty."""
-    if not script:
-        return None
-    answer = script[0]
-    if len(script) > 1:
-        script.pop(0)
-    return answer
 
 
 @dataclass(frozen=True)
@@ -185,49 +168,8 @@ class TorchProbe:
             torch.cuda.reset_peak_memory_stats(self._cuda_index())
 
 
-@dataclass
-class FakeProbe:
-    """A scripted probe for tests and for ``hardware.probe=fake_<kind>`` dry runs on CPU.
-
-    ``readings`` are returned in order by ``memory()`` (the last one repeats); ``calls`` records
-    what was asked, so tests can assert that a cache was emptied.
-    """
-
-    kind: str = "cpu"
-    index: int | None = None
-    is_available: bool = True
-    has_bf16: bool = True
-    readings: list[MemoryReading] = field(default_factory=list)
-    calls: list[str] = field(default_factory=list)
-
-    def available(self) -> bool:
-        return self.is_available
-
-    def bf16_supported(self) -> bool:
-        return self.has_bf16
-
-    def memory(self) -> MemoryReading:
-        self.calls.append("memory")
-        reading = next_scripted(self.readings)
-        if reading is None:
-            return MemoryReading(
-                rss=0, system_total=0, system_available=0, system_percent=0.0, swap_used=0
-            )
-        return replace(reading)
-
-    def empty_cache(self) -> None:
-        self.calls.append("empty_cache")
-
-    def synchronize(self) -> None:
-        self.calls.append("synchronize")
-
-    def reset_peak(self) -> None:
-        self.calls.append("reset_peak")
-
-
 def probe_for(device: object) -> DeviceProbe:
-    """The real probe for a ``torch.device`` (or a string such as ``"cuda:0"``; ``"cuda"`` is the
-    current device, as for torch)."""
+    """The real probe for a ``torch.device`` or a string such as ``"cuda:0"``."""
     text = str(device)
     kind, _, index = text.partition(":")
     if kind not in DEVICE_KINDS:

@@ -1,10 +1,6 @@
-"""Hardware profiles as data: where they live, how one is read without Hydra, what they may ask for.
-
-The launcher reads a profile before Hydra composes (to print what ``hardware=auto`` chose), and
-``laptrain doctor`` reads one without a training config, so this module loads ``conf/hardware/*.yaml``
-itself, following their ``defaults`` within the group. It must not import torch (docs/hardware.md
-§2).
-"""
+"""Hardware profiles as data: ``conf/hardware/*.yaml`` read without Hydra (their ``defaults``
+followed within the group), for the launcher and ``laptrain doctor``, and what they may ask for.
+No torch import (docs/hardware.md §2)."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ class ProfileError(ValueError):
 
 
 def profile_names(root: Path | None = None) -> list[str]:
-    """Every profile in ``conf/hardware`` (``auto`` included)."""
     return sorted(p.stem for p in ((root or conf_dir()) / "hardware").glob("*.yaml"))
 
 
@@ -67,17 +62,10 @@ def fused_optimizer_unsafe(kind: str, precision: str, sharded: bool = False) -> 
 
 
 def validate_precision(precision: object, kind: str, bf16_supported: bool) -> str:
-    """Refuse a precision the device cannot run, before Lightning fails deep in setup.
-
-    - ``16-mixed`` on CPU: Lightning 2.6.6 silently rewrites it to ``bf16-mixed``
-      (``accelerator_connector.py`` ``_check_and_init_precision``), so the run would not be what was
-      asked: refused, naming bf16-mixed. On MPS it is allowed (fp16 autocast with
-      ``torch.amp.GradScaler("mps")``); :func:`precision_warning` says it is unmeasured there.
-    - ``64-true`` never on MPS (no float64 there).
-    - bf16 precisions only where the device has bf16 (CUDA: native, not emulated).
-
-    See docs/hardware.md §4 "Precision per device".
-    """
+    """Refuse a precision the device cannot run, before Lightning fails deep in setup
+    (docs/hardware.md §4): ``16-mixed`` on CPU, which Lightning 2.6.6 silently rewrites to
+    ``bf16-mixed`` (``_check_and_init_precision``); ``64-true`` on MPS; bf16 where the device lacks
+    it."""
     text = normalize_precision(precision)
     if text == "16-mixed" and kind == "cpu":
         better = "bf16-mixed" if bf16_supported else "32-true"

@@ -1,26 +1,14 @@
-"""Where the thermal guard learns that the machine is hot.
-
-Sources, first that works (docs/hardware.md §11):
-
-- ``MacThermalState``: macOS ``ProcessInfo.thermalState`` (nominal 0, fair 1, serious 2, critical 3)
-  through PyObjC, the optional extra ``pip install laptrain[mac]``. It is Apple's only public thermal
-  API; °C readings on Apple Silicon need private SMC calls and ``pmset -g therm`` is not a stable
-  interface, so neither is used.
-- ``SensorTemperature``: Linux ``psutil.sensors_temperatures()``, the hottest sensor, mapped to the
-  same levels with the sensor's own ``high``/``critical`` marks (or ``hot_celsius`` when it has none).
-
-Where neither works, the guard relies on throughput drift alone
-(``laptrain.callbacks.throughput_drift``), which needs no source at all. Every source is injectable,
-so tests script the readings with ``FakeThermal``.
-"""
+"""Where the thermal guard learns that the machine is hot (docs/hardware.md §11), first that works:
+``MacThermalState`` (macOS ``ProcessInfo.thermalState`` through PyObjC, ``laptrain[mac]``: Apple's
+only public thermal API) and ``SensorTemperature`` (Linux ``psutil.sensors_temperatures()``, the
+hottest sensor against its own ``high``/``critical`` marks). Without one the guard judges by
+throughput drift alone (``laptrain.callbacks.throughput_drift``)."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
-
-from laptrain.hardware.probe import next_scripted
 
 LEVEL_NAMES = ("nominal", "fair", "serious", "critical")
 
@@ -93,19 +81,6 @@ class SensorTemperature:
         if current >= high - 10:
             return 1
         return 0
-
-
-@dataclass
-class FakeThermal:
-    """Scripted readings for tests: returned in order, the last one repeats; None = no answer."""
-
-    readings: list[ThermalReading | None] = field(default_factory=list)
-    name: str = "fake"
-    calls: int = 0
-
-    def read(self) -> ThermalReading | None:
-        self.calls += 1
-        return next_scripted(self.readings)
 
 
 def thermal_source(hot_celsius: float = 85.0) -> ThermalSource | None:

@@ -1,22 +1,13 @@
 """Find and set a run's batch size and loader settings on any module and datamodule.
 
-The lookup is Lightning's own (``lightning.pytorch.utilities.parsing.lightning_hasattr``,
-``lightning_getattr``, ``lightning_setattr``, which its batch-size finder uses): an attribute or an
-``hparams`` entry, on the module or on the datamodule. Reading takes the last of module,
-module.hparams, datamodule, datamodule.hparams that has the name; setting writes all of them. So a
-datamodule written the lightning-hydra-template way (``self.save_hyperparameters()``, loaders built
-with ``batch_size=self.hparams.batch_size``) gets the run's batch without knowing laptrain.
-
-Lightning's functions reach the datamodule through ``model.trainer.datamodule``, which exists only
-once ``fit`` has started; the plan is made before the Trainer is. :func:`_as_fit_sees_it` gives the
-module a stand-in holding only the datamodule for the time of one lookup.
-
-A datamodule written as lightning-hydra-template's MNIST one splits its ``batch_size`` over the
-processes in ``setup`` (``hparams.batch_size // trainer.world_size`` into ``batch_size_per_device``)
-and builds its loaders with that. laptrain's batch is per process, so for such a datamodule the
-batch read is ``batch_size_per_device`` and a batch set (the profile's) is multiplied by the
-processes into ``batch_size``: :func:`set_up` shows it the run's process count as
-``trainer.world_size`` until the Trainer attaches itself.
+The lookup is Lightning's own (``lightning_hasattr``/``getattr``/``setattr`` in
+lightning/pytorch/utilities/parsing.py, which its batch-size finder uses): an attribute or
+``hparams`` entry of the module or datamodule, so a lightning-hydra-template datamodule
+(``self.hparams.batch_size``) gets the run's batch without knowing laptrain. Those functions reach
+the datamodule through ``model.trainer``, which exists only once ``fit`` started:
+:func:`_as_fit_sees_it` lends a stand-in for one lookup. A datamodule that splits ``batch_size``
+over the processes in ``setup`` (lightning-hydra-template's MNIST: ``batch_size_per_device``) is
+read per device and set times the process count (:func:`set_up` shows it ``trainer.world_size``).
 """
 
 from __future__ import annotations
@@ -66,10 +57,9 @@ def splits_its_batch(datamodule: Any) -> bool:
 
 
 def set_up(datamodule: Any, processes: int, follows_profile: bool) -> None:
-    """``datamodule.setup("fit")`` before the Trainer exists. One that splits its batch sees
-    ``processes`` as ``trainer.world_size`` (a stand-in the Trainer replaces when fit attaches
-    it): its own batch is split now as fit will split it; a batch that follows the profile is not
-    set yet, so it is split only once set (:func:`set_setting`)."""
+    """``datamodule.setup("fit")`` before the Trainer exists, showing it ``processes`` as
+    ``trainer.world_size``: a batch it splits is split now as fit will; a batch that follows the
+    profile is split once set (:func:`set_setting`)."""
     splits = splits_its_batch(datamodule)
     stand_in = SimpleNamespace(world_size=processes)
     if splits and not follows_profile:
@@ -115,8 +105,7 @@ def _has_hparam(obj: Any, name: str) -> bool:
 
 def _where(model: Any, datamodule: Any, name: str) -> str:
     """The holder Lightning reads ``name`` from: the last of module, module.hparams, datamodule,
-    datamodule.hparams that has it (lightning/pytorch/utilities/parsing.py, _lightning_get_all_attr_holders
-    and _lightning_get_first_attr_holder)."""
+    datamodule.hparams that has it (``_lightning_get_all_attr_holders``, utilities/parsing.py)."""
     if name == BATCH and splits_its_batch(datamodule):
         return f"{type(datamodule).__name__}.{PER_DEVICE}"
     holders = []
@@ -144,13 +133,9 @@ def find_setting(model: Any, datamodule: Any, name: str) -> Found | None:
 
 
 def set_setting(model: Any, datamodule: Any, name: str, value: Any) -> str:
-    """Set ``name`` wherever Lightning finds it (model None: on the datamodule only); return
-    where it is read from. A batch for a datamodule that splits its batch is per process: its
-    ``batch_size`` gets ``value`` times the processes it was shown (:func:`set_up`).
-
-    Raises:
-        AttributeError: neither has ``name``.
-    """
+    """Set ``name`` wherever Lightning finds it (model None: on the datamodule only) and return
+    where it is read from; a splitting datamodule's batch gets ``value`` times its processes. Raises
+    AttributeError when neither has ``name``."""
     processes = 1
     if name == BATCH and splits_its_batch(datamodule):
         processes = getattr(datamodule.trainer, "world_size", 1)
@@ -162,10 +147,9 @@ def set_setting(model: Any, datamodule: Any, name: str, value: Any) -> str:
 
 def build_datamodule(data: DictConfig, follows_profile: bool) -> Any:
     """The datamodule of ``data``. One whose batch follows the profile is built before the plan
-    has decided it: laptrain's own with ``batch_size=None`` (it waits for ``with_batch_sizes``);
-    any other with its constructor's default (``batch_size: from_profile`` is laptrain's request,
-    not an argument), or 1 where the constructor requires one; the plan's batch replaces it
-    before the loaders are built (laptrain.job.plan.planned_datamodule)."""
+    decided it: laptrain's own with ``batch_size=None``, any other with its constructor's default
+    (or 1 where required), replaced by the plan's batch before its loaders are built
+    (``planned_datamodule``)."""
     if not follows_profile:
         return instantiate(data, _convert_="all")
     target = get_object(str(data._target_))

@@ -1,12 +1,7 @@
-"""What a finished run reports to compare it with others: the value a sweeper optimises and a row
-in TensorBoard's HPARAMS tab.
-
-Gaps it fills: Lightning's TensorBoardLogger writes an HPARAMS summary only when metrics come with
-the hyperparameters (with ``default_hp_metric: false`` and none given, the tab says "No hparams
-data was found"), and the metrics are known only at the end. And ``trainer.callback_metrics``
-holds the last validation, not the best one the checkpoint callback kept; a rerun of a finished
-run holds none at all, so the run folder's ``metrics.json`` answers for it.
-"""
+"""What a finished run reports to compare it with others: the value a sweeper optimises and a row in
+TensorBoard's HPARAMS tab, which Lightning writes only when metrics come with the hyperparameters
+(known only at the end). ``trainer.callback_metrics`` holds the last validation, not the best, and
+nothing on a rerun of a finished run, so ``metrics.json`` answers for it."""
 
 from __future__ import annotations
 
@@ -99,8 +94,7 @@ NOT_COMPARED = {"hardware", "hparams_search", "launcher"}
 def hparams_row(
     cfg: DictConfig, overrides: list[str], exclude: list[str], model: Any, plan: Any
 ) -> dict[str, Any]:
-    """A flat dict of what tells runs apart: the job's overrides (typed as the config has them)
-    and lr, batch, model size, profile and seed."""
+    """What tells runs apart: the job's overrides, lr, batch, model size, profile and seed."""
     row: dict[str, Any] = {}
     for override in overrides:
         key, _, text = override.lstrip("+~").partition("=")

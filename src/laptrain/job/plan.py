@@ -1,17 +1,11 @@
 """The run plan: every machine-dependent choice of a run, decided once, frozen, passed down.
 
-``build_run_plan`` is the one place where the hardware profile, the data config, the trainer
-config and the memory preflight meet. The datamodule gets its batch sizes from the plan
-(:func:`planned_datamodule`: laptrain's own through ``with_batch_sizes``, any other through
-Lightning's attribute-or-hparams lookup, laptrain.job.datamodule_settings), the Trainer gets
-accelerator, devices, precision and accumulation from ``trainer_kwargs()``; nothing writes back
-into the config. The console summary
-and ``run_info.json`` are rendered from the plan, each value with the reason it was chosen.
-
-Whether a datamodule's batch follows the profile is an explicit config value: ``batch_size:
-from_profile`` in the data YAML means "the hardware profile's micro batch" (``hardware.batch_size``,
-a number or ``auto`` = the preflight picks). A data config with a number (TRM: its carry slots)
-keeps it.
+``build_run_plan`` is where the hardware profile, the data and trainer configs and the memory
+preflight meet. The datamodule gets its batch sizes from the plan (:func:`planned_datamodule`),
+the Trainer its accelerator, devices, precision and accumulation (``trainer_kwargs()``); nothing
+writes back into the config. The console summary and ``run_info.json`` render the plan, each
+value with its reason. ``batch_size: from_profile`` in a data YAML takes the profile's micro batch
+(``hardware.batch_size``, a number or ``auto``); a number (TRM's carry slots) is kept.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from laptrain.job.datamodule_settings import (
     set_setting,
     users_datamodule,
 )
-from laptrain.launch.device import device_count, device_kind, requested_accelerator
+from laptrain.launch.device import RunDevice, device_count, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
 from laptrain.preflight.planner import BatchPlanner
 from laptrain.ranks.processes import asked_devices, shards_model_state
@@ -42,15 +36,10 @@ from laptrain.ranks.processes import asked_devices, shards_model_state
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What this run does on this machine, and why.
-
-    ``micro_batch`` is what one forward/backward really runs (TRM: its chunk of carry slots);
-    ``loader_batch`` what the training loader yields (TRM: the carry slots); for the text families
-    they are equal. ``memory`` is the preflight's record (estimate, budget) when it ran; its
-    ``estimate_gb`` and ``budget_gb`` are GiB (bytes / 2^30; the keys keep their names for readers).
-    ``devices`` is how many devices train (per node); ``devices_asked`` the ``trainer.devices``
-    value the Trainer is given as written ([0,1], "0,1", auto, -1 or a count).
-    """
+    """What this run does on this machine, and why. ``micro_batch`` is what one forward/backward
+    runs, ``loader_batch`` what the loader yields (they differ for TRM's carry slots); ``memory``
+    the preflight's record (``*_gb`` in GiB); ``devices`` how many train per node, ``devices_asked``
+    the ``trainer.devices`` value as written."""
 
     profile: str
     device: str
@@ -128,8 +117,7 @@ class RunPlan:
         return lines
 
     def _loader_lines(self) -> list[str]:
-        """Workers and pin_memory as the loaders get them, or one line naming those the
-        datamodule decides itself."""
+        """Workers and pin_memory as the loaders get them, or those the datamodule decides."""
         lines = []
         if "num_workers" not in self.loader_own:
             lines.append(
@@ -160,31 +148,22 @@ def build_run_plan(
     cfg: DictConfig,
     model: Any,
     datamodule: Any,
-    precision: str,
+    device: RunDevice,
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
     preflight: BatchPlanner | None = None,
-    device_index: int | None = None,
     batch: BatchRequest | None = None,
-    kind: str | None = None,
 ) -> RunPlan:
     """Decide the run's batch, accumulation, device and loader settings once.
 
-    ``precision`` and ``device_index`` (this rank's GPU, the preflight measures it; None off CUDA)
-    and ``kind`` (cpu, cuda, mps; derived from the config when None) are the launch's decision
-    (laptrain.launch.device.RunDevice); ``batch`` the run's parsed
-    request (read from the config when not given). ``preflight`` is the batch planner
-    (laptrain.preflight.planner; chosen for the model when None, injectable for tests). With
-    ``hardware.batch_size: auto`` the preflight must run; a fixed batch is still checked by it.
-
-    Raises:
-        ValueError: ``auto`` with the preflight disabled, or settings that contradict each other.
-        PreflightError: the job does not fit (from the preflight).
-    """
+    ``device`` is the launch's decision (its kind, precision and this rank's GPU); ``batch`` the
+    parsed request (read from the config when not given); ``preflight`` the batch planner (chosen
+    for the model when None). Raises ValueError for ``auto`` with the preflight disabled or
+    contradicting settings, PreflightError when the job does not fit."""
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
-    asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg), kind)
-    profile = _preflight_profile(cfg, asked, precision, device_index)
+    asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg), device.kind)
+    profile = _preflight_profile(cfg, asked, device.precision, device.index)
     checked = _checked_batch(
         cfg, model, datamodule, asked, profile, reasons, preflight, output_dir, cache_dir
     )
@@ -196,7 +175,7 @@ def build_run_plan(
         accelerator=asked.accelerator,
         devices=asked.devices,
         devices_asked=asked.devices_asked,
-        precision=precision,
+        precision=device.precision,
         batch_from_profile=asked.follows,
         reasons=reasons,
         nodes=int(trainer.get("num_nodes") or 1),
@@ -271,7 +250,7 @@ def _asked(
     datamodule: Any,
     reasons: dict[str, str],
     request: BatchRequest,
-    kind: str | None,
+    kind: str,
 ) -> _Asked:
     """The accelerator, devices, accumulation and batch the config asks for (the trainer's
     settings win over the hardware profile's; the data's batch unless it follows the profile)."""
@@ -279,7 +258,6 @@ def _asked(
     follows, auto = request.follows_profile, request.auto
     accelerator = requested_accelerator(cfg)
     devices_asked = asked_devices(cfg)
-    kind = kind or device_kind(accelerator)
     devices = device_count(devices_asked, kind)
     accumulation = int(trainer.get("accumulate_grad_batches") or 1)
     set_on: dict[str, str] = {}
@@ -307,8 +285,7 @@ def _asked(
 
 
 def _batch_holder(model: Any, datamodule: Any) -> str:
-    """Where a datamodule that is not laptrain's takes the profile's batch, or a one-line refusal
-    naming what to add."""
+    """Where a datamodule not laptrain's takes the profile's batch, or a one-line refusal."""
     found = find_setting(model, datamodule, BATCH)
     if found is None:
         name = type(datamodule).__name__
@@ -431,8 +408,8 @@ def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> An
 def _preflight_profile(
     cfg: DictConfig, asked: _Asked, precision: str, device_index: int | None
 ) -> dict[Any, Any]:
-    """The hardware profile the preflight checks, with the trainer's devices and precision and
-    this rank's GPU."""
+    """The hardware profile the preflight checks, with the run's devices, precision and this rank's
+    GPU."""
     profile = OmegaConf.to_container(cfg.hardware, resolve=True)
     assert isinstance(profile, dict)
     profile["devices"] = asked.devices
@@ -519,9 +496,8 @@ def _loading(
 def _user_loader(
     data: DictConfig, datamodule: Any, hw: DictConfig
 ) -> tuple[Loader, dict[str, str], tuple[str, ...]]:
-    """Loader settings for a datamodule that is not laptrain's: one its data config sets keeps
-    the datamodule's value; the profile's goes where Lightning's lookup finds the name on the
-    datamodule; the rest it decides itself (returned third, the console names them)."""
+    """Loader settings for a datamodule that is not laptrain's: its data config's value is kept, the
+    profile's goes where Lightning's lookup finds the name, the rest it decides (returned third)."""
     profile = loader_settings(None, hw)
     values: dict[str, Any] = {}
     set_on: dict[str, str] = {}

@@ -1,7 +1,5 @@
-"""One training run, in the order a reader expects: seed, build, summarise, fit, test, export.
-
-Only this module sees the Hydra config; everything it builds takes plain arguments.
-"""
+"""One training run, in the order a reader expects: seed, build, summarise, fit, test, export. Only
+this module sees the Hydra config; everything it builds takes plain arguments."""
 
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.callbacks.acting import build_callbacks, guards_line, without_lightning_no_ops
+from laptrain.callbacks.acting import build_callbacks, guards_line
 from laptrain.callbacks.contracts import ended_early, signal_stop, stop_reason
 from laptrain.callbacks.fused_optimizer_check import FusedOptimizerCheck
 from laptrain.callbacks.monitored_metric import MonitoredMetricCheck
@@ -37,7 +35,7 @@ from laptrain.checkpoints.resume import (
     resuming_line,
     written_last,
 )
-from laptrain.checkpoints.stop import use_last_checkpoint
+from laptrain.checkpoints.stop import use_last_checkpoint, without_lightning_no_ops
 from laptrain.checkpoints.trusted import TrustedGlobals, trusted_globals
 from laptrain.config.batch_request import batch_request
 from laptrain.config.check import LAPTRAIN_KEYS, ConfigError
@@ -157,9 +155,8 @@ class Built(NamedTuple):
 
 def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
     """Data, model and the run plan, in that order, on ``device`` (the launch's decision; None:
-    decided here); the datamodule that trains has the plan's batch sizes (a datamodule whose
-    batch follows the profile is built without one, prepared, then given the plan's) and, when it
-    is not laptrain's, the profile's loader settings it has as attributes or hparams."""
+    decided here); the datamodule that trains has the plan's batch sizes and, when it is not
+    laptrain's, the profile's loader settings it has as attributes or hparams."""
     device = device or decide_device(cfg)
     kind, precision, index = device.kind, device.precision, device.index
     pin_rank_gpu(index)
@@ -192,15 +189,7 @@ def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
     remake = partial(instantiate, model_cfg, _convert_="all", **model_kwargs, **decided)
     model = remake()
     plan = build_run_plan(
-        cfg,
-        model,
-        datamodule,
-        precision,
-        output_dir,
-        Path(cfg.paths.cache_dir),
-        device_index=index,
-        batch=batch,
-        kind=kind,
+        cfg, model, datamodule, device, output_dir, Path(cfg.paths.cache_dir), batch=batch
     )
     if plan.gradient_checkpointing and isinstance(model, ChecksGradientCheckpointing):
         model.use_gradient_checkpointing()  # model.gradient_checkpointing=auto: the job needs it
@@ -209,11 +198,10 @@ def build(cfg: DictConfig, device: RunDevice | None, output_dir: Path) -> Built:
 
 def pin_rank_gpu(index: int | None) -> None:
     """Make this rank's GPU (``trainer.devices[local rank]``) the current CUDA device before
-    anything reads or allocates on CUDA, as Lightning does only once the Trainer starts
-    (``CUDAAccelerator.setup_device``, lightning/pytorch/accelerators/cuda.py:38-47). Until then
-    every call that takes the current device (``torch.cuda.mem_get_info()``, a model moved to
-    ``"cuda"``, transformers' default ``device_map`` for a 4-bit base) would use GPU 0 and leave
-    a CUDA context there, on a GPU another job may own (``trainer.devices=[2,3]``)."""
+    anything touches CUDA, as Lightning does only once the Trainer starts
+    (``CUDAAccelerator.setup_device``, lightning/pytorch/accelerators/cuda.py:38-47): until then
+    ``mem_get_info()``, ``"cuda"`` and a 4-bit base's ``device_map`` mean GPU 0, which another job
+    may own."""
     if index is not None and torch.cuda.is_available():
         torch.cuda.set_device(index)
 
@@ -298,10 +286,9 @@ def _set_up_process(cfg: DictConfig) -> None:
 def _make_trainer(
     cfg: DictConfig, plan: RunPlan, model: Any, datamodule: Any, trusted: TrustedGlobals
 ) -> tuple[pl.Trainer, list[Any], list[Any], str]:
-    """The Trainer of the config with the plan's arguments, its callbacks (those that can act on
-    ``model``'s run), its loggers and the console line naming the guards built (its checkpoints
-    loaded with ``trusted``'s objects allowed); a user's datamodule gets Lightning's distributed
-    sampler and a resumable train loader."""
+    """The Trainer of the config with the plan's arguments, the callbacks that can act on
+    ``model``'s run, its loggers and the console line naming the guards built; a user's datamodule
+    gets Lightning's distributed sampler and a resumable train loader."""
     built = build_callbacks(cfg.get("callbacks"), model)
     # MLflow / W&B: the run folder's tracking runs continued, W&B offline without a key
     folder = Path(cfg.paths.output_dir)
@@ -355,11 +342,10 @@ def instantiate_trainer(
     trusted: TrustedGlobals | None = None,
     **overrides: Any,
 ) -> pl.Trainer:
-    """``cfg.trainer`` with the plan's arguments, these callbacks and loggers, and the
-    checkpoint plugins (loading ``trusted``'s objects); keyword arguments win over the config's
-    keys (``laptrain bench`` passes its step count and folder this way). Every stop and save of
-    its fit writes ``paths.last_ckpt``. Under ``trainer=fsdp`` the strategy gets ``model``'s units
-    (one per layer: laptrain.model.fsdp_units) and loads full checkpoints ``weights_only``."""
+    """``cfg.trainer`` with the plan's arguments, these callbacks and loggers, and the checkpoint
+    plugins (``trusted``'s objects allowed); keyword arguments win (``laptrain bench``'s). Stops and
+    saves write ``paths.last_ckpt``; under ``trainer=fsdp`` the strategy gets ``model``'s units
+    (laptrain.model.fsdp_units) and loads full checkpoints ``weights_only``."""
     trainer = instantiate(
         cfg.trainer,
         **plan.trainer_kwargs(),
@@ -387,8 +373,7 @@ def _announce(
     plan: RunPlan,
     guards: str,
 ) -> None:
-    """The summary on the console, in run_info and the loggers' hyperparameters; the data's
-    artifacts in the run folder."""
+    """The summary on console, run_info and loggers; the data's artifacts in the run folder."""
     lines = [parameter_line(model), *summary_lines(plan, env), guards]
     for line in [*(plan.memory or {}).get("lines", []), *lines]:
         rank_zero_info(line)
@@ -433,12 +418,9 @@ def _stopped(
 def _interrupted(
     stop: SystemExit, stage: str, cfg: DictConfig, output_dir: Path, trainer: pl.Trainer
 ) -> Outcome:
-    """A signal where GracefulStop does not hold the handlers (the sanity check before training,
-    the test after it): Lightning ends the stage with ``SIGTERMException``, a ``SystemExit`` with
-    no code, i.e. exit 0 (lightning/pytorch/loops/evaluation_loop.py:470-471), or on Ctrl-C with
-    ``sys.exit(1)`` inside its ``except KeyboardInterrupt`` (lightning/pytorch/trainer/call.py:
-    56-65). Either becomes 128 + the signal's number with the resume hint; any other exit is
-    passed on."""
+    """A signal where GracefulStop does not hold the handlers (the sanity check, the test):
+    Lightning exits 0 on ``SIGTERMException`` (loops/evaluation_loop.py:470-471) or 1 on Ctrl-C
+    (trainer/call.py:56-65); either becomes 128 + the signal's number with the resume hint."""
     if isinstance(stop, SIGTERMException):
         signum = signal.SIGTERM
     elif isinstance(stop.__context__, KeyboardInterrupt):
@@ -460,19 +442,10 @@ def _test(
     """The fit's last metrics, updated by the test on the best checkpoint when ``test`` is on, and
     the module that holds the weights to export (the one tested).
 
-    After a fit on several processes every rank tests its own share of the test split with the
-    same Trainer (laptrain's loaders shard without repeating examples, and the metrics sum their
-    counts over the ranks when computed), so no rank waits in a collective the others never reach.
-
-    Under ``trainer=fsdp`` the test runs on the module built again (``remake``), which Lightning
-    wraps anew and loads the checkpoint into, as for a resume. The fitted module keeps its layer
-    units, so Lightning takes it for one the user wrapped, drops the policy and leaves its root
-    unwrapped, its own parameters still views of the fit's shards: loading the checkpoint then
-    fails on their sizes (Lightning issue #19015; reproduced on 2 CPU ranks, docs/sweeps.md). A
-    module with no layer class to make units of (a user's MLP: FSDP wraps only its root) is left
-    with its parameters as views of the fit's flat shard too ("size mismatch ... torch.Size([0])"),
-    so every module trained under FSDP is built again.
-    """
+    Every rank tests its own share of the test split with the same Trainer, so no rank waits in a
+    collective the others never reach. Under ``trainer=fsdp`` the test runs on the module built
+    again (``remake``): the fitted one keeps views of the fit's shards, and loading the checkpoint
+    into it fails on their sizes (Lightning issue #19015; docs/sweeps.md)."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.best_model_path or None

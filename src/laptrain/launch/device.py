@@ -1,13 +1,7 @@
-"""The device and precision a run trains with, decided once, before any data or model work.
-
-The Trainer's own arguments win over the profile's (``trainer.precision=bf16-mixed`` on the
-command line is what Lightning gets), so the precision is read here in that order.
-:func:`decide_device` makes the decision once, at the launch (``train.py``, before Hydra makes a
-run folder), as a :class:`RunDevice`: the device kind, the precision checked against the device
-and the model's family, and this rank's GPU. The job is handed that value (:func:`job_device`) and
-every later reader (the plan, the memory preflight, the summary) is given it instead of reading
-the config again.
-"""
+"""The device and precision a run trains with, decided once, before any data or model work: the
+Trainer's arguments win over the profile's. :func:`decide_device` decides at the launch, before
+Hydra makes a run folder, as a :class:`RunDevice` (kind, precision checked against the device and
+the family, this rank's GPU), which the job and every later reader are given."""
 
 from __future__ import annotations
 
@@ -38,17 +32,13 @@ FUSED_UNDER_FSDP_FP16 = (
     "with 16-mixed under FSDP: Lightning leaves a fused optimizer's unscale to its kernel, so the "
     "ranks never share an overflow and their loss scales drift apart (docs/hardware.md §3)"
 )
-UNFUSED_ON_MPS_FP16 = f"model.optimizer.fused=false {FUSED_ON_MPS_FP16}"
-UNFUSED_UNDER_FSDP_FP16 = f"model.optimizer.fused=false {FUSED_UNDER_FSDP_FP16}"
 
 
 @dataclass(frozen=True)
 class RunDevice:
-    """What a run trains on, decided once by :func:`decide_device` and passed down.
-
-    ``kind`` is cpu, cuda or mps; ``precision`` Lightning's spelling, checked against the device
-    and the model's family; ``index`` this rank's CUDA GPU (``trainer.devices[local rank]``), None
-    off CUDA; ``asked`` the config values it answers (:func:`device_request`)."""
+    """What a run trains on, decided once by :func:`decide_device` and passed down: ``kind`` (cpu,
+    cuda, mps), ``precision`` (Lightning's spelling, checked), ``index`` (this rank's CUDA GPU, None
+    off CUDA) and ``asked``, the config values it answers (:func:`device_request`)."""
 
     kind: str
     precision: str
@@ -84,10 +74,9 @@ def visible_cuda_devices() -> int:
 
 
 def device_count(devices: Any, kind: str, cuda_devices: Callable[[], int] | None = None) -> int:
-    """The number of devices ``trainer.devices`` trains on with a ``kind`` (cpu, cuda, mps)
-    accelerator, in every form Lightning takes (a count, "2", [0,1], "0,1", auto, -1, "-1");
-    ``cuda_devices`` counts the visible GPUs (default: :func:`visible_cuda_devices`). Raises
-    :class:`ConfigError` (one line naming trainer.devices) for a value Lightning refuses."""
+    """The number of devices ``trainer.devices`` trains on with a ``kind`` accelerator, in every
+    form Lightning takes; ``cuda_devices`` counts the visible GPUs. A value Lightning refuses is a
+    one-line :class:`ConfigError`."""
     asked = requested_devices(devices, kind)
     if asked is not None:
         return asked
@@ -101,7 +90,6 @@ def device_count(devices: Any, kind: str, cuda_devices: Callable[[], int] | None
 
 
 def plan_device(cfg: DictConfig) -> str:
-    """The device kind (cpu, cuda, mps) the trainer config asks for."""
     return device_kind(requested_accelerator(cfg))
 
 
@@ -112,8 +100,7 @@ def rank_device_index(cfg: DictConfig, kind: str) -> int | None:
 
 
 def device_request(cfg: DictConfig) -> tuple[str, ...]:
-    """What the device decision reads of the config: accelerator, precision, ``trainer.devices``,
-    the profile's name and the model's ``_target_``."""
+    """What the device decision reads: accelerator, precision, devices, profile, model."""
     model = cfg.get("model")
     return (
         requested_accelerator(cfg),
@@ -125,17 +112,15 @@ def device_request(cfg: DictConfig) -> tuple[str, ...]:
 
 
 def decide_device(cfg: DictConfig, say: Callable[[str], None] = rank_zero_info) -> RunDevice:
-    """The run's device, once: :func:`check_device` (refusals in one line, a warning through
-    ``say``), and this rank's GPU."""
+    """The run's device, once: :func:`check_device` and this rank's GPU."""
     kind = plan_device(cfg)
     precision = check_device(cfg, say=say)
     return RunDevice(kind, precision, rank_device_index(cfg, kind), device_request(cfg))
 
 
 def job_device(cfg: DictConfig, launched: RunDevice | None) -> RunDevice:
-    """The device of a job: the launch's decision when it answers this job's config (a run; a
-    sweep job that sweeps no device setting), else the job's own. The launch checks a sweep on its
-    first job and says its warning once: another job of that sweep decides without repeating it."""
+    """The device of a job: the launch's decision when it answers this job's config, else the job's
+    own (a sweep over a device setting; the launch warned once on its first job)."""
     if launched is not None and launched.asked == device_request(cfg):
         return launched
     return decide_device(cfg, say=rank_zero_info if launched is None else (lambda _: None))
@@ -144,10 +129,9 @@ def job_device(cfg: DictConfig, launched: RunDevice | None) -> RunDevice:
 def check_device(
     cfg: DictConfig, probe: DeviceProbe | None = None, say: Callable[[str], None] = rank_zero_info
 ) -> str:
-    """The first check of every run: the device the trainer is asked for exists here and can run
-    the precision asked for (preflight on or off), ``trainer.devices`` is a value Lightning takes
-    on it, and the model's family trains at it (its FAMILY's rule). Returns the precision
-    in Lightning's spelling; a precision that runs but is unmeasured gets one warning."""
+    """The first check of every run: the asked device exists here and runs the asked precision,
+    ``trainer.devices`` is a value Lightning takes, and the model's family trains at it. Returns the
+    precision in Lightning's spelling; one warning for a precision that runs but is unmeasured."""
     kind = device_kind(requested_accelerator(cfg))
     probe = probe or TorchProbe(kind)
     if not probe.available():
@@ -175,16 +159,9 @@ def without_unsafe_fused(
     sharded: bool = False,
 ) -> Mapping[str, Any]:
     """``model_cfg`` with ``optimizer.fused`` off where a fused Adam/AdamW would train wrongly at
-    16-mixed, saying so: on MPS, and under FSDP (``sharded``).
-
-    With a fused optimizer the GradScaler does not skip an overflowing step itself: it hands the
-    optimizer ``grad_scale`` and ``found_inf`` and lets its kernel skip (torch/amp/grad_scaler.py,
-    ``step``). MPS's kernel ignored both until pytorch PR #186360, and whether torch 2.13's does
-    is not established. Under FSDP, Lightning calls ``scaler.unscale_`` only for optimizers that
-    do not unscale themselves (lightning/pytorch/plugins/precision/fsdp.py, ``optimizer_step``),
-    and ``ShardedGradScaler.unscale_`` is where the ranks all-reduce ``found_inf``: with a fused
-    optimizer each rank skips and halves its scale on its own shard's overflow alone
-    (docs/hardware.md §3). Any other device, precision or strategy keeps the config."""
+    16-mixed, saying so: on MPS (its kernel ignored the scaler's ``found_inf`` until pytorch PR
+    #186360) and under FSDP (``sharded``: Lightning skips ``scaler.unscale_``, where the ranks agree
+    on ``found_inf``, for a fused optimizer; docs/hardware.md §3)."""
     optimizer = model_cfg.get("optimizer")
     fused = isinstance(optimizer, Mapping) and bool(optimizer.get("fused"))
     if not fused or not fused_optimizer_unsafe(kind, precision, sharded):

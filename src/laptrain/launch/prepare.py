@@ -72,8 +72,8 @@ def multirun(argv: Sequence[str], cfg: DictConfig) -> bool:
 
 
 class Launch(NamedTuple):
-    """What the launch hands the job: the environment it exported, and the device it decided
-    (None when the command only prints the config)."""
+    """What the launch hands the job: the environment exported, the device decided (None: print
+    only)."""
 
     env: EnvReport
     device: RunDevice | None

@@ -1,15 +1,9 @@
 """A resumed run continues its MLflow run and its W&B run instead of starting a second one.
 
-Gap it fills: Lightning's MLFlowLogger and WandbLogger start a new tracking run whenever they are
-built without an id, and laptrain builds them anew each time the same command resumes a run folder.
-TensorBoard's curves append (``version: ""`` in conf/logger/tensorboard.yaml), but MLflow got a
-second run and W&B a second run id for every session. Here the ids are kept in the run folder's
-``tracking.json`` (written atomically, by rank 0, once the runs exist) and passed back the next
-time: ``MLFlowLogger(run_id=...)``, ``WandbLogger(id=..., resume="allow")``.
-
-An MLflow id is passed back only to the store that made it (the same tracking URI, kept without
-its ``user:password@``): a resumed run pointed at another store starts a new run there. An id given in the config (``logger.mlflow.run_id``,
-``logger.wandb.id``) wins over the stored one.
+Lightning's MLFlowLogger and WandbLogger start a new run when built without an id, and laptrain
+builds them anew at every resume. The ids are kept in the run folder's ``tracking.json`` (written
+atomically by rank 0) and passed back: ``MLFlowLogger(run_id=...)``, ``WandbLogger(id=...,
+resume="allow")``. An MLflow id goes back only to the store that made it; an id in the config wins.
 """
 
 from __future__ import annotations
@@ -28,8 +22,7 @@ TRACKING_FILE = "tracking.json"
 
 
 def entries(section: Any) -> Iterator[tuple[str, DictConfig]]:
-    """``(name, node)`` of each logger the job builds, in the order ``_instantiate_all`` builds
-    them (laptrain.job.run)."""
+    """``(name, node)`` of each logger the job builds, in the order it builds them."""
     if not section:
         return
     for name, node in section.items():

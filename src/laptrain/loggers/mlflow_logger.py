@@ -1,13 +1,9 @@
 """Lightning's MLFlowLogger, able to continue a run that another session started.
 
-Gap it fills: MLflow refuses to change a parameter once it is logged ("Changing param values is not
-allowed"), and a resumed laptrain run logs its config again (laptrain.job.run) and so does Lightning,
-with the module's hyperparameters, at the start of fit. Resuming with a changed option, the usual
-way to train on (``trainer.max_steps=40`` after 20), failed there with Lightning's own logger. Here
-a parameter the run already has keeps its first value and the new one goes to the tag
-``resumed/<key>`` (the latest resume's). A continued run is marked running again (its first session
-ended it), and an id the store no longer has (a deleted run, a fresh store) starts a new run with a
-warning instead of failing before training.
+MLflow refuses to change a logged parameter, and a resumed run logs its config again, so resuming
+with a changed option (``trainer.max_steps=40`` after 20) failed. Here a parameter keeps its first
+value and the new one goes to the tag ``resumed/<key>``; a continued run is marked running again,
+and an id the store no longer has starts a new run with a warning.
 """
 
 from __future__ import annotations

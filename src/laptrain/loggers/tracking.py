@@ -1,25 +1,15 @@
-"""MLflow and W&B beside TensorBoard: what the job adds to Lightning's two loggers.
+"""MLflow and W&B beside TensorBoard: what the job adds to Lightning's loggers (docs/loggers.md).
 
-Gaps it fills:
-
-- A login prompt. WandbLogger logs online, and on a machine where nobody logged in wandb stops the
-  run to ask for an API key. Here W&B logs offline unless a key is found (``WANDB_API_KEY``, or the
-  ``~/.netrc`` entry ``wandb login`` writes); ``WANDB_MODE`` and ``logger.wandb.mode`` win, and a run
-  told to go online with no key is refused in one line instead of prompting.
-- Data sent home unasked: MLflow's usage telemetry (on from its import) and wandb's error reports
-  are off unless ``MLFLOW_DISABLE_TELEMETRY`` / ``WANDB_ERROR_REPORTING`` say otherwise.
-- MLflow's local store: the run folder's SQLite store (conf/logger/mlflow.yaml) keeps its artifacts
-  beside it, not in an ``mlruns/`` of whatever folder the command ran from.
-- A W&B run that never ends: WandbLogger leaves its run open until the process exits, and a Hydra
-  sweep runs its jobs one after another in one process, so every job after the first logged into
-  the first job's run (WandbLogger reuses ``wandb.run``). :func:`runs_ended` ends it with the job.
-- Text no tracker got: Lightning's logger API takes numbers and hyperparameters, so the path of the
-  best checkpoint reached none. :func:`log_text` puts it in the MLflow run's tags and the W&B run's
-  summary (laptrain.callbacks.run_report calls it at the end of fit).
-- A store opened by every rank: torchrun and srun start all ranks at once, and each one building
-  MLFlowLogger opened (and, on a fresh folder, created and migrated) the SQLite store at the same
-  time: one rank died on ``OperationalError`` and the others waited for it until the timeout.
-  Only global rank 0 logs to a tracker, so only rank 0 builds the MLflow and W&B loggers.
+- No login prompt: W&B logs offline unless a key is found (``WANDB_API_KEY`` or ``~/.netrc``);
+  ``WANDB_MODE`` / ``logger.wandb.mode`` win, and online with no key is refused in one line.
+- Nothing sent home unasked: MLflow's telemetry and wandb's error reports are off unless their
+  environment variables say otherwise.
+- MLflow's artifacts live beside the run folder's SQLite store, not in the cwd's ``mlruns/``.
+- A W&B run ends with its job (:func:`runs_ended`): a Hydra sweep's later jobs logged into the
+  first job's run, since WandbLogger reuses ``wandb.run``.
+- :func:`log_text`: the best checkpoint's path, which Lightning's numeric API cannot carry.
+- Only global rank 0 builds the MLflow and W&B loggers: every rank opening (and migrating) the
+  SQLite store at once killed one rank with ``OperationalError``.
 """
 
 from __future__ import annotations
@@ -45,8 +35,8 @@ ONLINE = ("online", "run")  # "run": wandb's older name for online
 
 
 def quiet_env(environ: dict[str, str] | os._Environ = os.environ) -> None:
-    """:data:`QUIET_ENV` where the user has not set those variables (before mlflow is imported:
-    it reads its telemetry switch then)."""
+    """:data:`QUIET_ENV` where unset, before mlflow is imported (it reads its telemetry switch
+    then)."""
     for key, value in QUIET_ENV.items():
         environ.setdefault(key, value)
 
@@ -92,9 +82,8 @@ def wandb_mode(
 
 
 def check_wandb_modes(section: Any, environ: Mapping[str, str] = os.environ) -> None:
-    """:func:`wandb_mode`'s refusal before the run folder is made (laptrain.config.check calls it
-    on the composed config, without importing torch): W&B loggers are known here by their
-    ``_target_``'s class name."""
+    """:func:`wandb_mode`'s refusal before the run folder is made (laptrain.config.check, without
+    torch): W&B loggers are known by their ``_target_``'s class name."""
     for name, node in continued_runs.entries(section):
         if str(node.get("_target_")).rsplit(".", 1)[-1] == "WandbLogger":
             configured = "offline" if node.get("offline") else node.get("mode")
@@ -107,10 +96,9 @@ def prepared(
     environ: dict[str, str] | os._Environ = os.environ,
     tracked: bool = True,
 ) -> DictConfig | None:
-    """The ``logger`` section as the job builds it: resolved, with the ids of the run folder's
-    MLflow / W&B runs (laptrain.loggers.continued_runs), W&B's mode decided and MLflow's local artifacts
-    beside its store; without MLflow and W&B unless ``tracked`` (False on a rank other than
-    global rank 0). Exports :data:`QUIET_ENV` first."""
+    """The ``logger`` section as the job builds it: resolved, with the run folder's MLflow / W&B ids
+    (laptrain.loggers.continued_runs), W&B's mode decided, MLflow's artifacts beside its store;
+    without them unless ``tracked`` (global rank 0). Exports :data:`QUIET_ENV` first."""
     if not section:
         return None
     quiet_env(environ)

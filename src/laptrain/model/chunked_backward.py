@@ -1,25 +1,15 @@
 """Back-propagate a batch in chunks, so that an out-of-memory error is retried, not fatal.
 
 A callback cannot catch an exception raised inside ``training_step``, and Lightning's automatic
-optimization back-propagates the returned loss in one piece. So the module does the backward
-itself: the batch becomes a queue of index ranges (the micro-batches), each range is forwarded and
-back-propagated with weight ``len(range) / len(batch) / accumulate_grad_batches`` through
-``trainer.strategy.backward`` (so the precision plugin's GradScaler applies), and an OOM in a range
-splits that range in two. Ranges already back-propagated stay valid: no sample is lost or counted
-twice, and the optimizer step that follows is the same one. The micro-batch size and the policy
-live in the ``OOMBackoff`` callback (``laptrain.callbacks.oom_backoff``).
+optimization back-propagates the loss in one piece. So the module does the backward itself: the
+batch becomes a queue of index ranges, each forwarded and back-propagated with weight
+``len(range) / len(batch) / accumulate_grad_batches`` through ``trainer.strategy.backward`` (the
+GradScaler applies), and an OOM splits the failing range in two. Each range's gradients go into
+fresh buffers added to those held, so an OOM mid-backward leaves no partial gradient (the price:
+one extra set of gradient buffers). The micro-batch size and policy live in ``OOMBackoff``.
 
-Gradients of a range are computed into fresh buffers and added to the ones already held, so an OOM
-in the middle of a backward pass leaves no partial gradient behind. The price is one extra set of
-gradient buffers while a second range (or a second accumulated batch) is back-propagated.
-
-Usage::
-
-    class MyModule(ChunkedBackward, LightningModule):
-        def training_step(self, batch, batch_idx):
-            loss = self.chunked_backward(batch, self.loss_of)  # loss_of(chunk) -> mean loss
-            self.log("train/loss", loss)
-            return loss
+Usage: ``class MyModule(ChunkedBackward, LightningModule)`` and in ``training_step``
+``loss = self.chunked_backward(batch, self.loss_of)`` (``loss_of(chunk)`` -> mean loss).
 """
 
 from __future__ import annotations

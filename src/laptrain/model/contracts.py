@@ -1,22 +1,9 @@
 """What the run may ask of a model beyond Lightning's own API, as Protocols.
 
-Nothing here is required: a plain ``LightningModule`` (steps, ``configure_optimizers``, the
-``self.log`` calls its checkpoints monitor) trains under ``python train.py`` with checkpoints, stops,
-resume, guards and report (docs/your_model.md). A module joins a Protocol by having its members,
-never by subclassing; the run asks ``isinstance`` instead of probing attribute names. Each one
-buys one feature, named in its docstring:
-
-- :class:`ExportsModel`: export of what a user keeps, after the test on the best checkpoint;
-- :class:`KeepsTrainableOnly`: checkpoints and exports of the trainable parameters only;
-- :class:`ChunksBatches`: the plan and the console count the micro batch the step really runs;
-- :class:`SizesItsStep`: the memory preflight measures the step the module really runs;
-- ``ChecksGradientCheckpointing`` (``laptrain/model/gradient_checkpointing.py``):
-  ``model.gradient_checkpointing=auto``, on only when the memory preflight finds it is needed.
-
-OOM backoff is the one feature a class brings: the ``ChunkedBackward`` mixin
-(``laptrain/model/chunked_backward.py``), whose ``self.chunked_backward`` in ``training_step`` lets
-an out-of-memory error halve the micro batch instead of ending the run. ``laptrain/data/contracts.py``
-lists a datamodule's, ``laptrain/callbacks/contracts.py`` a callback's.
+Nothing here is required: a plain ``LightningModule`` trains with checkpoints, stops, resume,
+guards and report (docs/your_model.md). A module joins a Protocol by having its members; the run
+asks ``isinstance``. Each buys one feature, named in its docstring. OOM backoff is the one a class
+brings (``ChunkedBackward``); ``ChecksGradientCheckpointing`` lives in gradient_checkpointing.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """What a ``laptrain doctor`` check returns (:class:`Check`) and the quiet few-step Trainer the
-training checks fit on: shared by the doctor's own checks (``laptrain/commands/doctor.py``) and a
-family's own check (``Family.doctor_check``, laptrain.family), which lives in the family's
-package."""
+training checks fit on, the doctor's own and a family's (``Family.doctor_check``)."""
 
 from __future__ import annotations
 

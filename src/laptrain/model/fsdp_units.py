@@ -1,26 +1,13 @@
 """The FSDP units of a model: which modules ``trainer=fsdp`` wraps on their own, so that every
 unit's flat parameter has one dtype, and what a rank holds gathered at the peak of a step.
 
-Lightning's ``FSDPStrategy`` is FSDP1. Each unit flattens the parameters it manages (those of its
-subtree that no inner unit manages) into one ``FlatParameter``, and a flat parameter has one
-floating-point dtype (``_validate_tensors_to_flatten``, ``torch/distributed/fsdp/_flat_param.py``:
-"Must flatten tensors with uniform dtype"), with ``use_orig_params=True`` too. Without an
-``auto_wrap_policy`` Lightning wraps the whole LightningModule as one unit, so a LoRA model (a
-frozen bf16 base, fp32 adapters) fails at setup, and every step gathers the whole model.
-
-The units here (:func:`unit_rule`), after accelerate's and peft's FSDP policies:
-
-- the root, the module FSDP is given (always a unit);
-- every instance of the family's layer classes (``Family.fsdp_layers``; a transformers
-  model's ``_no_split_modules`` classes, which accelerate's ``transformer_auto_wrap_policy``
-  default and peft's ``fsdp_auto_wrap_policy`` wrap);
-- every leaf module whose own parameters differ in dtype or ``requires_grad`` from the bulk of the
-  unit around it: LoRA's ``lora_A`` / ``lora_B`` Linear leaves, the leaves peft's
-  ``fsdp_auto_wrap_policy`` wraps (trainable leaves), and fp32 norms inside a 16-bit layer. Such a
-  leaf must be run through its own ``forward`` (FSDP gathers a unit's parameters there), as
-  peft's policy assumes too.
-
-docs/sweeps.md ("Several processes") has the evidence, with torch's and Lightning's lines.
+Lightning's ``FSDPStrategy`` is FSDP1, whose flat parameter has one dtype
+(``_validate_tensors_to_flatten``, torch/distributed/fsdp/_flat_param.py); without an
+``auto_wrap_policy`` the whole module is one unit, so a LoRA model (bf16 base, fp32 adapters) fails
+at setup and every step gathers everything. The units (:func:`unit_rule`, after accelerate's and
+peft's policies): the root, the family's layer classes (``Family.fsdp_layers``), and every leaf
+whose parameters differ in dtype or ``requires_grad`` from the unit around it (LoRA's ``lora_A`` /
+``lora_B``, fp32 norms). docs/sweeps.md ("Several processes") has the evidence.
 """
 
 from __future__ import annotations
@@ -147,10 +134,9 @@ def unit_rule(module: nn.Module) -> UnitRule:
 
 
 def units_with_mixed_dtypes(module: nn.Module, spec: UnitSpec) -> list[str]:
-    """The units FSDP1 could not flatten under ``spec``: ``"name (dtype, dtype)"`` for a unit
-    whose parameters have several dtypes, ``"name (dtype: not floating point)"`` for integer
-    ones (a 4-bit base stored as uint8); ``<root>`` is the module itself. Empty: every unit has one
-    floating dtype."""
+    """The units FSDP1 could not flatten under ``spec``: ``"name (dtype, dtype)"``, or ``"name
+    (dtype: not floating point)"`` (a 4-bit base stored as uint8); ``<root>`` is the module. Empty:
+    all fit."""
     problems = []
     for name, params in unit_params(module, spec).items():
         dtypes = sorted({str(p.dtype).removeprefix("torch.") for _, p in params})
@@ -173,15 +159,10 @@ def _units_policy(rule: UnitRule) -> Any:
 
 def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
     """``strategy`` with ``model``'s units as its ``auto_wrap_policy`` when it is Lightning's
-    ``FSDPStrategy`` (set in place: the Trainer already holds it; its ``_setup_model`` reads
-    ``strategy.kwargs`` when the fit starts). A policy set here for an earlier module is replaced
-    (the odd leaves are that module's own). Any other strategy, or an FSDP strategy whose config
-    names a policy of its own, comes back untouched. For a module that keeps only its trainable
-    parameters the checkpoints gather only those (:func:`keep_trainable_only`), whatever policy.
-
-    Raises ValueError (one line) for a family FSDP cannot train (``Family.fsdp_refusal``),
-    and when a unit would still mix dtypes: FSDP would refuse it at setup on every rank.
-    """
+    ``FSDPStrategy`` (set in place: ``_setup_model`` reads ``strategy.kwargs`` when the fit starts;
+    an earlier module's policy is replaced). Any other strategy, or one naming its own policy, comes
+    back untouched. Raises ValueError (one line) for a family FSDP cannot train
+    (``Family.fsdp_refusal``) or a unit that would still mix dtypes."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if not isinstance(strategy, FSDPStrategy):
@@ -210,16 +191,10 @@ def fsdp_strategy_for(model: nn.Module, strategy: Any) -> Any:
 
 def keep_buffers_in_fp32(strategy: Any) -> None:
     """Under ``16-mixed`` / ``bf16-mixed``, FSDP keeps the module's floating buffers in float32.
-
-    Lightning's ``FSDPPrecision.mixed_precision_config`` sets ``buffer_dtype`` to the 16-bit
-    ``param_dtype`` (lightning/pytorch/plugins/precision/fsdp.py), and FSDP casts every floating
-    buffer to it at its first forward (``_cast_buffers_to_dtype_and_device`` in
-    torch/distributed/fsdp/_runtime_utils.py): a Llama's RoPE ``inv_freq`` was rounded to 16
-    bits under ``trainer=fsdp`` only (one process and DDP keep it in float32 under autocast), and
-    the rotation angle position x inv_freq carries that rounding error times the position. The
-    parameters' gather
-    and the gradients' reduce stay in 16 bits. A ``mixed_precision`` the user set is theirs;
-    ``-true`` precisions convert the whole module, buffers included, and are left alone."""
+    Lightning sets ``buffer_dtype`` to the 16-bit ``param_dtype`` (plugins/precision/fsdp.py) and
+    FSDP casts the buffers at the first forward (``_cast_buffers_to_dtype_and_device``): a Llama's
+    RoPE ``inv_freq`` was rounded to 16 bits under FSDP only. A user's ``mixed_precision`` and
+    ``-true`` precisions are left alone."""
     from dataclasses import replace
 
     plugin = getattr(strategy, "precision_plugin", None)
@@ -233,10 +208,9 @@ def keep_buffers_in_fp32(strategy: Any) -> None:
 
 
 def gathers_in_lower_precision(strategy: Any) -> bool:
-    """Whether ``strategy`` is Lightning's FSDP with a mixed precision whose ``param_dtype`` is not
-    float32 (``bf16-mixed``, ``16-mixed``: ``FSDPPrecision.mixed_precision_config`` in
-    lightning/pytorch/plugins/precision/fsdp.py). Then a parameter read outside its unit is its
-    float32 shard, and inside the unit's forward the gathered half-precision copy."""
+    """Whether ``strategy`` is Lightning's FSDP with a 16-bit ``param_dtype`` (``FSDPPrecision.
+    mixed_precision_config``): a parameter read outside its unit is then its float32 shard, inside
+    the unit's forward the gathered 16-bit copy."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if not isinstance(strategy, FSDPStrategy):
@@ -255,19 +229,16 @@ def holds_fsdp_units(module: nn.Module) -> bool:
 
 @dataclass(frozen=True)
 class GatheredUnits:
-    """What FULL_SHARD holds unsharded at the peak of a step, in parameters (docs/sweeps.md):
-    the root unit all step long (FSDP does not free the root after forward), the two largest other
-    units (the one computing and the one prefetched: ``limit_all_gathers`` in forward,
-    ``BACKWARD_PRE`` in backward), and the unsharded gradients of the root and of one other unit
-    before their reduce-scatter."""
+    """What FULL_SHARD holds unsharded at a step's peak, in parameters (docs/sweeps.md): the root
+    unit, the two largest other units (computing and prefetched), and the unsharded gradients of the
+    root and one other unit before their reduce-scatter."""
 
     params: int
     grads: int
 
 
 def gathered_units(module: nn.Module) -> GatheredUnits:
-    """:class:`GatheredUnits` of ``module`` under :func:`unit_rule` (what ``fsdp_strategy_for``
-    sets)."""
+    """:class:`GatheredUnits` of ``module`` under :func:`unit_rule`."""
     units = unit_params(module, unit_rule(module))
     root = units.pop("", [])
     sizes = sorted((sum(p.numel() for _, p in params) for params in units.values()), reverse=True)
@@ -285,32 +256,26 @@ WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
 def unwrapped_name(name: str) -> str:
-    """A parameter's name as ``state_dict`` keys it. With ``use_orig_params=True`` (Lightning's
-    FSDP default) ``named_parameters`` of a module holding FSDP units walks through the wrappers,
-    so its names carry their prefixes, while FSDP's full state dict drops them
-    (``clean_tensor_name`` in torch/distributed/fsdp/_common_utils.py)."""
+    """A parameter's name as ``state_dict`` keys it: with ``use_orig_params=True`` the names carry
+    the wrappers' prefixes, which FSDP's full state dict drops (``clean_tensor_name``,
+    torch/distributed/fsdp/_common_utils.py)."""
     for prefix in WRAPPER_PREFIXES:
         name = name.replace(prefix, "")
     return name
 
 
 def _offloads(strategy: Any, world_size: int) -> bool:
-    """Whether a gather for rank 0 goes to host memory: only from an accelerator. One rank runs
-    NO_SHARD, where FSDP does not support the offload, and from parameters already on the CPU a
-    clone in FSDP's post-state-dict hook reads freed memory (a segmentation fault with 2 gloo
-    ranks, torch 2.13)."""
+    """Whether a gather for rank 0 goes to host memory: only from an accelerator with several ranks
+    (one rank runs NO_SHARD, where FSDP has no offload; from CPU parameters the post-state-dict
+    hook's clone read freed memory: a segfault with 2 gloo ranks, torch 2.13)."""
     return world_size > 1 and strategy.root_device.type != "cpu"
 
 
 def whole_state_dict(trainer: Any) -> dict[str, Any] | None:
-    """Under ``trainer=fsdp`` the LightningModule's state dict, gathered from the ranks' shards: a
-    collective every rank must call, the dict complete on rank 0 (FSDP's ``FULL_STATE_DICT`` with
-    ``rank0_only``, offloaded to the CPU with several ranks, as Lightning's
-    ``_get_full_state_dict_context`` in lightning/fabric/strategies/fsdp.py does for
-    ``state_dict_type: full``; here whatever ``state_dict_type`` the checkpoints use). A module that
-    keeps only its trainable parameters (:class:`~laptrain.model.contracts.KeepsTrainableOnly`)
-    gets only those, gathered unit by unit (:func:`trainable_state_dict`). None under any other
-    strategy, where each rank's module already holds every weight."""
+    """Under ``trainer=fsdp`` the LightningModule's state dict gathered from the shards, complete on
+    rank 0 (every rank must call it): ``FULL_STATE_DICT`` with ``rank0_only``, as Lightning's
+    ``_get_full_state_dict_context`` does; for a ``KeepsTrainableOnly`` module only those
+    (:func:`trainable_state_dict`). None under any other strategy."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     if not isinstance(trainer.strategy, FSDPStrategy):
@@ -329,9 +294,8 @@ def whole_state_dict(trainer: Any) -> dict[str, Any] | None:
 
 
 def _trainable_by_unit(root: nn.Module) -> dict[nn.Module, list[tuple[str, nn.Parameter]]]:
-    """``{FSDP unit: the (name, parameter) pairs it flattens that train}``, units in module order
-    (the same on every rank), units without a trainable parameter left out; names as
-    ``state_dict`` keys them (wrapper prefixes dropped)."""
+    """``{FSDP unit: its trainable (name, parameter) pairs}``, in module order (the same on every
+    rank), names as ``state_dict`` keys them."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     found: dict[nn.Module, list[tuple[str, nn.Parameter]]] = {}
@@ -351,18 +315,11 @@ def _trainable_by_unit(root: nn.Module) -> dict[nn.Module, list[tuple[str, nn.Pa
 
 
 def trainable_state_dict(root: nn.Module, offload: bool) -> dict[str, torch.Tensor]:
-    """The trainable parameters of the FSDP-wrapped ``root``, whole, on rank 0 (an empty dict on
-    the others): a collective every rank must call. Only the units that hold a trainable
-    parameter are gathered, each alone (``summon_full_params(recurse=False)``, in full precision),
-    so a LoRA run's frozen base, which FSDP's full state dict would gather to rank 0's host
-    memory at every checkpoint (the whole model), stays sharded. The unit policy
-    (:func:`unit_rule`) puts trainable leaves in units of their own, so a gather here holds
-    only adapters.
-
-    Gap filled: FSDP's state-dict APIs gather the whole model and filter afterwards
-    (``ignore_frozen_params`` in torch/distributed/checkpoint/state_dict.py drops frozen entries
-    from the gathered dict), and Lightning's ``FSDPStrategy.lightning_module_state_dict`` has no
-    filter at all."""
+    """The trainable parameters of the FSDP-wrapped ``root``, whole, on rank 0 (empty on the others;
+    every rank must call it). Only units holding a trainable parameter are gathered, each alone
+    (``summon_full_params(recurse=False)``), so a LoRA run's frozen base stays sharded: FSDP's
+    state-dict APIs gather everything and filter afterwards (``ignore_frozen_params``,
+    torch/distributed/checkpoint/state_dict.py), Lightning's has no filter."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -378,12 +335,10 @@ def trainable_state_dict(root: nn.Module, offload: bool) -> dict[str, torch.Tens
 
 
 def keep_trainable_only(strategy: Any) -> None:
-    """Make ``strategy`` (Lightning's FSDP, ``state_dict_type: full``) gather only the trainable
-    parameters for the checkpoints of a module that keeps only those: its
-    ``lightning_module_state_dict`` (which ``Trainer.save_checkpoint`` calls on every rank) is
-    replaced on this instance by :func:`trainable_state_dict`. Lightning has no hook for which
-    parameters the strategy gathers; the checkpoint holds the same keys as before (the module's
-    ``on_save_checkpoint`` kept only these), and loading is Lightning's own."""
+    """Make Lightning's FSDP (``state_dict_type: full``) gather only the trainable parameters for
+    the checkpoints of a ``KeepsTrainableOnly`` module: this instance's
+    ``lightning_module_state_dict`` becomes :func:`trainable_state_dict` (Lightning has no hook for
+    it); the keys are those the module's ``on_save_checkpoint`` kept anyway."""
     if strategy._state_dict_type != "full":
         return
 

@@ -1,28 +1,18 @@
 """``model.gradient_checkpointing``: true, false or auto, for every family that wraps a transformers
 model.
 
-Recomputing activations in backward saves most of their memory and costs about a third more
-compute (one more forward per block). A small model on a large machine should not pay that, a 3B
-model on a laptop needs it, and which one a job is depends on the data, the batch and the machine.
-``auto`` therefore builds the model without it and lets the memory preflight decide: on only when
-the job does not fit without it (``laptrain.preflight.batch.plan_batch``), then
-:func:`enable_checkpointing` turns it on before the Trainer is built.
+Recomputing activations saves most of their memory for about a third more compute: a small model
+on a large machine should not pay it, a 3B model on a laptop needs it. ``auto`` builds the model
+without it and lets the memory preflight decide (``laptrain.preflight.batch.plan_batch``);
+:func:`enable_checkpointing` then turns it on before the Trainer is built. It uses transformers'
+switch with the non-reentrant variant and input gradients (the reentrant one gives the first
+layer's adapters no gradient under frozen embeddings: transformers#26377).
 
-transformers' own switch (``gradient_checkpointing_enable``) is used as is; what this module adds is
-the non-reentrant variant with input gradients on (with frozen embeddings the reentrant variant
-gives the adapters of the first layer no gradient: transformers#26377) and the ``auto`` value.
-
-**Dropout masks on MPS.** The recompute must draw the same dropout masks as the forward, or the
-gradients are those of another mask than the loss. torch's checkpoint restores the CPU generator,
-and a device's generator only when the device module has ``_initialized``
-(``torch/utils/checkpoint.py``: ``CheckpointFunction.forward`` and
-``_checkpoint_without_reentrant_generator``); ``torch.mps`` has none, so on MPS the recompute
-draws fresh masks (pytorch#127676). :func:`replay_device_rng` therefore wraps the checkpoint
-function that transformers gives each layer: when the checkpointed tensors are on MPS, it runs
-the non-reentrant checkpoint with :func:`device_rng_contexts` on the MPS generator; on any other
-device it calls the function transformers set, unchanged. The device is decided per call from
-the tensors (as torch decides its own), because both families enable checkpointing while the
-model is still on the CPU, before the Trainer moves it (docs/hardware.md §17).
+On MPS torch's checkpoint does not restore the device generator (``torch.mps`` has no
+``_initialized``, torch/utils/checkpoint.py; pytorch#127676), so the recompute would draw other
+dropout masks: :func:`replay_device_rng` wraps transformers' checkpoint function and, for tensors on
+MPS, replays the MPS generator (:func:`device_rng_contexts`), deciding per call since the model is
+still on the CPU when checkpointing is enabled (docs/hardware.md §17).
 """
 
 from __future__ import annotations
@@ -70,8 +60,8 @@ def switch_on(model: nn.Module, kwargs: Mapping[str, Any] | None = None) -> None
 
 
 def enable_checkpointing(model: nn.Module) -> None:
-    """Non-reentrant activation checkpointing on a transformers model, inputs requiring grad,
-    dropout masks replayed on MPS (:func:`replay_device_rng`)."""
+    """Non-reentrant checkpointing on a transformers model, inputs requiring grad, MPS masks
+    replayed."""
     switch_on(model, {"use_reentrant": False})
     model.enable_input_require_grads()
     replay_device_rng(model)
@@ -130,11 +120,9 @@ class _ReplayState:
 def device_rng_contexts(
     get_state: Callable[[], torch.Tensor], set_state: Callable[[torch.Tensor], None]
 ) -> ContextFn:
-    """A ``context_fn`` for ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` that
-    replays one generator: the forward context records its state as the checkpointed forward
-    starts, the recompute context sets that state for the recompute and puts the then-current
-    state back afterwards. With ``torch.mps.get_rng_state`` / ``set_rng_state`` the recompute
-    draws the forward's dropout masks on MPS, which torch itself does not restore."""
+    """A ``context_fn`` for non-reentrant ``checkpoint`` that replays one generator: the forward
+    records its state, the recompute sets it and puts the then-current state back, so on MPS the
+    recompute draws the forward's dropout masks."""
 
     def context_fn() -> tuple[_RecordState, _ReplayState]:
         record = _RecordState(get_state)
@@ -177,9 +165,8 @@ def unstashed_rng_module(device_type: str) -> Any | None:
 
 
 class ReplayDeviceRng:
-    """A transformers ``_gradient_checkpointing_func`` around the one transformers set
-    (``inner``, a ``functools.partial`` of torch's checkpoint): unchanged on CPU and CUDA; on
-    MPS non-reentrant with :func:`device_rng_contexts` on the MPS generator."""
+    """A transformers ``_gradient_checkpointing_func`` around the one it set (``inner``): unchanged
+    on CPU and CUDA, non-reentrant with :func:`device_rng_contexts` on MPS."""
 
     def __init__(self, inner: Callable[..., Any]) -> None:
         self.inner = inner
@@ -198,8 +185,7 @@ class ReplayDeviceRng:
 
 def replay_device_rng(model: nn.Module) -> None:
     """After transformers turned checkpointing on: wrap each module's checkpoint function in
-    :class:`ReplayDeviceRng` (once), so that on MPS the recompute draws the forward's dropout
-    masks. Off MPS the calls are those transformers set up."""
+    :class:`ReplayDeviceRng` once (off MPS the calls stay transformers')."""
     for module in model.modules():
         func = module.__dict__.get("_gradient_checkpointing_func")
         if func is not None and not isinstance(func, ReplayDeviceRng):

@@ -1,15 +1,10 @@
 """How many bytes of activations a model keeps for backward, per sample, as a function of length.
 
-Counting formulas per architecture would miss whatever a model's attention kernel or loss saves,
-so this measures instead: a few forward passes at batch 1 and 2 and short lengths, under
-``torch.autograd.graph.saved_tensors_hooks``, summing the distinct storages autograd keeps
-(parameters excluded) — the method docs/hardware.md §9 used for SciBERT. Sizes of saved tensors are
-products of batch, length and model widths, so ``fixed + batch * (c + a*s + b*s^2)`` fits three
-lengths exactly (``b`` is attention's seq² term) and extrapolates to the configured length.
-
-Repeated blocks (transformers' ``GradientCheckpointingLayer``s, else the longest ``ModuleList``) are
-measured one by one, so the cost with gradient checkpointing follows from the same passes: what is
-saved outside the blocks, plus each block's input, plus one block recomputed at a time.
+Formulas per architecture would miss what an attention kernel or loss saves, so a few forward
+passes at batch 1 and 2 and short lengths are measured under ``saved_tensors_hooks``, summing the
+distinct storages autograd keeps (docs/hardware.md §9); ``fixed + batch * (c + a*s + b*s^2)`` fits
+three lengths exactly and extrapolates. Repeated blocks are measured one by one, so the cost with
+gradient checkpointing follows from the same passes.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Memory preflight: will this job fit, and what micro batch should it use?
 
-Lightning's BatchSizeFinder and HF's ``auto_find_batch_size`` search by provoking OOM. On unified
-memory a too-large batch often does not OOM: it swaps and the laptop crawls (docs/hardware.md §1,
-§7). So laptrain estimates first:
-
-    peak = overhead + weights (all params) + grads + optimizer state (trainable params only)
-           + activations (measured per sample, a function of sequence length; activations.py)
-           + backward's transient gradient buffers
-
-and compares it with the device budget of the hardware profile (``memory_fraction`` of: MPS
-``recommended_max_memory`` capped by available RAM, CUDA free memory, CPU available RAM).
-``plan_batch`` is the one entry point: it picks the largest micro batch that fits (``batch_size:
-auto``), keeps the configured effective batch through accumulation, refuses a job that cannot fit
-at micro batch 1 with the fixes ordered by effect, and optionally (``verify``) runs two real steps
-to measure the peak.
+Lightning's BatchSizeFinder and HF's ``auto_find_batch_size`` provoke OOM; on unified memory a
+too-large batch swaps instead and the laptop crawls (docs/hardware.md §1, §7). So laptrain
+estimates first: overhead + weights + grads + optimizer state + activations (measured per
+sample, activations.py) + backward's transient buffers, against the profile's budget
+(budget.py). :func:`plan_batch` picks the largest micro batch that fits (``auto``), keeps the
+effective batch through accumulation, refuses a job that cannot fit at micro batch 1 with the
+fixes ordered by effect, and optionally (``verify``) measures two real steps.
 """
 
 from __future__ import annotations
@@ -110,11 +103,8 @@ def _aligned(value: int, multiple: int) -> int:
 
 
 def choose_micro_batch(largest_fit: int, effective: int | None, multiple: int) -> tuple[int, int]:
-    """(micro batch, accumulation) for the largest micro batch that fits.
-
-    With a target effective batch the micro batch divides it exactly (aligned when possible), so
-    micro x accumulation == effective; without one accumulation stays 1.
-    """
+    """(micro batch, accumulation) for the largest micro batch that fits: with a target effective
+    batch the micro batch divides it exactly (aligned when possible), else accumulation stays 1."""
     if effective is None:
         return _aligned(largest_fit, multiple), 1
     top = min(largest_fit, effective)
@@ -187,13 +177,9 @@ def measure_peak(
     make_batch: MakeBatch,
     loss_fn: LossFn,
 ) -> float:
-    """Run two real training steps and return the peak memory they reached (bytes).
-
-    AdamW with lr=0 and no weight decay allocates its state like the real optimizer but leaves the
-    weights unchanged, so the run that follows starts from the same model. CPU: process peak RSS;
-    CUDA: max allocated; MPS: driver-allocated memory after each step (MPS has no peak API,
-    docs/hardware.md §7).
-    """
+    """Run two real training steps and return their peak memory (bytes): AdamW at lr=0 allocates the
+    real state and leaves the weights unchanged. CPU: peak RSS; CUDA: max allocated; MPS: driver
+    memory after each step (no peak API, docs/hardware.md §7)."""
     from laptrain.preflight.activations import _autocast
 
     # the probe's own GPU (preflight.verify measured on the current one, GPU 0 for every rank)
@@ -239,29 +225,14 @@ def plan_batch(
 ) -> Plan:
     """Plan the micro batch of a job before the Trainer is built.
 
-    Args:
-        model: the module to train (on CPU, as built); a transformers model inside it is used to
-            make sample batches unless ``make_batch``/``loss_fn`` are given.
-        seq_len: the longest sequence a batch can have (the datamodule's ``max_length``).
-        profile: the hardware profile as a plain dict: ``precision``, ``batch_size`` (int or
-            ``"auto"``), ``batch_multiple``, ``memory_fraction``, ``memory_budget_gb``, ``devices``.
-        probe: reads the device's memory (a FakeProbe in tests).
-        effective_batch: micro x accumulation x devices to keep; None keeps ``accumulation``.
-        accumulation: the configured gradient accumulation when ``effective_batch`` is None.
-        checkpointing: override whether gradient checkpointing is on (default: as the model is);
-            ``"auto"``: off unless the job does not fit without it (at the fixed batch, or at micro
-            batch 1 for ``batch_size: auto``), the choice in ``Plan.checkpointing`` and a note.
-        optimizer_states: tensors per trainable parameter the optimizer keeps (AdamW: 2).
-        max_batch: the largest micro batch ``auto`` may pick.
-        verify: run two real steps at the chosen batch and report the measured peak.
-        previous: (micro batch, accumulation) an earlier session of this run used; ``auto`` keeps
-            it while it still fits, so a resumed run sees the same batches.
-        workers: host memory the DataLoader workers hold (worker_memory.py); taken off the budget
-            on CPU and MPS.
-
-    Raises:
-        PreflightError: the job does not fit even at micro batch 1 (or the fixed batch does not fit).
-    """
+    ``profile`` is the hardware profile as a dict (``precision``, ``batch_size``: int or ``"auto"``,
+    ``batch_multiple``, ``memory_fraction``, ``memory_budget_gb``, ``devices``); ``effective_batch``
+    (micro x accumulation x devices) is kept when given, else ``accumulation``;
+    ``checkpointing="auto"`` turns checkpointing on only when the job does not fit without it;
+    ``previous`` (an earlier session's micro batch and accumulation) is kept by ``auto`` while it
+    fits, so a resumed run sees the same batches; ``workers`` (host memory of the loader workers) is
+    taken off the budget on CPU and MPS; ``verify`` runs two real steps and reports the peak. Raises
+    :class:`PreflightError` when the job does not fit at micro batch 1 (or the fixed batch)."""
     asked = _Request.read(profile, effective_batch, accumulation, max_batch, previous)
     job = _measure(
         model, seq_len, probe, asked, checkpointing, optimizer_states, workers, make_batch, loss_fn
@@ -292,6 +263,12 @@ class _Request:
     def auto(self) -> bool:
         return is_auto(self.requested)
 
+    def fixed_accumulation(self, micro: int) -> int:
+        """The accumulation of a fixed micro batch: the one that keeps ``effective_batch``."""
+        if not self.effective_batch:
+            return self.accumulation
+        return max(1, math.ceil(self.effective_batch / (micro * self.devices)))
+
     @classmethod
     def read(
         cls,
@@ -301,8 +278,8 @@ class _Request:
         max_batch: int,
         previous: tuple[int, int] | None,
     ) -> _Request:
-        """The profile's settings; its precision is the run's, which the launch checked against
-        the device (laptrain.launch.device.check_device)."""
+        """The profile's settings; its precision is the run's, checked by the launch
+        (``check_device``)."""
         return cls(
             precision=str(profile.get("precision", "32-true")),
             devices=int(profile.get("devices", 1) or 1),
@@ -424,8 +401,8 @@ def _largest_fit(job: _Job, max_batch: int) -> int:
 
 
 def _auto_batch(request: _Request, largest_fit: int, notes: list[str]) -> tuple[int, int]:
-    """``batch_size: auto``: the earlier session's batch while it fits, else the largest that fits
-    (dividing the effective batch when there is one)."""
+    """``batch_size: auto``: the earlier session's batch while it fits, else the largest that
+    fits."""
     previous = request.previous
     if previous and previous[0] <= largest_fit:
         micro, accum = previous
@@ -454,15 +431,13 @@ def _fixed_batch(
             f"budget {budget.bytes / GiB:.2f} GiB ({budget.source}); the largest that fits is "
             f"{largest_fit}: set hardware.batch_size=auto (or <= {largest_fit})"
         )
-    accum = request.accumulation
+    accum = request.fixed_accumulation(micro)
     effective_batch, devices = request.effective_batch, request.devices
-    if effective_batch:
-        accum = max(1, math.ceil(effective_batch / (micro * devices)))
-        if micro * accum * devices != effective_batch:
-            notes.append(
-                f"effective batch {micro * accum * devices} instead of {effective_batch} "
-                f"(micro batch {micro} does not divide it; batch_size=auto would)"
-            )
+    if effective_batch and micro * accum * devices != effective_batch:
+        notes.append(
+            f"effective batch {micro * accum * devices} instead of {effective_batch} "
+            f"(micro batch {micro} does not divide it; batch_size=auto would)"
+        )
     return micro, accum
 
 
@@ -540,10 +515,8 @@ def _correct(
 
 
 def training_length(datamodule: Any) -> tuple[int | None, str | None]:
-    """(tokens per row the preflight sizes by, a note when that is not ``max_length``).
-
-    With length-grouped batches padded per batch, no training batch is wider than the longest
-    example, so that (not ``data.max_length``) bounds the activations."""
+    """(tokens per row the preflight sizes by, a note when that is not ``max_length``): batches
+    padded per batch are no wider than the longest example."""
     limit = getattr(datamodule, "max_length", None) or getattr(datamodule, "seq_len", None)
     if not isinstance(datamodule, KnowsLengths):
         return limit, None
@@ -567,16 +540,10 @@ def preflight_for_run(
     cache_dir: Path | None = None,
     checkpointing: bool | str | None = None,
 ) -> Plan:
-    """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it.
-
-    Sequence length = the longest tokenized training example (``KnowsLengths``: data tokenized
-    before the plan, so a set of short pairs is not sized at ``max_length``), else the datamodule's
-    ``max_length`` (or ``seq_len``); ``hardware["batch_size"]`` is the batch to check (or ``auto``);
-    ``checkpointing`` as in :func:`plan_batch`. A resumed run keeps the batch recorded in its
-    ``preflight.json`` while it fits. For a transformers model inside and a sequence length
-    (laptrain.preflight.planner chooses it for those). Raises PreflightError: nothing fits.
-    """
-    auto = is_auto(hardware.get("batch_size"))
+    """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it (the planner for a
+    transformers model with a sequence length): sized by the longest tokenized training example
+    (``KnowsLengths``), else ``max_length``; ``hardware["batch_size"]`` is the batch to check or
+    ``auto``; a resumed run keeps its ``preflight.json`` batch while it fits."""
     kind = str(hardware.get("accelerator", "cpu"))
     # this rank's own GPU (trainer.devices[local rank], from the run plan); else the current one
     probe = TorchProbe(kind, hardware.get("device_index") if kind == "cuda" else None)
@@ -594,7 +561,7 @@ def preflight_for_run(
         accumulation=accumulation,
         max_batch=max_batch,
         verify=verify,
-        previous=_previous_batch(record) if auto else None,
+        previous=_previous_batch(record, hardware),
         workers=_loader_workers(datamodule, hardware, cache_dir),
         checkpointing=checkpointing,
         **_own_step(model),
@@ -604,8 +571,8 @@ def preflight_for_run(
 
 
 def _own_step(model: nn.Module) -> dict[str, Any]:
-    """``make_batch``/``loss_fn`` from a module that sizes its own step
-    (``laptrain.model.contracts.SizesItsStep``); else none (one sequence per example)."""
+    """``make_batch``/``loss_fn`` of a module that sizes its own step (``SizesItsStep``), else
+    none."""
     from laptrain.model.contracts import SizesItsStep
 
     if not isinstance(model, SizesItsStep):
@@ -629,9 +596,10 @@ def _rank_0_plan(record: Path | None) -> Plan | None:
     return shared
 
 
-def _previous_batch(record: Path | None) -> tuple[int, int] | None:
-    """(micro batch, accumulation) an earlier session of this run recorded, if any."""
-    if record is None or not record.is_file():
+def _previous_batch(record: Path | None, hardware: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(micro batch, accumulation) an earlier session of this run recorded, which ``auto`` keeps
+    while it fits; None for a fixed batch or a first session."""
+    if not is_auto(hardware.get("batch_size")) or record is None or not record.is_file():
         return None
     earlier = json.loads(record.read_text())
     return int(earlier["micro_batch"]), int(earlier["accumulation"])

@@ -1,13 +1,7 @@
-"""The memory budget of a hardware profile, applied to what the device probe reads now.
-
-Two rules beyond "a fraction of what the device has" (docs/hardware.md §1b):
-- MPS: the budget sits under the allocator's LOW watermark. Above LOW the MPS allocator frees its
-  cached buffers and commits command buffers more often on every allocation
-  (aten/src/ATen/mps/MPSAllocator.mm), so a job planned between LOW and HIGH would run all along in
-  that slow path. The fraction used is ``min(memory_fraction, LOW)``; profiles set it below LOW.
-- Host memory held by DataLoader workers (worker_memory.py) comes out of the budget wherever the
-  model trains in host memory (CPU, and MPS's unified memory), not on a CUDA GPU.
-"""
+"""The memory budget of a hardware profile, applied to what the device probe reads now
+(docs/hardware.md §1b): on MPS under the allocator's LOW watermark (above it the allocator frees
+its cache and commits more often on every allocation, aten/src/ATen/mps/MPSAllocator.mm), and
+less the loader workers' host memory wherever the model trains in host memory (CPU, MPS)."""
 
 from __future__ import annotations
 
@@ -86,8 +80,8 @@ def device_budget(
     workers: WorkerCost | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Budget:
-    """The profile's budget rule applied to what the probe reads now, less the loader workers'
-    host memory where training shares it (CPU, MPS)."""
+    """The profile's budget on what the probe reads now, less loader workers' memory on CPU and
+    MPS."""
     budget = _device_budget(probe, memory_fraction, memory_budget_gb, environ)
     if workers is None or probe.kind == "cuda":
         return budget

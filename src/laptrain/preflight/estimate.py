@@ -1,11 +1,6 @@
-"""The memory estimate of one training step: what a model costs at a micro batch and length.
-
-    peak = overhead + weights (all params) + grads + optimizer state (trainable params only)
-           + saved activations (measured, activations.py) + backward's transient buffers
-           + under FSDP, the units gathered at once (weights, grads and optimizer are then 1/N)
-
-The transient part and the CPU overhead are calibrated on measurements (benchmarks/preflight.py).
-"""
+"""The memory estimate of one training step: overhead + weights + grads + optimizer state (trainable
+only) + saved activations (activations.py) + backward's transient buffers (+ under FSDP the units
+gathered at once, the rest 1/N), calibrated on benchmarks/preflight.py."""
 
 from __future__ import annotations
 
@@ -27,18 +22,11 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class Calibration:
-    """What a step needs beyond weights, grads, optimizer state and saved activations.
-
-    ``step_overhead``: bytes the first training step adds once (lazy imports, autograd engine,
-    optimizer set-up). ``per_activation``: extra bytes per saved-activation byte (the gradients of
-    activations, and freed forward temporaries the allocator keeps). ``per_largest``: extra bytes per
-    byte of the largest saved tensor of one sample (the gradient buffers at the start of backward,
-    e.g. a causal LM's logits). ``retained``: with gradient checkpointing, bytes per byte of the
-    blocks' activations that are freed in forward (all blocks but the one recomputed) that the
-    process still holds: glibc's malloc keeps freed blocks in its heap once its dynamic mmap
-    threshold has grown (measured: SmolLM2-135M, 30 blocks, RSS grows ~0.16 GiB per block at batch
-    16 x 256 with checkpointing; ~0.02 GiB with ``MALLOC_MMAP_THRESHOLD_=65536``, docs/hardware.md §9b).
-    """
+    """What a step needs beyond weights, grads, optimizer state and saved activations: the first
+    step's one-time ``step_overhead``; ``per_activation`` extra bytes per saved-activation byte;
+    ``per_largest`` per byte of one sample's largest saved tensor (e.g. a causal LM's logits); and
+    ``retained``, with checkpointing, per byte of freed block activations that glibc's malloc keeps
+    (SmolLM2-135M: ~0.16 GiB per block at 16 x 256; docs/hardware.md §9b)."""
 
     step_overhead: float
     per_activation: float
@@ -47,18 +35,10 @@ class Calibration:
 
 
 # (device kind, gradient checkpointing) -> calibration. The CPU rows are least-squares fits of
-# benchmarks/preflight.py (BERT and Llama, 3 batches x 2 lengths, torch 2.13 CPU, glibc; docs/benchmarks.md);
-# unseen batch/length pairs (e.g. BERT 12 x 192, Llama 6 x 384 with checkpointing) land within 4 %.
-# The checkpointing row was refitted with SmolLM2-135M (30 blocks) at 16 x 83 and 16 x 256 added to
-# that grid (relative least squares; all 14 cases within 0.89-1.09): with 4 blocks the allocator's
-# retention hid inside per_activation, with 30 it is most of the peak. Once the baseline stopped
-# taking not-yet-read mapped weights off the reading (preflight/resident.py: ~0.4 GB for SmolLM2),
-# per_activation came down by 0.07 in both rows (0.47 -> 0.40, 0.54 -> 0.47), set by hand on the
-# real presets (docs/benchmarks.md, "Memory preflight": SmolLM2 LoRA at dropout 0 within 0.87-0.95, MiniLM
-# 1.02-1.18) with the grid re-run (0.91-1.05).
-# The device rows are NOT measured (no GPU or Mac was available): the caching allocators of CUDA and
-# MPS reuse freed blocks, so they assume only backward's gradient buffers; preflight.verify=true
-# measures the real peak on the device.
+# benchmarks/preflight.py (BERT and Llama grids, the checkpointing row with SmolLM2-135M's 30 blocks),
+# per_activation then lowered by 0.07 on the real presets (docs/benchmarks.md, "Memory preflight").
+# The device rows are NOT measured (no GPU or Mac was available): they assume only backward's
+# gradient buffers; preflight.verify=true measures the real peak on the device.
 CALIBRATION = {
     ("cpu", False): Calibration(step_overhead=57e6, per_activation=0.40, per_largest=1.0),
     ("cpu", True): Calibration(
@@ -202,8 +182,7 @@ def model_memory(
     make_batch: MakeBatch | None = None,
     loss_fn: LossFn | None = None,
 ) -> ModelMemory:
-    """Count parameters (a frozen base once, trainable ones again for grads and optimizer),
-    measure activations, and size the FSDP units the run would wrap."""
+    """Count parameters, measure activations, and size the FSDP units the run would wrap."""
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     param_bytes, scale = _param_bytes(model, precision)

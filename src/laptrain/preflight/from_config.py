@@ -1,15 +1,8 @@
 """``laptrain preflight``: a job's memory estimate from the composed config alone, before any
-weights are downloaded or loaded (docs/cli.md, "laptrain preflight").
-
-Gap it fills: train.py's preflight measures the model it has built, which for a 3B base means
-downloading and loading 6-13 GB first. Only a family that gives a ``sizing`` hook
-(``laptrain.family.Family``) is estimated here: the LoRA family's, a causal LM's parameters
-counted on the meta device and its activations measured on a 2-layer copy
-(``laptrain/families/lora/sizing.py``). The other families are small enough that train.py's own
-preflight builds and measures them before training, and a model of another family is refused in
-one line naming those that are sized here. This module holds what any sizing shares: composing
-the config as ``train.py`` would and the memory budget of the hardware profile.
-"""
+weights are downloaded or loaded (docs/cli.md). Only a family with a ``sizing`` hook is estimated
+(LoRA's: families/lora/sizing.py); the others are small enough for train.py's own preflight, and
+their models are refused in one line. This module composes the config as ``train.py`` would and
+gives the profile's memory budget."""
 
 from __future__ import annotations
 

@@ -1,27 +1,14 @@
-"""The memory preflight of any LightningModule: measured, where batch.py estimates.
+"""The memory preflight of any LightningModule: measured, where batch.py estimates
+(docs/preflight_any_module.md has what it runs, how it searches, the counters and the accuracy).
 
-batch.py estimates a transformers model from its shape. A user's own module has no shape the
-preflight knows, so here its memory is measured: real training steps (its own ``training_step``,
-``loss.backward()``, and a step of every optimizer its own ``configure_optimizers`` returns) on real
-rows of its own training set (the dataset and collate function of ``train_dataloader()``), at
-growing batch sizes, reading the device's own counter (peak_memory.py). The answer is batch.py's
-``Plan``, so a run takes it exactly as it takes the estimate: the batch, accumulation, the
-``preflight.json`` a resumed session and the other ranks read.
-
-The search doubles the batch from 1 while it fits, then bisects between the last batch that fit
-and the first that did not. It does not wait for an out-of-memory error, as Lightning's
-``BatchSizeFinder`` does: on a Mac the limit is swap, and a batch that swaps is slow, not refused
-(docs/hardware.md §1). A batch above every batch measured so far runs only when the straight line
-through the two largest measured peaks keeps it under the budget; otherwise it counts as too large,
-not run.
-
-The run is not changed by it: the steps train a deep copy of the module (its weights, optimizer
-state, metrics and any other attribute stay as they were), the rows come from a new loader over
-the same dataset with its own seeded generator, and the RNG states (torch on the CPU and the
-device, Python's ``random``, numpy's) are put back afterwards, so a run (and a resumed session)
-draws the same numbers as without the preflight. What the copy costs is taken off the reading: on
-CPU its weights (the process's own resident set is the measure, and the copy is gone when training
-starts); on a GPU everything below the level before the copy moved there.
+A user's module has no shape the estimate knows, so real training steps (its own
+``training_step``, backward and every optimizer of its ``configure_optimizers``) run on real rows
+of its training set at growing batches, read by the device's own counter (peak_memory.py); the
+answer is batch.py's ``Plan``. The search doubles while a batch fits, then bisects, without
+waiting for an OOM (on a Mac a batch that swaps is slow, not refused: docs/hardware.md §1); a batch
+above every one measured runs only when the line through the two largest peaks keeps it under
+budget. The run is not changed: the steps train a deep copy, rows come from a new seeded loader,
+and the RNG states are put back; the copy's own cost is taken off the reading.
 """
 
 from __future__ import annotations
@@ -40,7 +27,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, default_collate, default_convert
 
-from laptrain.config.batch_request import is_auto
 from laptrain.hardware.probe import TorchProbe
 from laptrain.model.contracts import ChunksBatches
 from laptrain.preflight.batch import (
@@ -93,8 +79,7 @@ Measure = Callable[[int, int], Trial]  # (batch, steps) -> the run's peak at tha
 
 
 class BatchSearch:
-    """Which batches fit ``budget`` bytes, asking ``measure(batch, steps)`` only for batches worth
-    running (tests inject the reader)."""
+    """Which batches fit ``budget`` bytes, running ``measure(batch, steps)`` only where worth it."""
 
     def __init__(self, measure: Measure, budget: float) -> None:
         self.measure, self.budget = measure, budget
@@ -103,9 +88,9 @@ class BatchSearch:
         self.smallest = 1  # 2 where a step cannot run on one row (BatchNorm in training)
 
     def predicted(self, batch: int) -> float | None:
-        """The peak at ``batch`` on the line through the largest measured batch below it and one
-        at most half as large (the farthest pair: small batches differ by allocator noise more
-        than by their rows); None with fewer than two. A falling line counts as flat."""
+        """The peak at ``batch`` on the line through the largest measured batch below it and one at
+        most half as large (small batches differ more by allocator noise); None with fewer than
+        two."""
         below = sorted(b for b, t in self.trials.items() if t.ran and b < batch)
         if len(below) < 2:
             return None
@@ -129,9 +114,8 @@ class BatchSearch:
         return trial.ran and trial.peak <= self.budget
 
     def largest_fit(self, max_batch: int) -> int:
-        """The largest batch up to ``max_batch`` that fits (0: not even the smallest), to within
-        :data:`RESOLUTION`: doubling from the smallest while it fits, then bisecting between the
-        last that fit and the first that did not."""
+        """The largest batch up to ``max_batch`` that fits, to within :data:`RESOLUTION` (0: not
+        even the smallest): doubling while it fits, then bisecting."""
         if not self.fits(self.smallest):
             return 0
         fit, over = self.smallest, None
@@ -156,8 +140,7 @@ class BatchSearch:
         return all(self.fits(step) for step in sorted({first, 2 * first, batch}) if step <= batch)
 
     def start(self) -> str | None:
-        """Run the smallest batch: 1, or 2 when a step on one row fails (BatchNorm cannot
-        normalize a single value in training; the run cannot train on such a batch either). The
+        """Run the smallest batch: 1, or 2 when a step on one row fails (BatchNorm in training); the
         note to print when it is 2."""
         try:
             self.fits(1)
@@ -178,9 +161,9 @@ class BatchSearch:
         return self.settled[batch]
 
     def lower(self, batch: int) -> int:
-        """After ``batch`` settled over the budget: the largest batch below it that the search
-        measured under the budget by the same margin (its short peak scaled by ``batch``'s
-        settled ÷ short peak); 0 when none is."""
+        """After ``batch`` settled over the budget: the largest batch below it measured under the
+        budget by the same margin (short peak scaled by ``batch``'s settled ÷ short); 0 when none
+        is."""
         scale = self.settled[batch].peak / max(self.trials[batch].peak, 1.0)
         under = [
             b
@@ -203,14 +186,11 @@ class BatchSearch:
 
 @dataclass
 class TrainerStandIn:
-    """What a module's ``training_step`` and ``configure_optimizers`` commonly read of its Trainer,
-    answered as Lightning's Trainer answers them for the planned run: ``model`` (the
-    lightning-hydra-template's ``self.trainer.model.parameters()``), ``datamodule``, the run's
-    length (``max_epochs``, ``max_steps``, ``estimated_stepping_batches``: the total steps
-    Lightning's docs give ``OneCycleLR``), ``world_size``, ``num_devices``,
-    ``accumulate_grad_batches``; ``barebones`` makes ``self.log`` a no-op
-    (lightning/pytorch/core/module.py, ``LightningModule.log``). What else a module reads of it
-    raises AttributeError (:func:`_optimizers` then measures without that module's scheduler)."""
+    """What a ``training_step`` and ``configure_optimizers`` commonly read of the Trainer, answered
+    as Lightning would for the planned run (``model``, ``datamodule``, ``max_epochs``,
+    ``max_steps``, ``estimated_stepping_batches``, ``world_size``, ``num_devices``,
+    ``accumulate_grad_batches``; ``barebones`` makes ``self.log`` a no-op). Anything else raises
+    AttributeError."""
 
     model: nn.Module
     datamodule: Any = None
@@ -235,9 +215,8 @@ class TrainerStandIn:
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """The run as its Trainer will have it: ``max_epochs``, ``max_steps``,
-    ``accumulate_grad_batches``, devices per node, nodes, and whether the strategy shards the
-    model state (FSDP; with several ranks and no sharding it is DDP)."""
+    """The run as its Trainer will have it (length, accumulation, devices, nodes, and whether the
+    strategy shards the model state: FSDP; else, with several ranks, DDP)."""
 
     max_epochs: int | None = None
     max_steps: int = -1
@@ -332,9 +311,8 @@ def _said(err: BaseException) -> str:
 
 
 def _optimizers(module: Any) -> tuple[list[torch.optim.Optimizer], str | None]:
-    """The optimizers of the module's own ``configure_optimizers``, in any form Lightning takes,
-    and a note when they were taken without its scheduler: where it reads something of the
-    Trainer the stand-in cannot answer, the optimizers it had made when it stopped."""
+    """The optimizers of the module's ``configure_optimizers``, in any form Lightning takes, and a
+    note when its scheduler was left out (it read something the stand-in cannot answer)."""
     from lightning.pytorch.core.optimizer import _configure_optimizers
 
     note = None
@@ -388,10 +366,9 @@ def _optimizer_bytes(optimizers: list[torch.optim.Optimizer]) -> float:
 
 
 class StepMeasurer:
-    """Trains a deep copy of ``module`` on ``rows`` for the steps each call asks and returns the
-    run's peak at that batch on each rank: the counter's peak less what the copy adds (on CPU its
-    weights; on a device the level before it moved there), with what the run's strategy changes
-    of it (:meth:`_strategy_bytes`)."""
+    """Trains a deep copy of ``module`` on ``rows`` and returns the run's peak per rank at each
+    batch: the counter's peak less what the copy adds, with the strategy's change
+    (:meth:`_strategy_bytes`)."""
 
     def __init__(
         self,
@@ -422,8 +399,7 @@ class StepMeasurer:
         self.offset = float(self.copy_bytes) if counter.kind == "cpu" else before
 
     def _move(self) -> None:
-        """The copy on the device, in a true precision's dtype (Lightning's HalfPrecision converts
-        the module); running out of memory on the way is the job's refusal."""
+        """The copy on the device in a true precision's dtype; an OOM on the way refuses the job."""
         from laptrain.callbacks.oom_backoff import is_oom
 
         dtype = TRUE_DTYPES.get(self.precision)
@@ -443,16 +419,11 @@ class StepMeasurer:
             ) from None
 
     def _strategy_bytes(self) -> float:
-        """What the run's strategy adds to (DDP) or takes off (FSDP) the peak measured here,
-        in one process holding the whole module.
-
-        DDP: its Reducer copies every gradient into allreduce buckets that together cover all
-        the parameters (``bucket_cap_mb``, 25 MiB by default, sets only how they are split,
-        torch/nn/parallel/distributed.py:86-109), one gradient-sized buffer more on each rank;
-        ``gradient_as_bucket_view=True`` would save exactly that (distributed.py:731-736), and
-        Lightning's DDPStrategy leaves it False (it passes only the user's ``**kwargs``,
-        lightning/pytorch/strategies/ddp.py:196). FSDP: each rank keeps 1/ranks of the weights,
-        gradients and optimizer state (FULL_SHARD); the rest is not on it."""
+        """What the strategy adds (DDP) or takes off (FSDP) the peak of one process holding the
+        whole module. DDP's Reducer keeps one more gradient-sized buffer in its buckets
+        (torch/nn/parallel/distributed.py:86-109; Lightning leaves ``gradient_as_bucket_view``
+        False, strategies/ddp.py:196); FSDP (FULL_SHARD) keeps 1/ranks of weights, grads and
+        optimizer state."""
         if self.run.ranks == 1:
             return 0.0
         if not self.run.sharded:
@@ -546,8 +517,7 @@ class StepMeasurer:
 
 @contextlib.contextmanager
 def kept_rng(device: torch.device) -> Iterator[None]:
-    """Put back every RNG state a training step can draw from: torch's (CPU, and the device's),
-    Python's ``random`` and numpy's global one."""
+    """Put back every RNG state a training step can draw from: torch's, Python's and numpy's."""
     python_state = random.getstate()
     try:
         import numpy
@@ -596,9 +566,8 @@ class _Sizing:
 def _size(
     search: BatchSearch, request: _Request, rows: int | None, option: str, budget: Budget
 ) -> _Sizing:
-    """The batch: the largest that fits (``auto``; an earlier session's while it still fits) or
-    the fixed one, checked; either settled over :data:`SETTLED_STEPS` steps. Raises
-    PreflightError when it does not fit."""
+    """The batch: the largest that fits (``auto``; an earlier session's while it fits) or the fixed
+    one, checked; settled over :data:`SETTLED_STEPS` steps. Raises PreflightError when none fits."""
     started = search.start()
     notes = [started] if started else []
     if not request.auto:
@@ -645,8 +614,7 @@ def _fixed(
     budget: Budget,
     notes: list[str],
 ) -> _Sizing:
-    """A fixed batch, checked: refused when it does not fit; accumulation keeps the effective
-    batch (``preflight.effective_batch_size``)."""
+    """A fixed batch, refused when it does not fit; accumulation keeps the effective batch."""
     micro = min(int(request.requested), rows) if rows else int(request.requested)
     fits = search.ladder(micro)
     trial = search.settle(micro) if fits else max(search.trials.values(), key=lambda t: t.batch)
@@ -658,10 +626,7 @@ def _fixed(
             f"{option} lower, or hardware.batch_size=auto with data.batch_size=from_profile "
             "(the preflight picks)"
         )
-    accumulation = request.accumulation
-    if request.effective_batch:
-        accumulation = max(1, math.ceil(request.effective_batch / (micro * request.devices)))
-    return _Sizing(micro, accumulation, trial, notes)
+    return _Sizing(micro, request.fixed_accumulation(micro), trial, notes)
 
 
 def measured_preflight_for_run(
@@ -678,13 +643,8 @@ def measured_preflight_for_run(
     run: PlannedRun | None = None,
 ) -> Plan:
     """The measured plan of a run, as batch.py's ``preflight_for_run`` gives the estimated one.
-
-    ``option`` is the setting that fixed the batch, named when it does not fit; ``counter`` the
-    memory reader (the device's own when None); ``run`` the Trainer's length and ranks (None:
-    Lightning's defaults, the profile's devices and ``shards``). Rank 0's record, a resumed run's
-    batch and ``preflight.json`` as for the estimate. Raises NotMeasured (the module or its loader
-    cannot be measured) or PreflightError (the job does not fit), each in one line.
-    """
+    ``option``: the setting named when the batch does not fit; ``counter``: the memory reader;
+    ``run``: the Trainer's length and ranks. Raises NotMeasured or PreflightError, in one line."""
     kind = str(hardware.get("accelerator", "cpu"))
     index = hardware.get("device_index") if kind == "cuda" else None
     record = output_dir / "preflight.json" if output_dir is not None else None
@@ -693,7 +653,7 @@ def measured_preflight_for_run(
         return shared
     _checked_module(model)
     probe = TorchProbe(kind, index)
-    previous = _previous_batch(record) if is_auto(hardware.get("batch_size")) else None
+    previous = _previous_batch(record, hardware)
     request = _Request.read(hardware, effective_batch, accumulation, max_batch, previous)
     workers = _loader_workers(datamodule, hardware, cache_dir)
     budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)

@@ -1,22 +1,13 @@
-"""The peak memory of a stretch of work, read from the device's own counters.
+"""The peak memory of a stretch of work, read from the device's own counters, in the units of the
+device's budget (budget.py), for the measured preflight (measured.py):
 
-The measured preflight (measured.py) runs real training steps and asks one of these how high
-memory went, in the units of the device's budget (budget.py):
-
-- CPU on Linux: the kernel's high-water mark of this process's resident set, ``VmHWM`` in
-  ``/proc/self/status``, which writing ``5`` to ``/proc/self/clear_refs`` resets to the current
-  resident set (proc(5), "clear_refs (since Linux 2.6.22)": "5 (since Linux 4.0) Reset the
-  peak resident set size ("high water mark") to the process's current resident set size").
-  ``getrusage``'s ``ru_maxrss`` cannot be reset, so it would keep whatever peak came first.
-- CPU elsewhere (macOS has no ``/proc``): a thread samples the resident set (psutil) every
-  millisecond while the window is open; a spike shorter than that can be missed.
-- CUDA: ``torch.cuda.reset_peak_memory_stats`` then ``torch.cuda.max_memory_reserved`` of the
-  GPU: the budget is a share of the GPU's free memory, which the caching allocator's reserved
-  segments take (allocated bytes leave out their rounding and fragmentation).
-- MPS: there is no peak API (docs/hardware.md §7): ``torch.mps.driver_allocated_memory`` is read
-  at every :meth:`PeakCounter.note` (after forward, backward and each optimizer step).
-
-torch is imported inside the functions, as in hardware/probe.py.
+- CPU on Linux: ``VmHWM`` of ``/proc/self/status``, reset by writing ``5`` to
+  ``/proc/self/clear_refs`` (proc(5), since Linux 4.0); ``ru_maxrss`` cannot be reset.
+- CPU elsewhere: a thread samples the resident set (psutil) every millisecond.
+- CUDA: ``max_memory_reserved`` after ``reset_peak_memory_stats`` (the budget is a share of free
+  memory, which reserved segments take).
+- MPS: no peak API (docs/hardware.md §7): ``driver_allocated_memory`` at every
+  :meth:`PeakCounter.note`.
 """
 
 from __future__ import annotations
@@ -36,8 +27,8 @@ SAMPLE_SECONDS = 0.001
 
 
 class PeakCounter(Protocol):
-    """Opens a window (:meth:`reset`), is told of moments worth a reading (:meth:`note`) and
-    answers the highest memory of the window (:meth:`peak`), in bytes."""
+    """The highest memory (bytes) between :meth:`reset` and :meth:`peak`, read at each
+    :meth:`note`."""
 
     kind: str
 

@@ -1,9 +1,7 @@
-"""The batch planner of a run, chosen once (:func:`choose_planner`): one interface, two
-implementations. :func:`estimated` sizes a transformers model from its shapes (batch.py),
-:func:`measured` trains a copy of any LightningModule (measured.py). Both are called as
-``planner(model, datamodule, hardware, **plan_settings(...))``, ``hardware`` the profile the run
-plan passes (this rank's device, the run's precision, the batch asked), and return batch.py's
-``Plan``, which the run plan holds."""
+"""The batch planner of a run, chosen once (:func:`choose_planner`): :func:`estimated` sizes a
+transformers model from its shapes (batch.py), :func:`measured` trains a copy of any module
+(measured.py); both take ``(model, datamodule, hardware, **plan_settings(...))`` and return a
+``Plan``."""
 
 from __future__ import annotations
 
@@ -57,8 +55,7 @@ def estimated(model: Any, datamodule: Any, hardware: Mapping[str, Any], **settin
 
 
 def measured(model: Any, datamodule: Any, hardware: Mapping[str, Any], **settings: Any) -> Any:
-    """The measurement of a copy of the module
-    (``laptrain.preflight.measured.measured_preflight_for_run``)."""
+    """The measurement of a copy of the module (``measured.measured_preflight_for_run``)."""
     from laptrain.preflight.measured import measured_preflight_for_run
 
     settings.pop("verify"), settings.pop("checkpointing")
@@ -66,8 +63,7 @@ def measured(model: Any, datamodule: Any, hardware: Mapping[str, Any], **setting
 
 
 def choose_planner(model: Any, datamodule: Any) -> BatchPlanner:
-    """The estimate where it applies (a transformers model inside and a sequence length), else
-    the measurement."""
+    """The estimate for a transformers model with a sequence length, else the measurement."""
     from torch import nn
 
     from laptrain.preflight.activations import find_hf_model

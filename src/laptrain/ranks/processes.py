@@ -1,15 +1,9 @@
 """How many processes a run's config starts, and who starts them: ``trainer.devices`` in every form
-Lightning takes, what a strategy implies (re-running the command, sharding, wrapping the module),
-each rank's GPU, and the checks for runs on several processes, made before Hydra starts any job.
-
-Gap the checks fill: Lightning starts the ranks of ``ddp``, ``fsdp``, ``deepspeed`` and
-``ModelParallelStrategy`` with its subprocess launcher, which re-runs this command line for ranks
-1..N-1 with rank 0's ``hydra.run.dir`` (lightning/fabric/strategies/launchers/subprocess_script.py).
-For one run that is right; under ``-m`` each of those ranks re-runs the whole sweep (hydra#2070).
-Neither Lightning nor Hydra refuses the combination, so laptrain does, unless something else
-starts the ranks: SLURM's srun (``launcher=slurm``) or torchrun, which Lightning's
-``SLURMEnvironment`` and ``TorchElasticEnvironment`` detect.
-"""
+Lightning takes, what a strategy implies, each rank's GPU, and the checks made before Hydra starts
+any job. Lightning's subprocess launcher re-runs this command line for ranks 1..N-1
+(fabric/strategies/launchers/subprocess_script.py), so under ``-m`` each rank re-runs the whole
+sweep (hydra#2070); laptrain refuses that unless srun (``launcher=slurm``) or torchrun starts the
+ranks."""
 
 from __future__ import annotations
 
@@ -56,9 +50,8 @@ def reruns_command(strategy: Any) -> bool:
 
 
 def shards_model_state(strategy: Any) -> bool:
-    """Whether the strategy splits weights, gradients and optimizer state across ranks (FSDP):
-    a registry name, or a ``_target_`` that is Lightning's ``FSDPStrategy`` or a subclass of it
-    (imported only for a class of another name)."""
+    """Whether the strategy splits weights, gradients and optimizer state across ranks (FSDP): by
+    registry name or a ``_target_`` subclassing Lightning's ``FSDPStrategy``."""
     if isinstance(strategy, str):
         return strategy.lower().startswith("fsdp")
     if not isinstance(strategy, Mapping) or "_target_" not in strategy:
@@ -77,9 +70,9 @@ def shards_model_state(strategy: Any) -> bool:
 
 
 def wraps_the_module(strategy: Any) -> bool:
-    """Whether ``strategy`` runs ``training_step`` inside a wrapper's forward (DDP, FSDP and every
-    other ``ParallelStrategy``, with one process too: Lightning wraps the module whatever the
-    world size), where a backward cannot run before the forward returns."""
+    """Whether ``strategy`` runs ``training_step`` inside a wrapper's forward (every
+    ``ParallelStrategy``, one process too), where a backward cannot run before the forward
+    returns."""
     from lightning.pytorch.strategies import ParallelStrategy
 
     return isinstance(strategy, ParallelStrategy)
@@ -99,7 +92,7 @@ def asked_devices(cfg: Mapping[str, Any]) -> Any:
 
 def known_kind(cfg: Mapping[str, Any]) -> str | None:
     """The device kind the config names (cpu, cuda, mps), or None where Lightning picks it at run
-    time (``auto``, ``gpu``)."""
+    time."""
     trainer, hardware = cfg.get("trainer") or {}, cfg.get("hardware") or {}
     accelerator = str(trainer.get("accelerator") or hardware.get("accelerator") or "cpu")
     return accelerator if accelerator in DEVICE_KINDS else None
@@ -152,17 +145,11 @@ def _lightning_form(devices: Any) -> int | list[int] | str:
 
 
 def requested_devices(devices: Any, kind: str | None) -> int | None:
-    """How many devices a ``trainer.devices`` value gives the Trainer on ``kind`` (cpu, cuda, mps;
-    None: not known before torch), or None for "every CUDA device found" (``auto``, -1, "-1").
-
-    Lightning's readings: a count n or "n" is n devices (GPUs 0..n-1), a list or "0,1" names GPU
-    indices (device_parser.py:142-155); ``auto`` is the accelerator's ``auto_device_count()``
-    (pytorch/trainer/connectors/accelerator_connector.py:368-384): 1 on CPU and MPS, every visible
-    GPU on CUDA; -1 is every GPU (MPS has one). On CPU only a count >= 1 is taken
-    (fabric/accelerators/cpu.py:80-101, ``_parse_cpu_cores``). Raises :class:`ConfigError` (one
-    line naming trainer.devices) for what Lightning would refuse: 0, [], other negatives,
-    non-numbers, a repeated GPU, and a GPU list or -1 on CPU.
-    """
+    """How many devices a ``trainer.devices`` value gives the Trainer on ``kind`` (None: not known
+    before torch), or None for "every CUDA device found" (``auto``, -1, "-1"), read as Lightning
+    does (device_parser.py:142-155; ``auto_device_count()``, accelerator_connector.py:368-384; CPU
+    counts, fabric/accelerators/cpu.py:80-101). What Lightning would refuse (0, [], other negatives,
+    non-numbers, a repeated GPU, a GPU list or -1 on CPU) is a one-line :class:`ConfigError`."""
     asked = _lightning_form(devices)
     if kind == "cpu" and (isinstance(asked, list) or asked == -1):
         count = len(asked) if isinstance(asked, list) else "<processes>, e.g. 2"
@@ -225,16 +212,10 @@ def check_scale_out(cfg: DictConfig, multirun: bool) -> None:
 
 
 def rank_cuda_index(devices: Any, environ: Mapping[str, str] | None = None) -> int:
-    """The CUDA device this process trains on, for a ``trainer.devices`` value in any form
-    Lightning takes. Lightning's ``root_device`` is ``parallel_devices[local_rank]``
-    (lightning/pytorch/strategies/ddp.py:116-120, fsdp.py:196-200), and the parallel devices are
-    ``cuda:i`` for each GPU index that ``devices`` parses to (lightning/pytorch/accelerators/
-    cuda.py:86-94; fabric/utilities/device_parser.py:48-151): a list or a comma string ("2,3",
-    "3,") names the indices, so local rank r trains on the r-th of them; a count n or "n", -1 /
-    "-1" and ``auto`` (``auto_device_count()``, trainer/connectors/accelerator_connector.py:
-    368-384) take GPUs 0, 1, ... in order, so local rank r trains on GPU r. Raises
-    :class:`ConfigError` when a list names fewer GPUs than this local rank needs (Lightning would
-    fail with an IndexError once the Trainer starts)."""
+    """The CUDA device this process trains on: ``parallel_devices[local_rank]`` as Lightning picks
+    it (strategies/ddp.py:116-120, fsdp.py:196-200; accelerators/cuda.py:86-94): the r-th index of a
+    list or comma string, else GPU r. Raises :class:`ConfigError` when a list names fewer GPUs than
+    this local rank needs (Lightning would raise IndexError once the Trainer starts)."""
     asked = _lightning_form(devices)
     rank = local_rank(environ)
     if not isinstance(asked, list):

@@ -1,13 +1,7 @@
 """Asking a running job for a checkpoint from another terminal: the request file and its answer.
-
-Gap filled: Lightning saves on its own schedule (``every_n_train_steps``, epoch ends) and on a
-signal only when stopping; nothing lets a user say "save now and go on". ``laptrain checkpoint
-<run>``, or ``touch <run>/checkpoint_now``, writes the request; the job's ``GracefulStop`` looks
-for it at batch ends (rank 0, at most once a second), writes ``last.ckpt`` at the next step
-boundary a resume starts from exactly, then answers in ``checkpoint_now.done`` (JSON: step, path,
-time) and removes the request. Every rank saves at the same step: rank 0's finding travels in the
-all-reduce the stop already makes at every batch end. No torch here: the CLI imports this.
-"""
+``laptrain checkpoint <run>`` (or ``touch <run>/checkpoint_now``) writes the request; the job's
+``GracefulStop`` saves ``last.ckpt`` at the next exact-resume boundary, on every rank at the same
+step, and answers in ``checkpoint_now.done`` (step, path, time). No torch: the CLI imports this."""
 
 from __future__ import annotations
 

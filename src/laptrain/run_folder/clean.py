@@ -1,13 +1,7 @@
-"""``laptrain runs clean A [B ...]``: remove the named run folders, and say how much space that freed.
-
-Gap filled: ``rm -rf outputs/<run>`` removes a folder a live run is still writing, and whatever a
-mistyped name or a symlink points at. Every name is checked before anything is removed: it must be a
-run folder (as ``laptrain runs`` finds them) under ``--root``, not a symlink and not the root, and no
-live process may hold its lock (run_folder/lock.py; the refusal names the pid). One refusal and
-nothing is removed (exit 2). Each folder is then locked by this process while it is removed, so a
-run started meanwhile is refused rather than half deleted. ``shutil.rmtree`` removes a symlink
-inside a run, never what it points at.
-"""
+"""``laptrain runs clean A [B ...]``: remove the named run folders and say how much space that
+freed. Unlike ``rm -rf``, every name is checked first (a run folder under ``--root``, not a
+symlink or the root, no live process holding its lock); one refusal removes nothing (exit 2).
+Each folder is locked while it is removed, and a symlink inside is removed, never its target."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""``laptrain runs compare A B [C ...]``: runs side by side, and one plot of their validation curves.
-
-Gap filled: each run writes its own report, but choosing between two runs means opening two
-``.hydra/config.yaml`` files and two reports and diffing them by eye. Read from the files a run
-leaves: the config from ``.hydra/config.yaml`` (flattened to dotted keys; only the keys whose values
-differ are shown, a key one run lacks as ``—``), the final metrics from ``metrics.json``, the best
-score, samples/s, peak memory, the fit's wall time and the validation curves (``val_history``) from
-``report.json``. The plot uses matplotlib's object API with the Agg canvas, as ``report.png`` does.
-"""
+"""``laptrain runs compare A B [C ...]``: runs side by side (the config keys whose values differ,
+final metrics, best score, samples/s, peak memory, wall time), read from the files a run leaves,
+and one plot of their validation curves (matplotlib's object API on the Agg canvas)."""
 
 from __future__ import annotations
 
@@ -15,15 +9,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from laptrain.run_folder.listing import _json, _yaml, resolve_run, run_state
+from laptrain.run_folder.listing import _yaml, json_record, resolve_run, run_state, section
 
 MISSING = "—"
 _ABSENT = object()  # a key one run's config lacks (a null value is a value)
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"model": {"optimizer": {"lr": 1e-3}}}`` -> ``{"model.optimizer.lr": 1e-3}``; lists and
-    empty mappings are values."""
+    """``{"model": {"lr": 1e-3}}`` -> ``{"model.lr": 1e-3}``; lists and empty mappings are
+    values."""
     if not isinstance(config, Mapping) or (prefix and not config):
         return {prefix: config}
     flat: dict[str, Any] = {}
@@ -74,19 +68,14 @@ def _duration(seconds: Any) -> str:
     return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"
 
 
-def _section(report: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
-    body = (report or {}).get(name)
-    return body if isinstance(body, Mapping) else {}
-
-
 def metric_rows(folders: Sequence[Path]) -> list[tuple[str, list[str]]]:
     """``(row name, one cell per run)``: status and step (as ``laptrain runs`` shows them), the best
     checkpoint's score, each final metric, samples/s, peak memory and wall time."""
-    reports = [_json(f / "report.json") for f in folders]
+    reports = [json_record(f / "report.json") for f in folders]
     states = [run_state(f) for f in folders]
     finals = []
     for folder, report in zip(folders, reports):
-        final = _json(folder / "metrics.json") or dict(_section(report, "metrics"))
+        final = json_record(folder / "metrics.json") or dict(section(report, "metrics"))
         finals.append({k: v for k, v in final.items() if not k.startswith("hp/")})
     rows: list[tuple[str, list[str]]] = [
         ("status", [s.status for s in states]),
@@ -94,7 +83,7 @@ def metric_rows(folders: Sequence[Path]) -> list[tuple[str, list[str]]]:
     ]
     best: dict[str, list[str]] = {}
     for i, (state, report) in enumerate(zip(states, reports)):
-        ckpt = _section(report, "checkpoint")
+        ckpt = section(report, "checkpoint")
         if ckpt.get("best_score") is not None:
             monitor, score = str(ckpt.get("monitor")), _number(float(ckpt["best_score"]))
         elif state.best:  # a run killed before its report: the checkpoint's record
@@ -105,9 +94,9 @@ def metric_rows(folders: Sequence[Path]) -> list[tuple[str, list[str]]]:
     rows += [(f"best {monitor}", cells) for monitor, cells in best.items()]
     for name in sorted({k for f in finals for k in f}):
         rows.append((name, [_number(f.get(name)) for f in finals]))
-    memory = [_section(r, "memory") for r in reports]
+    memory = [section(r, "memory") for r in reports]
     rows += [
-        ("samples/s", [_number(_section(r, "throughput").get("samples_per_s")) for r in reports]),
+        ("samples/s", [_number(section(r, "throughput").get("samples_per_s")) for r in reports]),
         (
             "peak RSS (MB)",
             [_number(m.get("peak_rss_mb", m.get("peak_process_rss_mb"))) for m in memory],
@@ -115,9 +104,7 @@ def metric_rows(folders: Sequence[Path]) -> list[tuple[str, list[str]]]:
     ]
     if any(m.get("peak_device_peak_mb") is not None for m in memory):
         rows.append(("peak device (MB)", [_number(m.get("peak_device_peak_mb")) for m in memory]))
-    rows.append(
-        ("wall time (fit)", [_duration(_section(r, "time").get("wall_s")) for r in reports])
-    )
+    rows.append(("wall time (fit)", [_duration(section(r, "time").get("wall_s")) for r in reports]))
     return rows
 
 
@@ -132,15 +119,14 @@ def markdown_table(header: Sequence[str], rows: Sequence[tuple[str, Sequence[str
 
 def val_curves(folder: Path) -> list[dict[str, Any]]:
     """The run's validation points (``[{"step": 2, "val/acc": 0.5, ...}]``) from its report."""
-    points = (_json(folder / "report.json") or {}).get("val_history")
+    points = (json_record(folder / "report.json") or {}).get("val_history")
     return [p for p in points if isinstance(p, Mapping)] if isinstance(points, list) else []
 
 
 def plot_curves(
     curves: Sequence[list[dict[str, Any]]], labels: Sequence[str], path: Path
 ) -> list[str]:
-    """One panel per ``val/*`` metric, one line per run, x = optimizer step; written to ``path``.
-    Returns the metric names plotted (none: nothing written)."""
+    """One panel per ``val/*`` metric, one line per run, into ``path``; the metrics plotted."""
     metrics = sorted(
         {k for points in curves for p in points for k in p if k.startswith("val/")},
         key=lambda k: (k != "val/loss", k),

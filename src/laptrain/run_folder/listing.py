@@ -1,16 +1,13 @@
-"""The runs under ``outputs/``: their state, progress, best score and the command that resumes each.
-
-Gap filled: Hydra leaves each run's overrides in ``.hydra/`` and Lightning its step in
-``last.ckpt``, but nothing lists the runs of a project. Read from the files a run leaves
-(``report.json``, ``metrics.json``, ``.hydra/*.yaml``, the lock); torch is imported only when a
-checkpoint is newer than the report (a killed or running run), to read its step.
-"""
+"""The runs under ``outputs/``: their state, progress, best score and the command that resumes each,
+read from the files a run leaves; torch is imported only to read the step of a checkpoint newer
+than the report (a killed or running run)."""
 
 from __future__ import annotations
 
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,11 +31,20 @@ def _yaml(path: Path) -> Any:
         return None
 
 
-def _json(path: Path) -> dict[str, Any] | None:
+def json_record(path: Path) -> dict[str, Any] | None:
+    """A run's JSON record (``report.json``, ``metrics.json``...), None when missing or
+    unreadable."""
     try:
-        return json.loads(path.read_text()) if path.is_file() else None
+        data = json.loads(path.read_text()) if path.is_file() else None
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
+
+
+def section(record: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    """One section of a record (``report.json``'s ``checkpoint``...), empty when it has none."""
+    body = (record or {}).get(name)
+    return body if isinstance(body, dict) else {}
 
 
 def _default_run_name(folder: Path) -> str | None:
@@ -101,7 +107,7 @@ class RunState:
 
 def evaluations(folder: Path) -> dict[str, dict[str, float]] | None:
     """The benchmark accuracies ``laptrain eval --tasks`` wrote (``eval/lm_eval.json``), or None."""
-    found = _json(folder / "eval" / "lm_eval.json")
+    found = json_record(folder / "eval" / "lm_eval.json")
     return found.get("tasks") if found else None
 
 
@@ -144,7 +150,7 @@ def checkpoint_facts(path: Path) -> tuple[int, str | None]:
 def run_state(folder: str | Path) -> RunState:
     """The state of one run folder, from its report when that is up to date, else its checkpoint."""
     folder = Path(folder)
-    report = _json(folder / "report.json")
+    report = json_record(folder / "report.json")
     last = run_last_checkpoint(folder)
     step: int | None = None
     best: str | None = None

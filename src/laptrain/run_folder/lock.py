@@ -1,14 +1,8 @@
-"""One live process per run folder.
-
-Gap filled: a rerun of the same command resumes in the same folder, so the command typed twice (or a
-sweep rerun while the first is alive) has two processes writing one ``last.ckpt``, and neither Hydra
-nor Lightning notices. The lock is ``<run folder>/.laptrain.lock``, held with filelock's
-``FileLock`` (``fcntl.flock``: the kernel drops it when the process ends, however it ends, so a lock
-left by a killed run is never stale; where the filesystem has no ``flock``, filelock falls back on
-a pid marker it checks itself). What this module adds is the line a refused run prints: the
-holder's pid, host, start time and command, written into the lock file when it is taken. Imported
-by the launcher before torch.
-"""
+"""One live process per run folder: the same command typed twice would have two processes writing
+one ``last.ckpt``, unnoticed by Hydra and Lightning. The lock is ``<run folder>/.laptrain.lock``
+(filelock's ``FileLock``: ``flock``, dropped by the kernel however the process ends); this module
+adds the line a refused run prints (the holder's pid, host, start time and command, written into
+the lock file). Imported by the launcher before torch."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Where a run lives: ``outputs/<run_name>/``, named by the run and not by the clock.
-
-A rerun of the same command finds its folder again and resumes. With ``resume=false`` an existing
-run is never overwritten: the new run gets ``<run_name>-2``, ``-3``, ... This module is imported by
-the launcher before torch.
-"""
+"""Where a run lives: ``outputs/<run_name>/``, named by the run, not the clock, so a rerun resumes;
+with ``resume=false`` the new run gets ``<run_name>-2``, ``-3``... Imported before torch."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ RECORD_WAIT_S = 2.0
 
 
 def holds_run(folder: Path) -> bool:
-    """Whether ``folder`` already holds a run's checkpoints or curves, or a live run of another
-    launch."""
+    """Whether ``folder`` holds a run's checkpoints or curves, or a live run of another launch."""
     if not folder.is_dir():
         return False
     return (
@@ -102,8 +97,8 @@ def job_dir(override_dirname: str) -> str:
 
 
 def register_resolvers() -> None:
-    """Make ``${laptrain_run_dir:base,resume}``, ``${laptrain_job_dir:...}`` and
-    ``${laptrain_last_ckpt:ckpt_dir}`` usable in configs."""
+    """Register the ``laptrain_run_dir``, ``laptrain_job_dir`` and ``laptrain_last_ckpt``
+    resolvers."""
     OmegaConf.register_new_resolver(
         "laptrain_run_dir", choose_run_dir, use_cache=True, replace=True
     )

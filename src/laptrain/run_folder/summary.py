@@ -1,11 +1,6 @@
 """``laptrain runs summary <sweep folder or runs...>``: k-fold runs as each metric's mean ± std.
-
-Gap filled: a small data set's single split gives a figure whose noise nobody sees; a k-fold sweep
-(``-m data.folds=5 data.fold=0,1,2,3,4``) writes one run per fold, and reading five
-``metrics.json`` files by eye hides the spread again. Here the runs whose configs differ only in
-``data.fold`` form one group, and each final metric (``metrics.json``, and the best checkpoint's
-score from ``report.json``) is its mean, sample standard deviation (n-1) and count over the group.
-"""
+Runs whose configs differ only in ``data.fold`` form one group; each final metric (and the best
+score) is given as mean, sample standard deviation (n-1) and count."""
 
 from __future__ import annotations
 
@@ -24,7 +19,7 @@ from laptrain.run_folder.compare import (
     markdown_table,
     run_label,
 )
-from laptrain.run_folder.listing import _json, _yaml, is_run_folder, resolve_run
+from laptrain.run_folder.listing import _yaml, is_run_folder, json_record, resolve_run
 
 FOLD_KEY = "data.fold"
 
@@ -46,8 +41,8 @@ def named_runs(names: Sequence[str], root: Path) -> list[Path]:
 def final_metrics(folder: Path) -> dict[str, float]:
     """The run's final metrics (``metrics.json``; learning rates and ``hp/`` copies left out) and
     its best checkpoint's score as ``best <monitor>``."""
-    report = _json(folder / "report.json") or {}
-    final = _json(folder / "metrics.json") or report.get("metrics") or {}
+    report = json_record(folder / "report.json") or {}
+    final = json_record(folder / "metrics.json") or report.get("metrics") or {}
     out = {
         k: float(v)
         for k, v in final.items()

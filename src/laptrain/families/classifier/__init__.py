@@ -1,6 +1,8 @@
 """The text-classifier family: a transformers sequence classifier (``text_classifier``), the tiny
 BERT built from random weights for the default job (``tiny_bert``), the labelled-text datamodule
-(``text_classification``), ``laptrain predict`` (``predict``) and the smoke build (``smoke``)."""
+(``text_classification``), its tokenizers (``tokenizer``, also LoRA's), the offline stdlib
+docstrings corpus (``stdlib_docstrings``), ``laptrain predict`` (``predict``) and the smoke build
+(``smoke``)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ def _file_rules(datamodule: str) -> FileRules | None:
     return FileRules(LABELLED_OPTIONS, read_labelled)
 
 
-def _fsdp_layers(module: Any) -> set[type]:
+def transformers_fsdp_layers(module: Any) -> set[type]:
+    """The FSDP units of a transformers model's layers (the LoRA family's too)."""
     from laptrain.model.fsdp_units import transformers_layers
 
     return transformers_layers(module)
@@ -39,7 +42,7 @@ FAMILY = Family(
     name="classifier",
     summary="a transformers encoder with a classification head (tiny BERT, MiniLM, SciBERT)",
     file_rules=_file_rules,
-    fsdp_layers=_fsdp_layers,
+    fsdp_layers=transformers_fsdp_layers,
     commands=_commands,
     smoke=_smoke,
 )

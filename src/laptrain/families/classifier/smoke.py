@@ -7,7 +7,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from laptrain.model.smoke_data import (
+from laptrain.families.smoke_data import (
     RowsData,
     TokenRows,
     build_preset,

@@ -31,8 +31,12 @@ from laptrain.data.collate import PadCollator, padded_length
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader, replicas_of
 from laptrain.data.splits import check_train_fraction, train_subset
 from laptrain.data.tables import Table, check_fractions, resolve_files
-from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint, train_wordpiece
 from laptrain.data.workers import WorkerInit, worker_context
+from laptrain.families.classifier.tokenizer import (
+    load_tokenizer,
+    tokenizer_fingerprint,
+    train_wordpiece,
+)
 from laptrain.files import file_digest, fsync_dir, fsync_file, pid_alive
 
 from .labelled_files import LabelledSplits, read_labelled

@@ -5,13 +5,14 @@ weights' dtype (``base_dtype``: ``base_dtype: auto``), the memory forecast from 
 (``sizing``), ``laptrain doctor``'s LoRA check (``doctor``), the tiny offline Llama
 (``tiny_llama``), the adapter folders a run leaves (``adapter_folders``), its commands
 (``commands``: export, generate, eval; their work in ``tools`` and ``preference_eval``), the GGUF
-export (``gguf/``) and the smoke build (``smoke``)."""
+export (``gguf/``), ``laptrain why``'s DPO rule (``why_rules``) and the smoke build (``smoke``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from laptrain.families.classifier import transformers_fsdp_layers
 from laptrain.family import Family, FileRules
 
 
@@ -50,16 +51,16 @@ def _file_rules(datamodule: str) -> FileRules | None:
     return None if rules is None else FileRules(INSTRUCTION_OPTIONS, rules)
 
 
-def _fsdp_layers(module: Any) -> set[type]:
-    from laptrain.model.fsdp_units import transformers_layers
-
-    return transformers_layers(module)
-
-
 def _commands() -> Any:
     from laptrain.families.lora import commands
 
     return commands
+
+
+def _why(series: Any) -> list[Any]:
+    from laptrain.families.lora.why_rules import dpo_likelihood_fall
+
+    return dpo_likelihood_fall(series)
 
 
 def _smoke() -> Any:
@@ -76,7 +77,8 @@ FAMILY = Family(
     auto_settings=_auto_settings,
     doctor_check=_doctor_check,
     file_rules=_file_rules,
-    fsdp_layers=_fsdp_layers,
+    fsdp_layers=transformers_fsdp_layers,
     commands=_commands,
+    why=_why,
     smoke=_smoke,
 )

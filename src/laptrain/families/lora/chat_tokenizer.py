@@ -21,7 +21,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from laptrain.data.stdlib_docstrings import collect_examples
+from laptrain.families.classifier.stdlib_docstrings import collect_examples
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 START_HEADER, END_HEADER = "<|start_header_id|>", "<|end_header_id|>"

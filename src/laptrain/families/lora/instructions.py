@@ -37,12 +37,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from laptrain.data.collate import PadCollator, padded_length
-from laptrain.data.tokenizer import load_tokenizer, tokenizer_fingerprint
 from laptrain.families.classifier.text_classification import (
     TextClassificationDataModule,
     building,
     publish_entry,
 )
+from laptrain.families.classifier.tokenizer import load_tokenizer, tokenizer_fingerprint
 from laptrain.families.lora.chat_tokenizer import (
     LLAMA3_CHAT_TEMPLATE,
     offline_tokenizer,

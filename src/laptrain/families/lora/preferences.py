@@ -28,8 +28,8 @@ import torch
 
 from laptrain.data.collate import padded_length
 from laptrain.data.file_formats import DataError
-from laptrain.data.stdlib_docstrings import write_jsonl
-from laptrain.data.tokenizer import load_tokenizer
+from laptrain.families.classifier.stdlib_docstrings import write_jsonl
+from laptrain.families.classifier.tokenizer import load_tokenizer
 from laptrain.families.lora.chat_tokenizer import prepare_chat_tokenizer
 from laptrain.families.lora.instructions import (
     IGNORE,

@@ -17,8 +17,8 @@ import lightning.pytorch as pl
 import torch
 
 from laptrain.families.lora.instructions import CausalLMCollator, PackedRows, pack
+from laptrain.families.smoke_data import RowsData, build_preset, preset_config, smoke_checkpointing
 from laptrain.hardware.probe import TorchProbe
-from laptrain.model.smoke_data import RowsData, build_preset, preset_config, smoke_checkpointing
 
 PRESET = "llama32_3b_lora"
 BATCH, LENGTH, VOCAB = 8, 16, 64

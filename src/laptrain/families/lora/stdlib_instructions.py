@@ -17,7 +17,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from laptrain.data.stdlib_docstrings import _source_files, write_jsonl
+from laptrain.families.classifier.stdlib_docstrings import _source_files, write_jsonl
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 

@@ -64,7 +64,7 @@ def tiny_llama_config(
 
 
 def _corpus(modules: tuple[str, ...]) -> list[str]:
-    from laptrain.data.stdlib_docstrings import collect_examples
+    from laptrain.families.classifier.stdlib_docstrings import collect_examples
 
     return [row["text"] for row in collect_examples({"all": list(modules)})]
 

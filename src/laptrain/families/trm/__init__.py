@@ -1,5 +1,6 @@
 """Tiny Recursive Model (arXiv:2510.04871): network, deep supervision with ACT, the Sudoku module,
-its Sudoku data (``sudoku``, ``sudoku_extreme``, ``sudoku_generator``), sizing and smoke build.
+its Sudoku data (``sudoku``, ``sudoku_extreme``, ``sudoku_generator``), its EMA callback
+(``ema``), sizing and smoke build.
 
 Names load lazily, so ``python -m laptrain.families.trm.sizing`` (the ``size=auto`` dry run) does
 not import torch.

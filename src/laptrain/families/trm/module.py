@@ -20,9 +20,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from laptrain.callbacks.ema import EMA
 from laptrain.callbacks.oom_backoff import is_oom
 from laptrain.families.trm.carry import Carry
+from laptrain.families.trm.ema import EMA
 from laptrain.families.trm.loss import LOSSES, halt_loss, per_puzzle_answer_loss
 from laptrain.families.trm.metrics import SudokuMetrics
 from laptrain.families.trm.network import StepOutput, TinyRecursiveModel, TRMArch

@@ -10,8 +10,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from laptrain.families.smoke_data import build_preset, preset_config
 from laptrain.families.trm.sudoku import SudokuDataModule
-from laptrain.model.smoke_data import build_preset, preset_config
 
 PRESET = "trm_sudoku"
 SIZE = "tiny"

@@ -1,5 +1,5 @@
 """Write ``stdlib_mc/stdlib_mc.jsonl``: "which module family is this docstring from?" over the
-stdlib docstrings corpus (``laptrain.data.stdlib_docstrings``), with the 8 families of
+stdlib docstrings corpus (``laptrain.families.classifier.stdlib_docstrings``), with the 8 families of
 ``conf/data/stdlib_docstrings.yaml`` as the choices.
 
 The file is generated once and shipped: docstrings change between Python releases, and a yardstick
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from laptrain.data.stdlib_docstrings import collect_examples, write_jsonl
+from laptrain.families.classifier.stdlib_docstrings import collect_examples, write_jsonl
 from laptrain.families.lora.eval_tasks import TASKS_DIR
 
 PER_FAMILY = 40

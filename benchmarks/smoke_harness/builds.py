@@ -41,7 +41,7 @@ class SmokeBuild:
             that takes ``kind`` and ``precision`` keywords gets the cell's (see :meth:`make`).
         predict: ``predict(module, batch)`` -> predictions for one validation batch (on the device).
         refuse: ``refuse(device_kind, precision)`` -> why the family does not run there, or None
-            (default: the family's rule for ``name``).
+            (the family's rule, the one the launch applies).
         callbacks: extra callbacks the family trains with (its ``configure_callbacks`` are added
             by Lightning itself).
         note: ``note(device_kind)`` -> one line of what the cells run (preset, optimizer, dtypes,
@@ -69,17 +69,19 @@ class SmokeBuild:
         return self.build(seed, steps, **extra)
 
     def refusal(self, kind: str, precision: str) -> str | None:
-        """Why this family does not run at ``precision`` on ``kind``, or None (a family the
-        installed families do not list has no rule of its own unless ``refuse`` gives one)."""
-        if self.refuse is not None:
-            return self.refuse(kind, precision)
-        family = next((f for f in installed_families() if f.name == self.name), None)
-        return family.refusal(kind, precision) if family else None
+        """Why this family does not run at ``precision`` on ``kind``, or None."""
+        return self.refuse(kind, precision) if self.refuse is not None else None
 
 
 def _from_family(family: Family) -> SmokeBuild:
     smoke = family.smoke()  # type: ignore[misc]
-    return SmokeBuild(family.name, smoke.build, smoke.predict, note=getattr(smoke, "note", None))
+    return SmokeBuild(
+        family.name,
+        smoke.build,
+        smoke.predict,
+        refuse=family.refusal,
+        note=getattr(smoke, "note", None),
+    )
 
 
 # One build per installed family with a smoke hook, by family name (what ``--families`` names); a

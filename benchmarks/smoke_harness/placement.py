@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 import torch
 from torchmetrics import Metric
 
-from laptrain.callbacks.ema import EMA
+from laptrain.families.trm.ema import EMA
 
 # Module internals that are walked through named_parameters/named_buffers/modules instead.
 _MODULE_SLOTS = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")

@@ -1,22 +1,12 @@
 """EMA of the trainable weights, for models with manual optimization (TRM).
 
-Gap it fills relative to Lightning 2.6.6's ``WeightAveraging`` / ``EMAWeightAveraging`` (read in
-``lightning/pytorch/callbacks/weight_averaging.py``): after ``fit``, ``trainer.test(ckpt_path="best")``
-on the same Trainer restores the *raw* weights, because its ``on_load_checkpoint`` reloads
-``current_model_state`` whenever an averaged model exists, so the test would not use the EMA; and it
-has no decay warm-up, which short runs need (docs/trm.md: a plain 0.99/0.999 EMA stayed useless
-for the first few hundred steps). It also deep-copies the whole LightningModule; this one keeps a
-copy of the trainable parameters only, in float32 (float64 for float64 weights). The averaging
-step itself is torch's (``torch.optim.swa_utils.get_ema_multi_avg_fn``: one foreach lerp), at the
-warmed-up decay of each update; this callback adds where the copy lives and the test-time swap.
-
-When the copy is made matters. Lightning 2.6.6 calls ``Callback.setup`` and restores a checkpoint
-(``on_load_checkpoint``, ``load_state_dict``) *before* ``strategy.setup`` converts the module to the
-precision's dtype (``precision_plugin.convert_module``) and moves it to the device
-(``model_to_device``): read ``Trainer._run`` in lightning/pytorch/trainer/trainer.py and
-``Strategy.setup`` in lightning/pytorch/strategies/strategy.py. So the shadow is built, or a loaded
-one placed, in ``on_fit_start``, the first hook after the move; and the raw weights of a checkpoint
-are copied into the module there too, so a float64 run does not round them through float32.
+Lightning 2.6.6's ``EMAWeightAveraging`` (lightning/pytorch/callbacks/weight_averaging.py) makes
+``trainer.test(ckpt_path="best")`` restore the raw weights, has no decay warm-up (docs/trm.md: a
+plain EMA stayed useless for the first few hundred steps) and deep-copies the whole module. This
+keeps the trainable parameters only, in float32 (float64 for float64 weights), averaged by torch's
+``get_ema_multi_avg_fn``. Lightning calls ``setup`` and restores a checkpoint before
+``strategy.setup`` converts and moves the module (``Trainer._run``), so the shadow is built or
+placed in ``on_fit_start``, the first hook after the move.
 """
 
 from __future__ import annotations
@@ -40,19 +30,9 @@ def shadow_dtype(param_dtype: torch.dtype) -> torch.dtype:
 class EMA(Callback):
     """Exponential moving average of the trainable weights, updated after every optimizer step.
 
-    Validation runs on the EMA weights; a checkpoint's ``state_dict`` holds the EMA weights (so the
-    "best" checkpoint, ``trainer.test(ckpt_path="best")`` and exported weights use them) and this
-    callback's state holds the raw weights, the update count and the last step, so a resumed fit
-    continues bit-identically. After ``fit`` the module keeps the EMA weights.
-
-    Args:
-        decay: target decay (e.g. 0.999 for TRM's paper size, 0.99 for short runs).
-        warmup: ramp the decay as ``min(decay, (1 + t) / (10 + t))`` over update count t, so the
-            average follows the weights early in short runs.
-
-    Raises:
-        ValueError: ``decay`` is not in [0, 1).
-    """
+    Validation, checkpoints' ``state_dict`` (so "best", test and exports) use the EMA weights; this
+    callback's state holds the raw weights, so a resumed fit continues bit-identically. ``warmup``
+    ramps the decay as ``min(decay, (1 + t) / (10 + t))`` so the average follows early weights."""
 
     STATE_VERSION = 1
 

@@ -1,7 +1,7 @@
 """A few steps of each model family at each precision this device allows: fit, save, resume, predict.
 
 Every fit runs with laptrain's callbacks that keep tensors (EMA, RNG state) and a
-:class:`~laptrain.device_smoke.placement.PlacementCheck`, so a tensor left on the CPU, or in the old
+:class:`~smoke_harness.placement.PlacementCheck`, so a tensor left on the CPU, or in the old
 dtype, after Lightning moved the module fails the cell with its name. It also runs the default
 callbacks that call the device during a fit (:data:`GUARDS`: the memory monitor's memory reads and
 cache release, the thermal guard's synchronise and source reads, the non-finite guard's gradient
@@ -31,14 +31,14 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from laptrain.callbacks.ema import EMA
 from laptrain.callbacks.rng_state import RNGState
-from laptrain.device_smoke.builds import SMOKE_BUILDS, SmokeBuild
-from laptrain.device_smoke.placement import PlacementCheck
+from laptrain.families.trm.ema import EMA
 from laptrain.hardware.probe import TorchProbe
 from laptrain.hardware.profile import ProfileError, validate_precision
 from laptrain.project import conf_dir
 from laptrain.versions import package_versions
+from smoke_harness.builds import SMOKE_BUILDS, SmokeBuild
+from smoke_harness.placement import PlacementCheck
 
 # What each device is asked to run; the profile's rules (validate_precision) and the family's
 # own refuse the cells they cannot run, with their reason.
@@ -183,7 +183,7 @@ def smoke_fit(
 ) -> dict[str, Any]:
     """Fit ``steps`` steps, save, resume in a fresh Trainer for ``steps`` more, predict one batch.
 
-    Raises whatever fails, e.g. :class:`~laptrain.device_smoke.placement.PlacementError` when a kept
+    Raises whatever fails, e.g. :class:`~smoke_harness.placement.PlacementError` when a kept
     tensor did not follow the parameters. Returns the number of placement checks and predictions.
     """
     with _old_objects_frozen():

@@ -1,19 +1,10 @@
-"""What the families' smoke builds (``laptrain/model/<family>/smoke.py``) share: the family's preset
-read from ``conf/model/<preset>.yaml`` and built the way ``train.py`` builds it (sizes shrunk to
-smoke size, every other choice the preset's), and random token rows served in fixed batches, a
-training epoch of ``steps`` batches and one validation batch. The device smoke test
-(``laptrain/device_smoke/``) fits, saves, resumes and predicts on them.
-
-The preset's choices are followed with two smoke rules, each the branch a real run takes in one
-case, so that the smoke always runs it:
-
-- ``gradient_checkpointing: auto`` is built as ``true``: auto turns checkpointing on when the
-  preflight finds that the job does not fit without it (``laptrain.model.gradient_checkpointing``), which
-  is the case the presets' big bases are there for.
-- ``optimizer.fused`` stays on where torch has fused AdamW kernels for the device
-  (:data:`FUSED_DEVICES`), and is turned off where the launch turns it off
-  (``laptrain.hardware.profile.fused_optimizer_unsafe``, which both call).
-"""
+"""What the families' smoke builds (``laptrain/families/<family>/smoke.py``) share: the preset read
+from ``conf/model/<preset>.yaml`` and built as ``train.py`` builds it (sizes shrunk), and random
+token rows in fixed batches: ``steps`` training batches and one validation batch. Two smoke rules
+make the smoke run the branch a real run takes in one case: ``gradient_checkpointing: auto`` is
+built as ``true`` (what the presets' big bases get), and ``optimizer.fused`` stays on where torch
+has fused AdamW kernels (:data:`FUSED_DEVICES`) unless the launch turns it off
+(``fused_optimizer_unsafe``, which both call)."""
 
 from __future__ import annotations
 
