@@ -49,9 +49,13 @@ def write_adapter(run: Path, base: str, tok, seed: int = 0, **lora) -> Path:
 @pytest.fixture(scope="module")
 def calm_base(tokenizer, tmp_path_factory):  # noqa: F811
     """A tiny Llama folder with its tokenizer, as laptrain's offline base is saved; Llama's usual
-    initializer_range 0.02 (at 0.3 float32 rounding alone moves logits by ~1e-4)."""
+    initializer_range 0.02 (at 0.3 float32 rounding alone moves logits by ~1e-4), and SmolLM2's
+    rope_theta, 100000, which transformers 5 writes inside rope_parameters."""
     folder = tmp_path_factory.mktemp("base")
     save_base(tokenizer, folder, initializer_range=0.02)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"]["rope_theta"] = 100000.0
+    (folder / "config.json").write_text(json.dumps(config))
     tokenizer.save_pretrained(str(folder))
     return str(folder)
 
@@ -114,7 +118,9 @@ def test_mlx_lm_reads_the_adapter_and_the_fused_model_as_the_merged_torch_model(
 ):
     from mlx_lm import load
 
-    out = _export(capsys, str(run), "--format", "mlx")
+    assert main(["export", str(run), "--format", "mlx"]) == 0
+    out, err = capsys.readouterr()
+    assert "model_config={'rope_theta': 100000.0}" in err  # mlx-lm ignores rope_parameters
     assert f"MLX adapter (rank 4, scale 2, 2 layers) written to {run / 'mlx'}" in out
     assert f"--adapter-path {run / 'mlx'}" in out
     config = json.loads((run / "mlx" / "adapter_config.json").read_text())
@@ -126,11 +132,12 @@ def test_mlx_lm_reads_the_adapter_and_the_fused_model_as_the_merged_torch_model(
     out = _export(capsys, str(run), "--format", "mlx", "--fuse")
     assert f"MLX model (float32) written to {run / 'mlx-fused'}" in out
 
-    with_adapter, _ = load(calm_base, adapter_path=str(run / "mlx"))
+    rope = {"rope_theta": 100000.0}  # as the export's note says: mlx-lm reads it at the top
+    with_adapter, _ = load(calm_base, adapter_path=str(run / "mlx"), model_config=rope)
     fused, mlx_tokenizer = load(str(run / "mlx-fused"))
     assert _worst_gap(with_adapter, merged, tokenizer) <= 1e-3
     assert _worst_gap(fused, merged, tokenizer) <= 1e-3
-    base_alone, _ = load(calm_base)
+    base_alone, _ = load(calm_base, model_config=rope)
     assert _worst_gap(base_alone, merged, tokenizer) > 0.1  # the adapter does change the logits
     # the fused folder carries the run's tokenizer and chat template
     messages = [{"role": "user", "content": PAIRS[0][0]}]
@@ -141,20 +148,20 @@ def test_mlx_lm_reads_the_adapter_and_the_fused_model_as_the_merged_torch_model(
 
 @needs_mlx
 def test_greedy_generation_in_mlx_lm_is_the_merged_model_s(run, merged, tokenizer, capsys):  # noqa: F811
-    from mlx_lm import generate, load
+    """The same 12 tokens (so the same text) from mlx-lm's generation loop as from transformers'."""
+    from mlx_lm import load, stream_generate
 
     _export(capsys, str(run), "--format", "mlx", "--fuse", "--out", str(run / "gen"))
     fused, mlx_tokenizer = load(str(run / "gen"))
+    mlx_tokenizer._eos_token_ids = set()  # 12 tokens whatever they are, as torch makes them
     for prompt, _ in PAIRS[:3]:
         ids = render_prompt(tokenizer, prompt)
         with torch.no_grad():
             done = merged.generate(
                 torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None
             )
-        theirs = tokenizer.decode(done[0, len(ids) :])
-        mlx_tokenizer._eos_token_ids = set()  # 12 tokens, as torch makes them
-        ours = generate(fused, mlx_tokenizer, prompt=ids, max_tokens=12)
-        assert ours == theirs
+        ours = [r.token for r in stream_generate(fused, mlx_tokenizer, ids, max_tokens=12)]
+        assert ours == done[0, len(ids) :].tolist()
 
 
 @needs_mlx

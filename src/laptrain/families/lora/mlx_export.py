@@ -161,6 +161,20 @@ def base_folder(name: str, revision: str | None) -> Path:
     return folder
 
 
+def rope_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """``rope_theta`` (and ``rope_scaling`` for a scaled rope) as mlx-lm's models read them: at the
+    top of config.json. transformers 5 writes them inside ``rope_parameters``, which mlx-lm 0.32
+    does not read: such a base runs at mlx-lm's default theta (10000), whatever its own (SmolLM2's
+    100000 gave 92 % top-1 agreement, max |logit difference| 8.5). Empty where nothing is missing."""
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" in config or "rope_theta" not in rope:
+        return {}
+    keys: dict[str, Any] = {"rope_theta": rope["rope_theta"]}
+    if rope.get("rope_type", "default") != "default":
+        keys["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return keys
+
+
 def mlx_model_skeleton(base: Path) -> Any:
     """mlx-lm's model for the base's config, without its weights (mlx builds lazily)."""
     from mlx_lm.utils import _get_classes, load_config
@@ -212,12 +226,15 @@ def _write_fused(
     from mlx_lm.utils import (
         compute_bits_per_weight,
         load_adapters,
+        load_config,
         load_model,
         quantize_model,
         save,
     )
 
-    model, config = load_model(base)  # as mlx_lm.load, less the base's tokenizer: the run's is used
+    # as mlx_lm.load, less the base's tokenizer (the run's is saved), with the rope where mlx-lm
+    # reads it (then saved in config.json)
+    model, config = load_model(base, model_config=rope_keys(load_config(base)))
     with tempfile.TemporaryDirectory() as scratch:
         _write_adapter(Path(scratch), *adapter)
         load_adapters(model, scratch)
@@ -267,6 +284,13 @@ def export_mlx(
         lora = config["lora_parameters"]
         what = f"rank {lora['rank']}, scale {lora['scale']:g}, {config['num_layers']} layers"
         run_it = f"mlx_lm.generate --model {base} --adapter-path {folder} --prompt ..."
+        rope = rope_keys(lora_tools._read_json(base / "config.json"))
+        if rope:
+            lora_tools._note(
+                f"the base's config.json keeps its rope inside rope_parameters, which mlx-lm does "
+                f"not read: load it with mlx_lm.load(BASE, adapter_path=DIR, model_config={rope}),"
+                " or export with --fuse (its config.json has them where mlx-lm reads them)"
+            )
         return MlxExport(folder, f"MLX adapter ({what})", run_it)
     stored = lora_tools._read_json(base / "config.json")
     stored = stored.get("dtype") or stored.get("torch_dtype")
