@@ -41,16 +41,7 @@ def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
     if args.command == "export" and args.fuse and args.format != "mlx":
         raise ValueError("--fuse is for --format mlx: add --format mlx, or drop --fuse")
     if args.command == "export" and args.format == "mlx":
-        from laptrain.families.lora.mlx_export import export_mlx
-
-        if args.dtype is not None or args.device is not None:
-            raise ValueError(
-                "--dtype and --device are for --format hf: an MLX export keeps the base's dtype "
-                "(--fuse --quant 4bit|8bit quantizes it) and mlx-lm picks its own device"
-            )
-        done = export_mlx(args.path, args.out, args.fuse, args.quant, args.force)
-        print(f"{done.what} written to {done.folder}")
-        print(f"run it: {done.run_it}")
+        _export_mlx(args)
     elif args.command == "export" and args.format == "gguf":
         from laptrain.families.lora.gguf.write import export_gguf
 
@@ -89,6 +80,20 @@ def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
         )
         print(result.markdown())
     return 0
+
+
+def _export_mlx(args: argparse.Namespace) -> None:
+    """``laptrain export RUN --format mlx [--fuse] [--quant 4bit|8bit]`` (mlx_export)."""
+    from laptrain.families.lora.mlx_export import export_mlx
+
+    if args.dtype is not None or args.device is not None:
+        raise ValueError(
+            "--dtype and --device are for --format hf: an MLX export keeps the base's dtype "
+            "(--fuse --quant 4bit|8bit quantizes it) and mlx-lm picks its own device"
+        )
+    done = export_mlx(args.path, args.out, args.fuse, args.quant, args.force)
+    print(f"{done.what} written to {done.folder}")
+    print(f"run it: {done.run_it}")
 
 
 def _eval_tasks(args: argparse.Namespace) -> None:

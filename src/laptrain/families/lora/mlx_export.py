@@ -278,34 +278,41 @@ def export_mlx(
     target = export_target(out or default_export_dir(adapter, kind), "mlx", (adapter, name), force)
     base = base_folder(name, revision)
     tensors, config = mlx_adapter(adapter, base)
-    if not fuse:
-        target.check_space(sum(t.nbytes for t in tensors.values()))
-        folder = target.write(lambda f: _write_adapter(f, tensors, config))
-        lora = config["lora_parameters"]
-        what = f"rank {lora['rank']}, scale {lora['scale']:g}, {config['num_layers']} layers"
-        run_it = f"mlx_lm.generate --model {base} --adapter-path {folder} --prompt ..."
-        rope = rope_keys(lora_tools._read_json(base / "config.json"))
-        if rope:
-            lora_tools._note(
-                f"the base's config.json keeps its rope inside rope_parameters, which mlx-lm does "
-                f"not read: load it with mlx_lm.load(BASE, adapter_path=DIR, model_config={rope}),"
-                " or export with --fuse (its config.json has them where mlx-lm reads them)"
-            )
-        return MlxExport(folder, f"MLX adapter ({what})", run_it)
+    if fuse:
+        return _export_fused(adapter, base, target, (tensors, config), quant)
+    target.check_space(sum(t.nbytes for t in tensors.values()))
+    folder = target.write(lambda f: _write_adapter(f, tensors, config))
+    lora = config["lora_parameters"]
+    what = f"rank {lora['rank']}, scale {lora['scale']:g}, {config['num_layers']} layers"
+    rope = rope_keys(lora_tools._read_json(base / "config.json"))
+    if rope:
+        lora_tools._note(
+            "the base's config.json keeps its rope inside rope_parameters, which mlx-lm does not "
+            f"read: load it with mlx_lm.load(BASE, adapter_path=DIR, model_config={rope}), or "
+            "export with --fuse (its config.json has them where mlx-lm reads them)"
+        )
+    run_it = f"mlx_lm.generate --model {base} --adapter-path {folder} --prompt ..."
+    return MlxExport(folder, f"MLX adapter ({what})", run_it)
+
+
+def _export_fused(
+    adapter: Path, base: Path, target: Any, mlx: tuple[dict, dict], quant: str | None
+) -> MlxExport:
+    """The fused folder, after the memory check of the base's weights (at their stored size) and
+    the disk check."""
+    import laptrain.families.lora.tools as lora_tools
+
     stored = lora_tools._read_json(base / "config.json")
     stored = stored.get("dtype") or stored.get("torch_dtype")
-    dtype = (
-        "bfloat16" if stored in ("bfloat16", "float16") else "float32"
-    )  # its size is what counts
+    dtype = "bfloat16" if stored in ("bfloat16", "float16") else "float32"  # the size counts
     lora_tools.checked_plan(lora_tools.read_record(adapter), str(base), "cpu", dtype, None, False)
     target.check_space(sum(f.stat().st_size for f in base.glob("model*.safetensors")))
     tokenizer = lora_tools._load_tokenizer(adapter, str(base))
     described: list[str] = []
 
     def write(folder: Path) -> None:
-        described.append(
-            _write_fused(folder, base, (tensors, config), tokenizer, MLX_QUANTS.get(quant or ""))
-        )
+        bits = MLX_QUANTS.get(quant or "")
+        described.append(_write_fused(folder, base, mlx, tokenizer, bits))
 
     folder = target.write(write)
     run_it = f"mlx_lm.generate --model {folder} --prompt ..."
