@@ -147,6 +147,19 @@ def test_mlx_lm_reads_the_adapter_and_the_fused_model_as_the_merged_torch_model(
 
 
 @needs_mlx
+def test_an_rslora_adapter_keeps_its_scale(tokenizer, calm_base, tmp_path, capsys):  # noqa: F811
+    """use_rslora: peft scales by alpha / sqrt(r), which mlx-lm's `scale` then carries (4 / 2)."""
+    from mlx_lm import load
+
+    rslora = write_adapter(tmp_path, calm_base, tokenizer, seed=1, use_rslora=True)
+    out = _export(capsys, str(rslora), "--format", "mlx")
+    assert "scale 4," in out
+    merged = load_adapter_model(rslora / "adapter").merge_and_unload().eval()
+    model, _ = load(calm_base, adapter_path=str(rslora / "mlx"), model_config={"rope_theta": 1e5})
+    assert _worst_gap(model, merged, tokenizer) <= 1e-3
+
+
+@needs_mlx
 def test_greedy_generation_in_mlx_lm_is_the_merged_model_s(run, merged, tokenizer, capsys):  # noqa: F811
     """The same 12 tokens (so the same text) from mlx-lm's generation loop as from transformers'."""
     from mlx_lm import load, stream_generate
