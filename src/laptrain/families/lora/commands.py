@@ -1,8 +1,8 @@
 """The LoRA family's ``laptrain`` commands (its ``FAMILY.commands``): ``laptrain export``,
 ``generate`` and ``eval`` of a LoRA run or adapter folder. This module is their arguments and the
 one-line errors; the work is ``laptrain.families.lora.tools`` (``preference_eval`` for DPO runs,
-``laptrain.families.lora.gguf`` for ``--format gguf``), imported when a command runs, so that building
-the parser imports no torch.
+``laptrain.families.lora.gguf`` for ``--format gguf``, ``mlx_export`` for ``--format mlx``),
+imported when a command runs, so that building the parser imports no torch.
 
 ``laptrain/commands/cli.py`` adds the parsers (:func:`add_commands`) and maps each command to its
 function (``COMMANDS``).
@@ -38,7 +38,11 @@ def lora_command(args: argparse.Namespace) -> int:
 
 def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
     where = {"device": args.device, "dtype": args.dtype}
-    if args.command == "export" and args.format == "gguf":
+    if args.command == "export" and args.fuse and args.format != "mlx":
+        raise ValueError("--fuse is for --format mlx: add --format mlx, or drop --fuse")
+    if args.command == "export" and args.format == "mlx":
+        _export_mlx(args)
+    elif args.command == "export" and args.format == "gguf":
         from laptrain.families.lora.gguf.write import export_gguf
 
         if args.dtype is not None:
@@ -52,7 +56,7 @@ def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
         print(f"Ollama: ollama create NAME -f {done.folder / 'Modelfile'}")
     elif args.command == "export":
         if args.quant is not None:
-            raise ValueError("--quant is for --format gguf: add --format gguf, or drop --quant")
+            raise ValueError("--quant is for --format gguf or mlx: add --format, or drop --quant")
         out = lora_tools.export_merged(args.path, args.out, **where, force=args.force)
         print(f"merged model written to {out}")
     elif args.command == "generate":
@@ -76,6 +80,20 @@ def _lora_command(args: argparse.Namespace, lora_tools: Any) -> int:
         )
         print(result.markdown())
     return 0
+
+
+def _export_mlx(args: argparse.Namespace) -> None:
+    """``laptrain export RUN --format mlx [--fuse] [--quant 4bit|8bit]`` (mlx_export)."""
+    from laptrain.families.lora.mlx_export import export_mlx
+
+    if args.dtype is not None or args.device is not None:
+        raise ValueError(
+            "--dtype and --device are for --format hf: an MLX export keeps the base's dtype "
+            "(--fuse --quant 4bit|8bit quantizes it) and mlx-lm picks its own device"
+        )
+    done = export_mlx(args.path, args.out, args.fuse, args.quant, args.force)
+    print(f"{done.what} written to {done.folder}")
+    print(f"run it: {done.run_it}")
 
 
 def _eval_tasks(args: argparse.Namespace) -> None:
@@ -148,14 +166,22 @@ def _add_export(commands: Any) -> None:
     add_run_argument(export, WHERE, "path")
     export.add_argument(
         "--out",
-        help="output folder (default: <run>/merged, or <run>/gguf-<quant> with --format gguf)",
+        help="output folder (default: <run>/merged, <run>/gguf-<quant> with --format gguf, "
+        "<run>/mlx or <run>/mlx-fused[-<quant>] with --format mlx)",
     )
     export.add_argument(
         "--format",
-        choices=("hf", "gguf"),
+        choices=("hf", "gguf", "mlx"),
         default="hf",
         help="hf: a transformers folder; gguf: model.gguf for llama.cpp, Ollama and LM "
-        "Studio, with an Ollama Modelfile beside it (Llama-family bases) (default: %(default)s)",
+        "Studio, with an Ollama Modelfile beside it (Llama-family bases); mlx: an mlx-lm adapter "
+        "folder, or with --fuse a fused mlx-lm model (pip install -e '.[mlx]') "
+        "(default: %(default)s)",
+    )
+    export.add_argument(
+        "--fuse",
+        action="store_true",
+        help="with --format mlx: fuse the adapter into the base, a folder mlx_lm.load reads",
     )
     export.add_argument(
         "--force",
@@ -166,7 +192,8 @@ def _add_export(commands: Any) -> None:
     export.add_argument(
         "--quant",
         default=None,
-        help="with --format gguf: f16, q8_0 or q4_0 (default: f16)",
+        help="with --format gguf: f16, q8_0 or q4_0 (default: f16); with --format mlx --fuse: "
+        "4bit or 8bit (default: the base's dtype)",
     )
     _add_load_options(export, export=True)
 

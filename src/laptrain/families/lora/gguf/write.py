@@ -46,8 +46,9 @@ def check_quant(quant: str) -> None:
         )
 
 
-def refuse_non_lora(path: Path) -> None:
-    """A run folder of another family: one line saying what its export is."""
+def refuse_non_lora(path: Path, form: str = "gguf") -> None:
+    """A run folder of another family: one line saying what its export is (``form``: the
+    ``--format`` refused)."""
     from laptrain.families.lora.adapter_folders import find_adapter
     from laptrain.families.lora.tools import _hydra_config, run_folder_of
 
@@ -60,8 +61,8 @@ def refuse_non_lora(path: Path) -> None:
     target = ((_hydra_config(run) if run else {}).get("model") or {}).get("_target_")
     if target and "lora" not in str(target).lower():
         raise ValueError(
-            f"--format gguf writes a LoRA fine-tune of a language model; {path} trained {target}, "
-            f"which has no GGUF form: its exported model is {run / 'model'}"
+            f"--format {form} writes a LoRA fine-tune of a language model; {path} trained "
+            f"{target}, which has no {form.upper()} form: its exported model is {run / 'model'}"
         )
 
 
