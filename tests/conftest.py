@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _pytest.nodeid import NodeId
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -53,15 +54,22 @@ TINY = [
 ]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml).
     A test that uses a module-scoped fixture (a trained run, a built model) is grouped with its
-    module's other tests on one worker, so the fixture is built once, not once per worker."""
+    module's other tests on one worker, so the fixture is built once, not once per worker.
+
+    loadgroup schedules by a ``@group`` suffix of the node id, which pytest-xdist 3.8 writes to
+    ``item._nodeid``; pytest 9 reads the id from ``item._id``, so the suffix is written here."""
+    grouping = getattr(config.option, "loadgroup", False)  # set in xdist's workers
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs.values() if info is not None else ()
         if any(d.scope in ("module", "class") for found in defs for d in found):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            group = item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(group))
+            if grouping and "@" not in item.nodeid and hasattr(item, "_id"):
+                item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 # The tiny classifier without dropout: runs that must end equal (1 vs 2 processes, an OOM retry).

@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, TINY, write_texts
 from tests.in_process import train_here
 
@@ -14,6 +16,8 @@ DEFAULT_RUN = ROOT / "outputs" / "tiny_classifier-stdlib_docstrings"
 # Measured 62.4-64.8 % test accuracy in the runs docs/benchmarks.md lists (chance 12.5 %, the
 # majority class 27 %): a floor well under them and far over the majority class.
 DEFAULT_JOB_FLOOR = 0.50
+# debug=fast (6 steps, 2 validation and test batches), validated at steps 3 and 6
+FEW_STEPS = ["debug=fast", "trainer.val_check_interval=3"]
 
 
 def _fresh(metrics: Path) -> bool:
@@ -24,19 +28,34 @@ def _fresh(metrics: Path) -> bool:
     return metrics.stat().st_mtime > max(newest, (ROOT / "train.py").stat().st_mtime)
 
 
+def default_job_cache() -> str:
+    """The cache the README's `python train.py` uses: the stdlib corpus is built once there."""
+    return os.environ.get("LAPTRAIN_CACHE", str(Path.home() / ".cache" / "laptrain"))
+
+
+@pytest.mark.slow  # ~60 s; fast twin: test_the_default_job_trains_tests_and_writes_its_metrics
 def test_the_default_job_reaches_its_accuracy(tmp_path):
     """`python train.py` as the README's set-up line runs it. CI (`.ci/run`) has just run it in
     the clone, and that run is read; without a fresh one the job runs here (about 40 s)."""
     metrics = DEFAULT_RUN / "metrics.json"
     if not _fresh(metrics):
-        cache = os.environ.get("LAPTRAIN_CACHE", str(Path.home() / ".cache" / "laptrain"))
-        done = train_here([], tmp_path, env={"LAPTRAIN_CACHE": cache})
+        done = train_here([], tmp_path, env={"LAPTRAIN_CACHE": default_job_cache()})
         assert done.returncode == 0, done.stderr[-3000:]
         assert "test: acc" in done.stdout
         metrics = tmp_path / "outputs" / DEFAULT_RUN.name / "metrics.json"
     values = json.loads(metrics.read_text())
     assert values["test/acc"] >= DEFAULT_JOB_FLOOR, values
     assert values["val/acc"] >= DEFAULT_JOB_FLOOR, values
+
+
+def test_the_default_job_trains_tests_and_writes_its_metrics(tmp_path):
+    """The default job's plumbing at a few steps (its accuracy is the slow test above): the same
+    groups, data and folder as `python train.py`, through validation and the test stage."""
+    done = train_here(FEW_STEPS, tmp_path, env={"LAPTRAIN_CACHE": default_job_cache()})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "done at global step 6" in done.stdout and "test: acc" in done.stdout
+    values = json.loads((tmp_path / "outputs" / DEFAULT_RUN.name / "metrics.json").read_text())
+    assert 0 <= values["test/acc"] <= 1 and 0 <= values["val/acc"] <= 1, values
 
 
 def test_an_auto_batch_is_picked_by_the_preflight_and_trains(tmp_path):
