@@ -37,9 +37,10 @@ class PreflightError(ValueError):
     """The job cannot fit; the message is one line with the estimate and the fixes, best first."""
 
 
-@dataclass
-class Plan:
-    """The preflight's answer: micro batch, accumulation, and the estimate behind them."""
+@dataclass(frozen=True)
+class BatchDecision:
+    """The planner's answer, which the run plan holds: micro batch, accumulation, and the estimate
+    behind them."""
 
     micro_batch: int
     accumulation: int
@@ -88,7 +89,7 @@ class Plan:
         return json.dumps(data, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
+    def from_json(cls, text: str) -> BatchDecision:
         """The plan :meth:`to_json` wrote (``preflight.json``)."""
         data = json.loads(text)
         data.pop("effective_batch", None)
@@ -319,11 +320,11 @@ def _fixed_batch(
 
 def decision(
     request: PlanRequest, precision: str, micro_accumulation: tuple[int, int], **found: Any
-) -> Plan:
+) -> BatchDecision:
     """The plan of ``request`` at (micro batch, accumulation), with what the sizer ``found``
     (device, budget, estimate, seq_len, checkpointing, notes)."""
     micro, accumulation = micro_accumulation
-    return Plan(
+    return BatchDecision(
         micro_batch=micro,
         accumulation=accumulation,
         devices=request.devices,
@@ -334,7 +335,7 @@ def decision(
     )
 
 
-def _choose(job: _Job, request: PlanRequest) -> Plan:
+def _choose(job: _Job, request: PlanRequest) -> BatchDecision:
     """The plan at the micro batch chosen (auto) or checked (fixed) against the budget."""
     largest_fit = _largest_fit(job, request.max_batch)
     notes = list(job.notes)
@@ -360,29 +361,29 @@ def _choose(job: _Job, request: PlanRequest) -> Plan:
 
 
 def _verify(
-    plan: Plan, model: nn.Module, probe: DeviceProbe, job: _Job, request: PlanRequest
-) -> None:
+    plan: BatchDecision, model: nn.Module, probe: DeviceProbe, job: _Job, request: PlanRequest
+) -> BatchDecision:
     """Two real steps at the planned batch: their peak goes into the plan, which it corrects."""
-    plan.measured_peak = measure_peak(
+    peak = measure_peak(
         model, plan.micro_batch, job.seq_len, probe, job.precision, job.make_batch, job.loss_fn
     )
-    _correct(plan, job.estimate, job.budget, request)
+    return _correct(replace(plan, measured_peak=peak), job.estimate, job.budget, request)
 
 
 def _correct(
-    plan: Plan, estimate: Callable[[int], Estimate], budget: Budget, request: PlanRequest
-) -> None:
+    plan: BatchDecision, estimate: Callable[[int], Estimate], budget: Budget, request: PlanRequest
+) -> BatchDecision:
     """After ``verify``: when the real peak exceeds the estimate, scale the estimate by that
     ratio and (``auto``) lower the micro batch until the corrected estimate fits."""
     ratio = (plan.measured_peak or 0.0) / plan.estimate.total
     if ratio <= 1.0 or ratio * plan.estimate.total <= budget.bytes:
-        return
+        return plan
     if not request.auto:
         plan.notes.append(
             f"measured peak is {ratio:.2f} x the estimate and above the budget: "
             "lower hardware.batch_size (or set it to auto)"
         )
-        return
+        return plan
     fit = plan.micro_batch
     while fit > 0 and ratio * estimate(fit).total > budget.bytes:
         fit -= 1
@@ -392,16 +393,14 @@ def _correct(
             f"{ratio:.2f} x the estimate; even micro batch 1 would exceed the budget "
             f"{budget.bytes / GiB:.2f} GiB ({budget.source}): shorten data.max_length or raise the budget"
         )
-    before = plan.micro_batch
     micro, accumulation = request.auto_batch(fit)
-    plan.micro_batch = micro
-    if request.effective_batch is not None:
-        plan.accumulation = accumulation
-    plan.estimate = estimate(plan.micro_batch)
+    if request.effective_batch is None:
+        accumulation = plan.accumulation
     plan.notes.append(
-        f"measured peak is {ratio:.2f} x the estimate: micro batch lowered {before} -> "
-        f"{plan.micro_batch} (accumulation {plan.accumulation})"
+        f"measured peak is {ratio:.2f} x the estimate: micro batch lowered {plan.micro_batch} -> "
+        f"{micro} (accumulation {accumulation})"
     )
+    return replace(plan, micro_batch=micro, accumulation=accumulation, estimate=estimate(micro))
 
 
 def training_length(datamodule: Any) -> tuple[int | None, str | None]:
@@ -429,7 +428,7 @@ def plan_batch(
     make_batch: MakeBatch | None = None,
     loss_fn: LossFn | None = None,
     workers: WorkerCost | None = None,
-) -> Plan:
+) -> BatchDecision:
     """Plan the micro batch of a job before the Trainer is built.
 
     ``request`` is what the run asks (laptrain.preflight.planner.PlanRequest): ``auto`` picks the
@@ -452,9 +451,7 @@ def plan_batch(
         loss_fn,
     )
     plan = _choose(job, request)
-    if request.verify:
-        _verify(plan, model, probe, job, request)
-    return plan
+    return _verify(plan, model, probe, job, request) if request.verify else plan
 
 
 def estimate_plan(
@@ -463,7 +460,7 @@ def estimate_plan(
     request: PlanRequest,
     device: RunDevice,
     workers: WorkerCost | None,
-) -> Plan:
+) -> BatchDecision:
     """``plan_batch`` for a built datamodule and model (the sizer of
     ``laptrain.preflight.planner.estimated``): sized by the longest tokenized training example
     (``KnowsLengths``), else ``max_length``, on this rank's own GPU (``device.index``)."""

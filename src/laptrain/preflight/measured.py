@@ -4,7 +4,7 @@
 A user's module has no shape the estimate knows, so real training steps (its own
 ``training_step``, backward and every optimizer of its ``configure_optimizers``) run on real rows
 of its training set at growing batches, read by the device's own counter (peak_memory.py); the
-answer is batch.py's ``Plan``. The search doubles while a batch fits, then bisects, without
+answer is batch.py's ``BatchDecision``. The search doubles while a batch fits, then bisects, without
 waiting for an OOM (on a Mac a batch that swaps is slow, not refused: docs/hardware.md §1); a batch
 above every one measured runs only when the line through the two largest peaks keeps it under
 budget. The run is not changed: the steps train a deep copy, rows come from a new seeded loader,
@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, defau
 
 from laptrain.hardware.probe import TorchProbe
 from laptrain.model.contracts import ChunksBatches
-from laptrain.preflight.batch import Plan, PreflightError, decision
+from laptrain.preflight.batch import BatchDecision, PreflightError, decision
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB
 from laptrain.preflight.peak_memory import PeakCounter, counter_for, release_freed
@@ -588,7 +588,7 @@ def measured_plan(
     device: RunDevice,
     workers: WorkerCost | None = None,
     counter: PeakCounter | None = None,
-) -> Plan:
+) -> BatchDecision:
     """The measured plan of a run (the sizer of ``laptrain.preflight.planner.measured``);
     ``counter``: the memory reader. Raises NotMeasured or PreflightError, in one line."""
     _checked_module(model)
@@ -604,7 +604,7 @@ def measured_plan(
     return _measured_plan(measurer, request, budget)
 
 
-def _measured_plan(measurer: StepMeasurer, request: PlanRequest, budget: Budget) -> Plan:
+def _measured_plan(measurer: StepMeasurer, request: PlanRequest, budget: Budget) -> BatchDecision:
     """The batch the search finds with ``measurer`` (closed afterwards), as a plan."""
     with kept_rng(measurer.device), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log outside a Trainer; the run shows the rest

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laptrain.files import write_text_atomic
-from laptrain.preflight.batch import Plan
+from laptrain.preflight.batch import BatchDecision
 from laptrain.preflight.request import PlanRequest
 from laptrain.preflight.worker_memory import WorkerCost, worker_cost
 from laptrain.ranks.environment import extra_rank
@@ -32,7 +32,7 @@ class Sizer(Protocol):
         request: PlanRequest,
         device: RunDevice,
         workers: WorkerCost | None,
-    ) -> Plan: ...
+    ) -> BatchDecision: ...
 
 
 class BatchPlanner(Protocol):
@@ -46,7 +46,7 @@ class BatchPlanner(Protocol):
         device: RunDevice,
         output_dir: Path | None = None,
         cache_dir: Path | None = None,
-    ) -> Plan: ...
+    ) -> BatchDecision: ...
 
 
 def plan(
@@ -57,7 +57,7 @@ def plan(
     device: RunDevice,
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
-) -> Plan:
+) -> BatchDecision:
     """The plan ``size`` makes, written to ``output_dir/preflight.json``: on a rank other than 0 the
     one rank 0 wrote; ``auto`` keeps an earlier session's batch while it fits."""
     record = output_dir / "preflight.json" if output_dir is not None else None
@@ -66,7 +66,7 @@ def plan(
         # model already fills memory: they take rank 0's plan, written just before it launched
         # them. (torchrun and srun start every rank at once, before any file is written: there
         # rank 0's plan is broadcast instead, laptrain.preflight.shared_plan.)
-        shared = Plan.from_json(record.read_text())
+        shared = BatchDecision.from_json(record.read_text())
         shared.notes.append("the plan of rank 0 (preflight.json), not measured on this rank")
         return shared
     if request.auto and record is not None and record.is_file():
@@ -89,7 +89,7 @@ def estimated(
     device: RunDevice,
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
-) -> Plan:
+) -> BatchDecision:
     """The estimate from the model's shapes (``laptrain.preflight.batch.estimate_plan``)."""
     from laptrain.preflight.batch import estimate_plan
 
@@ -103,7 +103,7 @@ def measured(
     device: RunDevice,
     output_dir: Path | None = None,
     cache_dir: Path | None = None,
-) -> Plan:
+) -> BatchDecision:
     """The measurement of a copy of the module (``laptrain.preflight.measured.measured_plan``)."""
     from laptrain.preflight.measured import measured_plan
 
