@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from laptrain.job.plan import build_run_plan
+from laptrain.launch.device import RunDevice
 from laptrain.preflight import measured
 from laptrain.preflight.batch import PreflightError
 from laptrain.preflight.measured import (
@@ -22,9 +23,10 @@ from laptrain.preflight.measured import (
     BatchSearch,
     NotMeasured,
     Trial,
-    measured_preflight_for_run,
+    measured_plan,
 )
 from laptrain.preflight.peak_memory import CudaPeak, KernelPeakRss, SampledRss
+from laptrain.preflight.request import PlannedRun, PlanRequest
 from tests.conftest import compose_train, quiet_trainer
 from tests.test_plan import launched
 from tests.test_user_errors import train_user
@@ -117,13 +119,12 @@ def copy_bytes(model: nn.Module) -> float:
     return float(sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
-def hardware(batch: int | str = "auto", budget_gb: float = 1.0) -> dict:
-    return {
-        "accelerator": "cpu",
-        "batch_size": batch,
-        "memory_budget_gb": budget_gb,
-        "precision": "32-true",
-    }
+CPU = RunDevice("cpu", "32-true", None, ())
+
+
+def hardware(batch: int | str = "auto", budget_gb: float = 1.0, **kw) -> PlanRequest:
+    fixed = {} if batch == "auto" else {"auto": False, "size": batch}
+    return PlanRequest(memory_budget_gb=budget_gb, **fixed, **kw)
 
 
 def data(rows: int = 256) -> Rows:
@@ -177,9 +178,7 @@ def test_auto_picks_the_largest_batch_whose_measured_peak_fits_and_records_it():
     batches_run.clear()
     model, dm = Tiny(), data()
     counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
-    plan = measured_preflight_for_run(
-        model, dm, hardware(budget_gb=0.6), max_batch=256, counter=counter
-    )
+    plan = measured_plan(model, dm, hardware(budget_gb=0.6, max_batch=256), CPU, counter=counter)
     # 0.5 GiB + b MiB <= 0.6 GiB: b <= 102
     assert 102 - 102 * measured.RESOLUTION <= plan.micro_batch <= 102
     assert plan.estimate.total <= plan.budget.bytes == 0.6 * GiB
@@ -202,7 +201,7 @@ def test_measuring_leaves_the_module_the_rng_and_the_training_as_they_were():
             before = {k: v.clone() for k, v in model.state_dict().items()}
             rng = (torch.get_rng_state(), random.getstate(), numpy.random.get_state()[1].copy())
             counter = RowsCounter(copy_bytes(model), base=0.1 * GiB, per_row=1 * MB)
-            measured_preflight_for_run(model, dm, hardware(16), counter=counter)
+            measured_plan(model, dm, hardware(16), CPU, counter=counter)
             after = model.state_dict()
             assert all(torch.equal(before[k], after[k]) for k in before)
             assert all(p.grad is None for p in model.parameters()) and model.steps_run == 0
@@ -220,9 +219,7 @@ def test_a_fixed_batch_far_over_the_budget_is_refused_in_one_line_without_runnin
     model, dm = Tiny(), data()
     counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
     with pytest.raises(PreflightError) as refused:
-        measured_preflight_for_run(
-            model, dm, hardware(200, 0.6), option="data.batch_size", counter=counter
-        )
+        measured_plan(model, dm, hardware(200, 0.6, option="data.batch_size"), CPU, counter=counter)
     message = str(refused.value)
     assert message.startswith("data.batch_size=200 does not fit: predicted from the smaller")
     assert "\n" not in message and "hardware.batch_size=auto" in message
@@ -233,7 +230,7 @@ def test_a_fixed_batch_that_fits_is_kept_and_settled():
     batches_run.clear()
     model, dm = Tiny(), data()
     counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
-    plan = measured_preflight_for_run(model, dm, hardware(32, 0.6), counter=counter)
+    plan = measured_plan(model, dm, hardware(32, 0.6), CPU, counter=counter)
     assert plan.micro_batch == 32 and plan.requested_batch == 32
     assert batches_run == [1, 1, 2, 2, *[32] * (2 + SETTLED_STEPS)]
 
@@ -242,7 +239,7 @@ def test_a_fixed_batch_that_fits_is_kept_and_settled():
 def test_a_template_style_configure_optimizers_reading_self_trainer_is_measured():
     model, dm = TemplateOptimizer(), data()
     counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
-    plan = measured_preflight_for_run(model, dm, hardware(budget_gb=0.55), counter=counter)
+    plan = measured_plan(model, dm, hardware(budget_gb=0.55), CPU, counter=counter)
     assert 0 < plan.micro_batch <= 51
     assert model._trainer is None  # the stand-in was given to the copy only
 
@@ -275,10 +272,8 @@ def test_a_one_cycle_scheduler_over_the_estimated_stepping_batches_is_measured()
     batches_run.clear()
     model, dm = OneCycle(), data()
     counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
-    length = measured.PlannedRun(max_epochs=3, accumulation=2)
-    plan = measured_preflight_for_run(
-        model, dm, hardware(budget_gb=0.6), counter=counter, run=length
-    )
+    length = PlannedRun(max_epochs=3, accumulation=2)
+    plan = measured_plan(model, dm, hardware(budget_gb=0.6, run=length), CPU, counter=counter)
     assert 0 < plan.micro_batch <= 102
     assert not any("without the learning-rate scheduler" in note for note in plan.notes)
 
@@ -293,16 +288,16 @@ def test_the_stand_in_says_what_lightnings_trainer_says_of_the_run():
     model, dm = Records(), Rows(64, batch_size=8)  # 8 batches an epoch
     quiet_trainer(max_epochs=3, accumulate_grad_batches=2, limit_val_batches=0).fit(model, dm)
     said_by_lightning = model.said
-    model._trainer = measured.PlannedRun(max_epochs=3, accumulation=2).stand_in(model, dm, 8)
+    model._trainer = measured.stand_in(PlannedRun(max_epochs=3, accumulation=2), model, dm, 8)
     model.configure_optimizers()
     assert model.said == said_by_lightning == (12, 3, -1)
-    assert measured.PlannedRun().stand_in(model, dm, 8).max_epochs == 1000  # Lightning's default
+    assert measured.stand_in(PlannedRun(), model, dm, 8).max_epochs == 1000  # Lightning's default
 
 
 def test_a_trainer_property_the_stand_in_cannot_answer_measures_without_the_scheduler():
     model, dm = ReadsProfiler(), data()
     counter = RowsCounter(copy_bytes(model), base=0.5 * GiB, per_row=1 * MB)
-    plan = measured_preflight_for_run(model, dm, hardware(budget_gb=0.6), counter=counter)
+    plan = measured_plan(model, dm, hardware(budget_gb=0.6), CPU, counter=counter)
     assert 0 < plan.micro_batch <= 102
     assert (
         "measured without the learning-rate scheduler: configure_optimizers() reads "
@@ -327,11 +322,9 @@ def test_under_fsdp_each_rank_is_sized_by_its_share_of_the_model_state():
     model = Wide()
     weights = copy_bytes(model)
     with pytest.raises(PreflightError, match="does not fit even at micro batch 1"):
-        measured_preflight_for_run(
-            model, data(), hardware(budget_gb=8 / 1024), counter=wide_counter(model)
-        )
-    sharded = {**hardware(budget_gb=8 / 1024), "devices": 4, "shards": 4}
-    plan = measured_preflight_for_run(model, data(), sharded, counter=wide_counter(model))
+        measured_plan(model, data(), hardware(budget_gb=8 / 1024), CPU, counter=wide_counter(model))
+    sharded = hardware(budget_gb=8 / 1024, run=PlannedRun(devices=4, sharded=True))
+    plan = measured_plan(model, data(), sharded, CPU, counter=wide_counter(model))
     assert plan.micro_batch > 1 and plan.estimate.total <= plan.budget.bytes
     assert plan.estimate.weights == pytest.approx(weights / 4)
     assert "per rank of 4: 1/N of the model state (FSDP)" in plan.notes
@@ -340,11 +333,11 @@ def test_under_fsdp_each_rank_is_sized_by_its_share_of_the_model_state():
 def test_under_ddp_each_rank_counts_the_gradient_buckets():
     model = Wide()
     budget = hardware(budget_gb=20 / 1024)
-    alone = measured_preflight_for_run(model, data(), budget, counter=wide_counter(model))
+    alone = measured_plan(model, data(), budget, CPU, counter=wide_counter(model))
     assert alone.micro_batch > 1
     with pytest.raises(PreflightError, match="does not fit even at micro batch 1"):
-        ddp = {**budget, "devices": 2}
-        measured_preflight_for_run(model, data(), ddp, counter=wide_counter(model))
+        ddp = hardware(budget_gb=20 / 1024, run=PlannedRun(devices=2))
+        measured_plan(model, data(), ddp, CPU, counter=wide_counter(model))
 
 
 def test_running_out_of_memory_moving_the_copy_is_the_one_line_refusal(monkeypatch):
@@ -354,7 +347,7 @@ def test_running_out_of_memory_moving_the_copy_is_the_one_line_refusal(monkeypat
     model = Tiny()
     monkeypatch.setattr(Tiny, "to", out_of_memory)
     with pytest.raises(PreflightError) as refused:
-        measured_preflight_for_run(model, data(), hardware(8), counter=RowsCounter(0, 0, 0))
+        measured_plan(model, data(), hardware(8), CPU, counter=RowsCounter(0, 0, 0))
     message = str(refused.value)
     assert message.startswith("this job does not fit even at micro batch 1: a copy of the module")
     assert "\n" not in message
@@ -380,7 +373,7 @@ def test_the_cuda_counter_reads_reserved_memory_which_the_free_memory_budget_cou
 )
 def test_what_cannot_be_measured_says_why_in_one_line(model, reason):
     with pytest.raises(NotMeasured, match=reason) as refused:
-        measured_preflight_for_run(model, data(), hardware(8), counter=RowsCounter(0, 0, 0))
+        measured_plan(model, data(), hardware(8), CPU, counter=RowsCounter(0, 0, 0))
     assert "\n" not in str(refused.value)
 
 
@@ -392,7 +385,7 @@ def test_a_datamodule_whose_loader_fails_is_not_measured_and_says_so():
     with pytest.raises(
         NotMeasured, match="train_dataloader\\(\\) failed \\(RuntimeError: no rows here\\)"
     ):
-        measured_preflight_for_run(Tiny(), Broken(), hardware(8), counter=RowsCounter(0, 0, 0))
+        measured_plan(Tiny(), Broken(), hardware(8), CPU, counter=RowsCounter(0, 0, 0))
 
 
 # --- through the run plan ----------------------------------------------------------------------

@@ -23,15 +23,15 @@ def launched(cfg, index=None):
 def fake_preflight(micro: int, accumulation: int, checkpointing: bool = False):
     calls = []
 
-    def preflight(model, datamodule, profile, **kw):
-        calls.append((profile["batch_size"], kw["accumulation"], kw["effective_batch"]))
-        preflight.seen_kind = profile["accelerator"]
-        preflight.checkpointing_asked = kw.get("checkpointing")
+    def preflight(model, datamodule, request, device, *dirs):
+        calls.append((request.requested, request.accumulation, request.effective_batch))
+        preflight.seen_kind = device.kind
+        preflight.checkpointing_asked = request.auto_checkpointing
         return types.SimpleNamespace(
             micro_batch=micro,
             accumulation=accumulation,
             checkpointing=checkpointing,
-            effective_target=kw["effective_batch"],
+            effective_target=request.effective_batch,
             estimate=types.SimpleNamespace(total=2 * 1024**3),
             budget=types.SimpleNamespace(bytes=8 * 1024**3, source="test budget"),
             summary_lines=lambda batch=True: (
@@ -103,11 +103,11 @@ def test_auto_checkpointing_is_decided_by_the_preflight_and_recorded_in_the_plan
     cfg = compose_train(["hardware=cpu", "model.gradient_checkpointing=auto"], tmp_path)
     preflight = fake_preflight(micro=16, accumulation=1, checkpointing=True)
     plan = build_run_plan(cfg, object(), DATA, launched(cfg), preflight=preflight)
-    assert preflight.checkpointing_asked == "auto" and plan.gradient_checkpointing is True
+    assert preflight.checkpointing_asked is True and plan.gradient_checkpointing is True
     fixed = compose_train(["hardware=cpu", "model.gradient_checkpointing=false"], tmp_path)
     preflight = fake_preflight(micro=16, accumulation=1)
     plan = build_run_plan(fixed, object(), DATA, launched(fixed), preflight=preflight)
-    assert preflight.checkpointing_asked is None and plan.gradient_checkpointing is None
+    assert preflight.checkpointing_asked is False and plan.gradient_checkpointing is None
 
 
 def test_auto_checkpointing_with_the_preflight_off_is_off_and_says_how_to_force_it(tmp_path):
@@ -147,13 +147,13 @@ def test_a_trainer_accelerator_of_auto_reaches_the_preflight_as_the_device_kind(
     seen = {}
     preflight = fake_preflight(micro=8, accumulation=1)
 
-    def spy(model, datamodule, profile, **kw):
-        seen.update(profile)
-        return preflight(model, datamodule, profile, **kw)
+    def spy(model, datamodule, request, device, *dirs):
+        seen.update(kind=device.kind, shards=request.shards, devices=request.devices)
+        return preflight(model, datamodule, request, device, *dirs)
 
     cfg = compose_train(["hardware=cpu", "hardware.batch_size=8", "trainer.accelerator=auto"])
     plan = build_run_plan(cfg, object(), DATA, launched(cfg), preflight=spy)
-    assert seen["accelerator"] == "cpu" and plan.device == "cpu"
+    assert seen["kind"] == "cpu" and plan.device == "cpu"
     assert plan.trainer_kwargs()["accelerator"] == "auto"  # the Trainer still gets what was asked
 
 
@@ -189,9 +189,9 @@ def test_fsdp_shards_the_estimate_over_the_gpus_a_list_names(tmp_path):
     seen = {}
     preflight = fake_preflight(micro=8, accumulation=1)
 
-    def spy(model, datamodule, profile, **kw):
-        seen.update(profile)
-        return preflight(model, datamodule, profile, **kw)
+    def spy(model, datamodule, request, device, *dirs):
+        seen.update(kind=device.kind, shards=request.shards, devices=request.devices)
+        return preflight(model, datamodule, request, device, *dirs)
 
     overrides = [
         "hardware=cuda",
@@ -215,14 +215,14 @@ def test_a_strategy_class_that_subclasses_fsdp_shards_the_estimate(target, shard
     seen = {}
     preflight = fake_preflight(micro=8, accumulation=1)
 
-    def spy(model, datamodule, profile, **kw):
-        seen.update(profile)
-        return preflight(model, datamodule, profile, **kw)
+    def spy(model, datamodule, request, device, *dirs):
+        seen.update(kind=device.kind, shards=request.shards, devices=request.devices)
+        return preflight(model, datamodule, request, device, *dirs)
 
     overrides = ["hardware=cpu", "hardware.batch_size=8", "trainer=fsdp", "trainer.accelerator=cpu"]
     cfg = compose_train([*overrides, f"trainer.strategy._target_={target}"], tmp_path)
     build_run_plan(cfg, object(), DATA, launched(cfg), preflight=spy)
-    assert seen.get("shards") == shards
+    assert seen["shards"] == (shards or 1)
 
 
 @pytest.mark.parametrize(

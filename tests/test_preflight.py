@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ from transformers import BertForSequenceClassification
 
 from laptrain.families.classifier.tiny_bert import tiny_bert_classifier
 from laptrain.hardware.probe import MemoryReading
+from laptrain.launch.device import RunDevice
 from laptrain.preflight.activations import (
     Quadratic,
     hf_batch_maker,
@@ -14,9 +16,10 @@ from laptrain.preflight.activations import (
     measure_once,
     repeated_blocks,
 )
-from laptrain.preflight.batch import PreflightError, choose_micro_batch, plan_batch
+from laptrain.preflight.batch import PreflightError, plan_batch
 from laptrain.preflight.budget import device_budget
 from laptrain.preflight.estimate import GiB, model_memory
+from laptrain.preflight.request import PlanRequest, choose_micro_batch
 from tests.fakes import FakeProbe
 from tests.test_plan import launched
 
@@ -35,16 +38,12 @@ def reading(**kw) -> MemoryReading:
     return MemoryReading(**{**base, **kw})
 
 
-def cpu_profile(budget_gb: float, **kw) -> dict:
-    return {
-        "precision": "32-true",
-        "batch_size": "auto",
-        "batch_multiple": 1,
-        "memory_fraction": 0.8,
-        "memory_budget_gb": budget_gb,
-        "devices": 1,
-        **kw,
-    }
+CPU = RunDevice("cpu", "32-true", None, ())
+
+
+def cpu_profile(budget_gb: float, batch_size: int | str = "auto", **kw) -> PlanRequest:
+    fixed = {} if batch_size == "auto" else {"auto": False, "size": batch_size}
+    return PlanRequest(memory_budget_gb=budget_gb, **fixed, **kw)
 
 
 def test_quadratic_through_three_points_is_exact():
@@ -103,8 +102,8 @@ def test_the_plan_asks_the_preflight_for_fsdp_shards_only_under_fsdp(tmp_path):
 
     seen = []
 
-    def preflight(model, datamodule, profile, **kwargs):
-        seen.append(profile.get("shards", 1))
+    def preflight(model, datamodule, request, device, *dirs):
+        seen.append(request.shards)
 
     from laptrain.job.plan import build_run_plan
 
@@ -130,7 +129,7 @@ def test_auto_keeps_the_effective_batch_through_accumulation():
     memory = model_memory(model, SEQ, "32-true")
     budget = memory.estimate(10, SEQ, "cpu", 0).total + 1
     plan = plan_batch(
-        model, SEQ, cpu_profile(budget / GiB), FakeProbe(readings=[reading()]), effective_batch=64
+        model, SEQ, cpu_profile(budget / GiB, effective_batch=64), FakeProbe(readings=[reading()])
     )
     assert (plan.micro_batch, plan.accumulation, plan.effective_batch) == (8, 8, 64)
     assert "micro batch 8 x accumulation 8 x devices 1 = effective batch 64" in "\n".join(
@@ -149,8 +148,8 @@ def test_alignment_rounds_down_to_a_multiple_of_8_and_prefers_aligned_divisors()
 def test_cuda_profile_plans_against_free_gpu_memory_with_alignment():
     model = tiny_bert()
     probe = FakeProbe(kind="cuda", readings=[reading(device_limit=8 * GiB, device_free=1 * GiB)])
-    profile = cpu_profile(None, precision="16-mixed", batch_multiple=8)
-    plan = plan_batch(model, SEQ, profile, probe, max_batch=100)
+    profile = cpu_profile(None, multiple=8, max_batch=100)
+    plan = plan_batch(model, SEQ, profile, probe, "16-mixed")
     assert plan.budget.source == "0.8 x free GPU memory 1.0 GiB"
     assert plan.micro_batch == 96 and plan.micro_batch % 8 == 0
 
@@ -219,7 +218,7 @@ def test_verify_runs_two_steps_without_changing_the_weights_and_reports_the_rati
     before = {k: v.clone() for k, v in model.state_dict().items()}
     from laptrain.hardware.probe import TorchProbe
 
-    plan = plan_batch(model, SEQ, cpu_profile(None, batch_size=4), TorchProbe("cpu"), verify=True)
+    plan = plan_batch(model, SEQ, cpu_profile(None, batch_size=4, verify=True), TorchProbe("cpu"))
     assert plan.measured_peak > 0
     assert "estimate / measured" in plan.summary_lines()[-1]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -234,17 +233,17 @@ class _Data:
 
 
 def test_run_entry_writes_json_and_keeps_the_batch_on_resume_without_touching_the_data(tmp_path):
-    from laptrain.preflight.batch import preflight_for_run
+    from laptrain.preflight.planner import estimated
 
     model = tiny_bert()
-    hardware = cpu_profile(None, accelerator="cpu")
-    plan = preflight_for_run(model, _Data(), hardware, max_batch=8, output_dir=tmp_path)
+    hardware = cpu_profile(None, max_batch=8)
+    plan = estimated(model, _Data(), hardware, CPU, output_dir=tmp_path)
     assert plan.micro_batch == 8
     data = _Data()
     record = json.loads((tmp_path / "preflight.json").read_text())
     record["micro_batch"], record["accumulation"] = 6, 2
     (tmp_path / "preflight.json").write_text(json.dumps(record))
-    again = preflight_for_run(model, data, hardware, max_batch=8, output_dir=tmp_path)
+    again = estimated(model, data, hardware, CPU, output_dir=tmp_path)
     assert (again.micro_batch, again.accumulation) == (6, 2)
     assert (data.batch_size, data.eval_batch_size) == (_Data().batch_size, _Data().eval_batch_size)
     assert "earlier session" in again.summary_lines()[-1]
@@ -253,17 +252,17 @@ def test_run_entry_writes_json_and_keeps_the_batch_on_resume_without_touching_th
 def test_extra_ranks_take_rank_0s_plan_instead_of_measuring_device_0(tmp_path, monkeypatch):
     """Ranks the subprocess launcher starts run the preflight before their GPU is pinned: they
     read the plan rank 0 wrote (a batch they could not have found themselves here: 5)."""
-    from laptrain.preflight import batch
+    from laptrain.preflight import batch, planner
 
     model = tiny_bert()
-    hardware = cpu_profile(None, accelerator="cpu")
-    first = batch.preflight_for_run(model, _Data(), hardware, max_batch=8, output_dir=tmp_path)
+    hardware = cpu_profile(None, max_batch=8)
+    first = planner.estimated(model, _Data(), hardware, CPU, output_dir=tmp_path)
     record = json.loads((tmp_path / "preflight.json").read_text())
     record["micro_batch"], record["accumulation"] = 5, 3
     (tmp_path / "preflight.json").write_text(json.dumps(record))
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(batch, "plan_batch", lambda *a, **k: pytest.fail("rank 1 measured"))
-    shared = batch.preflight_for_run(model, _Data(), hardware, max_batch=8, output_dir=tmp_path)
+    shared = planner.estimated(model, _Data(), hardware, CPU, output_dir=tmp_path)
     assert (shared.micro_batch, shared.accumulation) == (5, 3)
     assert shared.estimate == first.estimate and shared.budget == first.budget
     assert "rank 0" in shared.notes[-1]
@@ -303,7 +302,7 @@ def test_verify_lowers_an_auto_batch_when_the_measured_peak_is_above_the_estimat
         lambda model, micro, *a: 1.05 * memory.estimate(micro, SEQ, "cpu", 0).total,
     )
     probe = FakeProbe(readings=[reading()])
-    plan = plan_batch(model, SEQ, cpu_profile(budget / GiB), probe, effective_batch=32, verify=True)
+    plan = plan_batch(model, SEQ, cpu_profile(budget / GiB, effective_batch=32, verify=True), probe)
     assert plan.micro_batch < 16 and plan.micro_batch * plan.accumulation == 32
     assert 1.05 * plan.estimate.total <= budget
     assert "micro batch lowered 16 ->" in plan.summary_lines()[-1]
@@ -312,7 +311,7 @@ def test_verify_lowers_an_auto_batch_when_the_measured_peak_is_above_the_estimat
 def test_auto_without_a_target_keeps_the_configured_accumulation():
     model = tiny_bert()
     plan = plan_batch(
-        model, SEQ, cpu_profile(1.0), FakeProbe(readings=[reading()]), accumulation=4, max_batch=8
+        model, SEQ, cpu_profile(1.0, accumulation=4, max_batch=8), FakeProbe(readings=[reading()])
     )
     assert (plan.micro_batch, plan.accumulation) == (8, 4)
 
@@ -322,8 +321,8 @@ def test_auto_checkpointing_stays_off_when_the_batch_fits_without_it():
     model = tiny_bert()
     memory = model_memory(model, SEQ, "32-true")
     budget = memory.estimate(8, SEQ, "cpu", 0, checkpointing=False).total + 1
-    profile = cpu_profile(budget / GiB, batch_size=8)
-    plan = plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]), checkpointing="auto")
+    profile = cpu_profile(budget / GiB, batch_size=8, auto_checkpointing=True)
+    plan = plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]))
     assert not plan.checkpointing
     assert "gradient checkpointing off (model.gradient_checkpointing=auto" in plan.notes[0]
     assert "gradient checkpointing off" in plan.summary_lines()[1]
@@ -336,7 +335,8 @@ def test_auto_checkpointing_turns_on_when_the_batch_does_not_fit_without_it():
     with_it = memory.estimate(8, SEQ, "cpu", 0, checkpointing=True).total
     assert with_it < without
     profile = cpu_profile((with_it + 1) / GiB, batch_size=8)
-    plan = plan_batch(model, SEQ, profile, FakeProbe(readings=[reading()]), checkpointing="auto")
+    auto = replace(profile, auto_checkpointing=True)
+    plan = plan_batch(model, SEQ, auto, FakeProbe(readings=[reading()]))
     assert plan.checkpointing and plan.micro_batch == 8
     assert plan.estimate.total == pytest.approx(with_it)
     assert f"needs {without / GiB:.2f} GiB > budget" in plan.notes[0]
@@ -353,11 +353,11 @@ class _ShortData(_Data):
 
 
 def test_run_entry_sizes_activations_by_the_longest_training_example_not_max_length():
-    from laptrain.preflight.batch import preflight_for_run
+    from laptrain.preflight.planner import estimated
 
-    hardware = cpu_profile(None, accelerator="cpu", batch_size=4)
-    full = preflight_for_run(tiny_bert(), _Data(), hardware)
-    short = preflight_for_run(tiny_bert(), _ShortData(), hardware)
+    hardware = cpu_profile(None, batch_size=4)
+    full = estimated(tiny_bert(), _Data(), hardware, CPU)
+    short = estimated(tiny_bert(), _ShortData(), hardware, CPU)
     assert full.seq_len == _Data.max_length and short.seq_len == 24
     assert short.estimate.activations < full.estimate.activations / 2
     assert short.notes[0] == (

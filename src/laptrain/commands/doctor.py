@@ -284,6 +284,7 @@ def check_training(profile: Mapping[str, Any]) -> Check:
 
     from laptrain.hardware.probe import TorchProbe
     from laptrain.preflight.batch import plan_batch
+    from laptrain.preflight.request import PlanRequest
 
     kind = str(profile.get("accelerator", "cpu"))
     probe = TorchProbe(kind)
@@ -304,11 +305,13 @@ def check_training(profile: Mapping[str, Any]) -> Check:
             for i in range(count)
         ]
 
+    budget = {k: profile[k] for k in ("memory_fraction", "memory_budget_gb") if k in profile}
     plan = plan_batch(
         module,
         32,
-        {**profile, "batch_size": 4, "precision": precision},
+        PlanRequest(auto=False, size=4, **budget),
         probe,
+        precision,
         make_batch=lambda size, length: torch.utils.data.default_collate(rows(size, length)),
         loss_fn=lambda model, batch: model.loss(batch),
     )

@@ -16,11 +16,12 @@ class BatchRequest:
     """A run's batch request: ``follows_profile`` when ``data.batch_size`` is ``from_profile``;
     then ``auto`` when ``hardware.batch_size`` is ``auto`` (the preflight picks), else ``size``,
     the profile's number. A data config with its own number keeps it (``size`` None here: the
-    datamodule holds it)."""
+    datamodule holds it). ``auto_checkpointing``: ``model.gradient_checkpointing`` is ``auto``."""
 
     follows_profile: bool
     auto: bool = False
     size: int | None = None
+    auto_checkpointing: bool = False
 
 
 def is_auto(value: object) -> bool:
@@ -33,11 +34,13 @@ def batch_follows_profile(cfg: DictConfig) -> bool:
 
 
 def batch_request(cfg: DictConfig) -> BatchRequest:
-    """The run's :class:`BatchRequest`, read once from ``data.batch_size`` and
-    ``hardware.batch_size``."""
+    """The run's :class:`BatchRequest`, read once from ``data.batch_size``, ``hardware.batch_size``
+    and ``model.gradient_checkpointing``."""
+    model = cfg.get("model") or {}
+    checkpointing = is_auto(model.get("gradient_checkpointing"))
     if not batch_follows_profile(cfg):
-        return BatchRequest(follows_profile=False)
+        return BatchRequest(follows_profile=False, auto_checkpointing=checkpointing)
     asked = cfg.hardware.get("batch_size")
     if is_auto(asked):
-        return BatchRequest(follows_profile=True, auto=True)
-    return BatchRequest(follows_profile=True, size=int(asked))
+        return BatchRequest(True, auto=True, auto_checkpointing=checkpointing)
+    return BatchRequest(True, size=int(asked), auto_checkpointing=checkpointing)

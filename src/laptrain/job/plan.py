@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from laptrain.config.batch_request import AUTO, BatchRequest, batch_request, is_auto
+from laptrain.config.batch_request import BatchRequest, batch_request
 from laptrain.config.check import ConfigError
 from laptrain.data.contracts import EvaluatesInOtherBatches, Loader, loader_settings
 from laptrain.job.datamodule_settings import (
@@ -30,8 +30,11 @@ from laptrain.job.datamodule_settings import (
 )
 from laptrain.launch.device import RunDevice, device_count, requested_accelerator
 from laptrain.model.contracts import ChunksBatches
-from laptrain.preflight.planner import BatchPlanner
+from laptrain.preflight.request import PlannedRun, PlanRequest
 from laptrain.ranks.processes import asked_devices, shards_model_state
+
+if TYPE_CHECKING:
+    from laptrain.preflight.planner import BatchPlanner
 
 
 @dataclass(frozen=True)
@@ -163,9 +166,8 @@ def build_run_plan(
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
     asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg), device.kind)
-    profile = _preflight_profile(cfg, asked, device.precision, device.index)
     checked = _checked_batch(
-        cfg, model, datamodule, asked, profile, reasons, preflight, output_dir, cache_dir
+        cfg, model, datamodule, asked, device, reasons, preflight, output_dir, cache_dir
     )
     loading = _loading(cfg, model, datamodule, asked.follows, checked.loader_batch, reasons)
     set_on = {**asked.set_on, **loading.set_on}
@@ -269,7 +271,6 @@ def _asked(
             reasons["batch"] += f", set on {set_on[BATCH]}"
     else:
         loader_batch, reasons["batch"] = _own_batch(model, datamodule)
-    auto_checkpointing = is_auto(cfg.model.get("gradient_checkpointing"))
     return _Asked(
         accelerator,
         kind,
@@ -279,7 +280,7 @@ def _asked(
         auto,
         loader_batch,
         accumulation,
-        auto_checkpointing,
+        request.auto_checkpointing,
         set_on,
     )
 
@@ -318,42 +319,35 @@ def _checked_batch(
     model: Any,
     datamodule: Any,
     asked: _Asked,
-    profile: dict[Any, Any],
+    device: RunDevice,
     reasons: dict[str, str],
     planner: BatchPlanner | None,
     output_dir: Path | None,
     cache_dir: Path | None,
 ) -> _Batch:
     """The batch the preflight picks (``auto``) or checks (fixed), or as asked when it is off;
-    ``profile`` is the hardware it measures, ``planner`` the one that sizes (chosen when None)."""
+    ``planner`` is the one that sizes (chosen when None) on ``device``."""
     options = cfg.get("preflight") or {}
     asked_batch = _Batch(
         asked.loader_batch, asked.accumulation, None, False if asked.auto_checkpointing else None
     )
     if not options.get("enabled", True):
         return _unchecked(asked, asked_batch, reasons)
-    from laptrain.preflight.planner import choose_planner, plan_settings
+    from laptrain.preflight.planner import choose_planner
     from laptrain.preflight.shared_plan import plan_on_rank_0
 
     planner = planner or choose_planner(model, datamodule)
-    option = "hardware.batch_size" if asked.follows else "data.batch_size"
-    settings = plan_settings(
-        options,
-        asked.accumulation,
-        output_dir,
-        cache_dir,
-        asked.auto_checkpointing,
-        option,
-        _planned_run(cfg.trainer, asked),
-    )
+    request = _plan_request(cfg, asked, datamodule, options)
     # torchrun / srun ranks start together: rank 0 plans and every rank takes its plan
     strategy = cfg.trainer.get("strategy")
     if OmegaConf.is_config(strategy):
         strategy = OmegaConf.to_container(strategy, resolve=True)
-    kind, index = profile["accelerator"], profile["device_index"]
     found = _or_not_measured(
         lambda: plan_on_rank_0(
-            lambda: planner(model, datamodule, profile, **settings), strategy, kind, index
+            lambda: planner(model, datamodule, request, device, output_dir, cache_dir),
+            strategy,
+            device.kind,
+            device.index,
         ),
         asked,
         reasons,
@@ -374,17 +368,32 @@ def _unchecked(asked: _Asked, asked_batch: _Batch, reasons: dict[str, str]) -> _
     return asked_batch
 
 
-def _planned_run(trainer: DictConfig, asked: _Asked) -> Any:
-    """The run as its Trainer will have it, for the measured preflight's stand-in."""
-    from laptrain.preflight.measured import PlannedRun
-
-    return PlannedRun(
+def _plan_request(cfg: DictConfig, asked: _Asked, datamodule: Any, options: Any) -> PlanRequest:
+    """What the planner is asked: the batch, the ``preflight`` options, the profile's budget and
+    loader settings, and the run as its Trainer will have it (its length and ranks)."""
+    hw, trainer = cfg.hardware, cfg.trainer
+    run = PlannedRun(
         trainer.get("max_epochs"),
         int(trainer.get("max_steps", -1)),
         asked.accumulation,
         asked.devices,
         int(trainer.get("num_nodes") or 1),
         shards_model_state(trainer.get("strategy")),
+    )
+    return PlanRequest(
+        auto=asked.auto,
+        size=asked.loader_batch,
+        accumulation=asked.accumulation,
+        effective_batch=options.get("effective_batch_size"),
+        max_batch=int(options.get("max_batch_size") or 256),
+        multiple=int(hw.get("batch_multiple", 1) or 1),
+        memory_fraction=float(hw.get("memory_fraction", 0.8)),
+        memory_budget_gb=hw.get("memory_budget_gb"),
+        auto_checkpointing=asked.auto_checkpointing,
+        verify=bool(options.get("verify", False)),
+        option="hardware.batch_size" if asked.follows else "data.batch_size",
+        loader=loader_settings(datamodule, hw),
+        run=run,
     )
 
 
@@ -403,24 +412,6 @@ def _or_not_measured(measure: Any, asked: _Asked, reasons: dict[str, str]) -> An
             ) from why
         reasons["memory"] = f"not estimated: {why}"
         return None
-
-
-def _preflight_profile(
-    cfg: DictConfig, asked: _Asked, precision: str, device_index: int | None
-) -> dict[Any, Any]:
-    """The hardware profile the preflight checks, with the run's devices, precision and this rank's
-    GPU."""
-    profile = OmegaConf.to_container(cfg.hardware, resolve=True)
-    assert isinstance(profile, dict)
-    profile["devices"] = asked.devices
-    profile["precision"] = precision  # the Trainer's (trainer.precision wins over the profile's)
-    profile["accelerator"] = asked.kind  # the preflight probes this kind
-    profile["device_index"] = device_index  # on this GPU
-    trainer = cfg.trainer
-    if shards_model_state(trainer.get("strategy")):  # FSDP: state split over all ranks
-        profile["shards"] = asked.devices * int(trainer.get("num_nodes") or 1)
-    profile["batch_size"] = AUTO if asked.auto else asked.loader_batch
-    return profile
 
 
 def _answered(found: Any, asked: _Asked, asked_batch: _Batch, reasons: dict[str, str]) -> _Batch:

@@ -6,7 +6,6 @@ the family, this rank's GPU), which the job and every later reader are given."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -21,6 +20,7 @@ from laptrain.hardware.profile import (
     precision_warning,
     validate_precision,
 )
+from laptrain.hardware.run_device import RunDevice
 from laptrain.ranks.processes import asked_devices, rank_cuda_index, requested_devices
 
 FUSED_ON_MPS_FP16 = (
@@ -32,18 +32,6 @@ FUSED_UNDER_FSDP_FP16 = (
     "with 16-mixed under FSDP: Lightning leaves a fused optimizer's unscale to its kernel, so the "
     "ranks never share an overflow and their loss scales drift apart (docs/hardware.md §3)"
 )
-
-
-@dataclass(frozen=True)
-class RunDevice:
-    """What a run trains on, decided once by :func:`decide_device` and passed down: ``kind`` (cpu,
-    cuda, mps), ``precision`` (Lightning's spelling, checked), ``index`` (this rank's CUDA GPU, None
-    off CUDA) and ``asked``, the config values it answers (:func:`device_request`)."""
-
-    kind: str
-    precision: str
-    index: int | None
-    asked: tuple[str, ...]
 
 
 def requested_precision(cfg: DictConfig) -> str:

@@ -13,34 +13,34 @@ from __future__ import annotations
 
 import gc
 import json
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from laptrain.config.batch_request import is_auto
-from laptrain.data.contracts import KnowsLengths, loader_settings
-from laptrain.files import write_text_atomic
+from laptrain.data.contracts import KnowsLengths
 from laptrain.hardware.peak_rss import process_peak_bytes
 from laptrain.hardware.probe import DeviceProbe, TorchProbe
 from laptrain.preflight.activations import LossFn, MakeBatch, hf_batch_maker, hf_loss
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB, ModelMemory, model_memory
-from laptrain.preflight.worker_memory import WorkerCost, worker_cost
-from laptrain.ranks.environment import extra_rank
+from laptrain.preflight.request import PlanRequest, kept_note
+from laptrain.preflight.worker_memory import WorkerCost
+
+if TYPE_CHECKING:
+    from laptrain.hardware.run_device import RunDevice
 
 
 class PreflightError(ValueError):
     """The job cannot fit; the message is one line with the estimate and the fixes, best first."""
 
 
-@dataclass
-class Plan:
-    """The preflight's answer: micro batch, accumulation, and the estimate behind them."""
+@dataclass(frozen=True)
+class BatchDecision:
+    """The planner's answer, which the run plan holds: micro batch, accumulation, and the estimate
+    behind them."""
 
     micro_batch: int
     accumulation: int
@@ -89,29 +89,13 @@ class Plan:
         return json.dumps(data, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
+    def from_json(cls, text: str) -> BatchDecision:
         """The plan :meth:`to_json` wrote (``preflight.json``)."""
         data = json.loads(text)
         data.pop("effective_batch", None)
         estimate = {k: v for k, v in data.pop("estimate").items() if k != "total"}
         budget = data.pop("budget")
         return cls(**data, estimate=Estimate(**estimate), budget=Budget(**budget))
-
-
-def _aligned(value: int, multiple: int) -> int:
-    return value - value % multiple if multiple > 1 and value >= multiple else value
-
-
-def choose_micro_batch(largest_fit: int, effective: int | None, multiple: int) -> tuple[int, int]:
-    """(micro batch, accumulation) for the largest micro batch that fits: with a target effective
-    batch the micro batch divides it exactly (aligned when possible), else accumulation stays 1."""
-    if effective is None:
-        return _aligned(largest_fit, multiple), 1
-    top = min(largest_fit, effective)
-    divisors = [m for m in range(top, 0, -1) if effective % m == 0]
-    aligned = [m for m in divisors if multiple > 1 and m % multiple == 0]
-    micro = (aligned or divisors)[0]
-    return micro, effective // micro
 
 
 def _fix_options(job: _Job, est: Estimate) -> list[tuple[float, str]]:
@@ -207,94 +191,6 @@ def measure_peak(
     return peak if probe.kind != "cpu" else process_peak_bytes()
 
 
-def plan_batch(
-    model: nn.Module,
-    seq_len: int,
-    profile: Mapping[str, Any],
-    probe: DeviceProbe,
-    effective_batch: int | None = None,
-    accumulation: int = 1,
-    checkpointing: bool | str | None = None,
-    optimizer_states: int = 2,
-    max_batch: int = 256,
-    verify: bool = False,
-    make_batch: MakeBatch | None = None,
-    loss_fn: LossFn | None = None,
-    previous: tuple[int, int] | None = None,
-    workers: WorkerCost | None = None,
-) -> Plan:
-    """Plan the micro batch of a job before the Trainer is built.
-
-    ``profile`` is the hardware profile as a dict (``precision``, ``batch_size``: int or ``"auto"``,
-    ``batch_multiple``, ``memory_fraction``, ``memory_budget_gb``, ``devices``); ``effective_batch``
-    (micro x accumulation x devices) is kept when given, else ``accumulation``;
-    ``checkpointing="auto"`` turns checkpointing on only when the job does not fit without it;
-    ``previous`` (an earlier session's micro batch and accumulation) is kept by ``auto`` while it
-    fits, so a resumed run sees the same batches; ``workers`` (host memory of the loader workers) is
-    taken off the budget on CPU and MPS; ``verify`` runs two real steps and reports the peak. Raises
-    :class:`PreflightError` when the job does not fit at micro batch 1 (or the fixed batch)."""
-    asked = _Request.read(profile, effective_batch, accumulation, max_batch, previous)
-    job = _measure(
-        model, seq_len, probe, asked, checkpointing, optimizer_states, workers, make_batch, loss_fn
-    )
-    plan = _choose(job, asked)
-    if verify:
-        _verify(plan, model, probe, job, asked)
-    return plan
-
-
-@dataclass(frozen=True)
-class _Request:
-    """What the profile and the caller ask of the plan: precision, devices, budget and batch."""
-
-    precision: str
-    devices: int
-    requested: int | str
-    multiple: int
-    memory_fraction: float
-    memory_budget_gb: Any
-    shards: int
-    effective_batch: int | None
-    accumulation: int
-    max_batch: int
-    previous: tuple[int, int] | None
-
-    @property
-    def auto(self) -> bool:
-        return is_auto(self.requested)
-
-    def fixed_accumulation(self, micro: int) -> int:
-        """The accumulation of a fixed micro batch: the one that keeps ``effective_batch``."""
-        if not self.effective_batch:
-            return self.accumulation
-        return max(1, math.ceil(self.effective_batch / (micro * self.devices)))
-
-    @classmethod
-    def read(
-        cls,
-        profile: Mapping[str, Any],
-        effective_batch: int | None,
-        accumulation: int,
-        max_batch: int,
-        previous: tuple[int, int] | None,
-    ) -> _Request:
-        """The profile's settings; its precision is the run's, checked by the launch
-        (``check_device``)."""
-        return cls(
-            precision=str(profile.get("precision", "32-true")),
-            devices=int(profile.get("devices", 1) or 1),
-            requested=profile.get("batch_size", "auto"),
-            multiple=int(profile.get("batch_multiple", 1) or 1),
-            memory_fraction=float(profile.get("memory_fraction", 0.8)),
-            memory_budget_gb=profile.get("memory_budget_gb"),
-            shards=int(profile.get("shards", 1) or 1),
-            effective_batch=effective_batch,
-            accumulation=accumulation,
-            max_batch=max_batch,
-            previous=previous,
-        )
-
-
 @dataclass(frozen=True)
 class _Job:
     """The job measured on this device: the estimate of any micro batch and the budget to fit."""
@@ -328,8 +224,9 @@ def _measure(
     model: nn.Module,
     seq_len: int,
     probe: DeviceProbe,
-    request: _Request,
-    checkpointing: bool | str | None,
+    request: PlanRequest,
+    precision: str,
+    checkpointing: bool | None,
     optimizer_states: int,
     workers: WorkerCost | None,
     make_batch: MakeBatch | None,
@@ -341,12 +238,11 @@ def _measure(
     make_batch = make_batch or hf_batch_maker(model)
     loss_fn = loss_fn or hf_loss
     reading = probe.memory()  # before the measuring passes, whose blocks the allocator may keep
-    memory = model_memory(model, seq_len, request.precision, make_batch, loss_fn)
-    auto_checkpointing = checkpointing == "auto"
-    if auto_checkpointing:
+    memory = model_memory(model, seq_len, precision, make_batch, loss_fn)
+    if request.auto_checkpointing:
         on = False
     else:
-        on = memory.activations.checkpointing if checkpointing is None else bool(checkpointing)
+        on = memory.activations.checkpointing if checkpointing is None else checkpointing
     baseline = (
         max(0.0, float(reading.rss) - memory.materialized_cpu_bytes) if kind == "cpu" else 0.0
     )
@@ -361,19 +257,19 @@ def _measure(
         budget,
         make_batch,
         loss_fn,
-        request.precision,
+        precision,
         probe.bf16_supported(),
         "gradient_checkpointing" in (getattr(model, "hparams", None) or {}),
         workers,
     )
-    if auto_checkpointing and memory.activations.blocks:
-        job = _settle_checkpointing(job, request.requested)
+    if request.auto_checkpointing and memory.activations.blocks:
+        job = _settle_checkpointing(job, 1 if request.auto else request.size)
     return job
 
 
-def _settle_checkpointing(job: _Job, requested: int | str) -> _Job:
+def _settle_checkpointing(job: _Job, micro: int) -> _Job:
     """``checkpointing: auto``: on only when the asked batch does not fit without it (with a note)."""
-    needed = job.estimate(1 if is_auto(requested) else int(requested), False)
+    needed = job.estimate(micro, False)
     budget = job.budget
     on = needed.total > budget.bytes
     note = (
@@ -400,30 +296,11 @@ def _largest_fit(job: _Job, max_batch: int) -> int:
     return 1 + int((budget.bytes - one.total) // per_sample) if per_sample > 0 else max_batch
 
 
-def _auto_batch(request: _Request, largest_fit: int, notes: list[str]) -> tuple[int, int]:
-    """``batch_size: auto``: the earlier session's batch while it fits, else the largest that
-    fits."""
-    previous = request.previous
-    if previous and previous[0] <= largest_fit:
-        micro, accum = previous
-        notes.append(
-            f"kept micro batch {micro} x accumulation {accum} of this run's earlier session"
-        )
-        return micro, accum
-    micro, accum = choose_micro_batch(
-        min(largest_fit, request.max_batch), request.effective_batch, request.multiple
-    )
-    if request.effective_batch is None:
-        # no target: keep trainer.accumulate_grad_batches as configured
-        accum = request.accumulation
-    return micro, accum
-
-
 def _fixed_batch(
-    job: _Job, request: _Request, largest_fit: int, notes: list[str]
+    job: _Job, request: PlanRequest, largest_fit: int, notes: list[str]
 ) -> tuple[int, int]:
     """A fixed batch: refused when it does not fit; accumulation keeps the effective batch."""
-    micro = int(request.requested)
+    micro = request.size
     budget = job.budget
     if micro > largest_fit:
         raise PreflightError(
@@ -441,57 +318,72 @@ def _fixed_batch(
     return micro, accum
 
 
-def _choose(job: _Job, request: _Request) -> Plan:
+def decision(
+    request: PlanRequest, precision: str, micro_accumulation: tuple[int, int], **found: Any
+) -> BatchDecision:
+    """The plan of ``request`` at (micro batch, accumulation), with what the sizer ``found``
+    (device, budget, estimate, seq_len, checkpointing, notes)."""
+    micro, accumulation = micro_accumulation
+    return BatchDecision(
+        micro_batch=micro,
+        accumulation=accumulation,
+        devices=request.devices,
+        precision=precision,
+        requested_batch=request.requested,
+        effective_target=request.effective_batch,
+        **found,
+    )
+
+
+def _choose(job: _Job, request: PlanRequest) -> BatchDecision:
     """The plan at the micro batch chosen (auto) or checked (fixed) against the budget."""
     largest_fit = _largest_fit(job, request.max_batch)
     notes = list(job.notes)
-    if request.auto:
-        micro, accum = _auto_batch(request, largest_fit, notes)
+    previous = request.previous
+    if request.auto and previous and previous[0] <= largest_fit:
+        notes.append(kept_note(previous))
+        batch = previous
+    elif request.auto:
+        batch = request.auto_batch(largest_fit)
     else:
-        micro, accum = _fixed_batch(job, request, largest_fit, notes)
-    return Plan(
-        micro_batch=micro,
-        accumulation=accum,
-        estimate=job.estimate(micro),
-        devices=request.devices,
+        batch = _fixed_batch(job, request, largest_fit, notes)
+    return decision(
+        request,
+        job.precision,
+        batch,
+        estimate=job.estimate(batch[0]),
         seq_len=job.seq_len,
-        precision=request.precision,
         device=job.kind,
         budget=job.budget,
-        requested_batch=request.requested if request.auto else int(request.requested),
-        effective_target=request.effective_batch,
         checkpointing=job.checkpointing,
         notes=notes,
     )
 
 
-def _verify(plan: Plan, model: nn.Module, probe: DeviceProbe, job: _Job, request: _Request) -> None:
+def _verify(
+    plan: BatchDecision, model: nn.Module, probe: DeviceProbe, job: _Job, request: PlanRequest
+) -> BatchDecision:
     """Two real steps at the planned batch: their peak goes into the plan, which it corrects."""
-    plan.measured_peak = measure_peak(
-        model, plan.micro_batch, job.seq_len, probe, request.precision, job.make_batch, job.loss_fn
+    peak = measure_peak(
+        model, plan.micro_batch, job.seq_len, probe, job.precision, job.make_batch, job.loss_fn
     )
-    _correct(plan, job.estimate, job.budget, request.auto, request.max_batch, request.multiple)
+    return _correct(replace(plan, measured_peak=peak), job.estimate, job.budget, request)
 
 
 def _correct(
-    plan: Plan,
-    estimate: Callable[[int], Estimate],
-    budget: Budget,
-    auto: bool,
-    max_batch: int,
-    multiple: int,
-) -> None:
+    plan: BatchDecision, estimate: Callable[[int], Estimate], budget: Budget, request: PlanRequest
+) -> BatchDecision:
     """After ``verify``: when the real peak exceeds the estimate, scale the estimate by that
     ratio and (``auto``) lower the micro batch until the corrected estimate fits."""
     ratio = (plan.measured_peak or 0.0) / plan.estimate.total
     if ratio <= 1.0 or ratio * plan.estimate.total <= budget.bytes:
-        return
-    if not auto:
+        return plan
+    if not request.auto:
         plan.notes.append(
             f"measured peak is {ratio:.2f} x the estimate and above the budget: "
             "lower hardware.batch_size (or set it to auto)"
         )
-        return
+        return plan
     fit = plan.micro_batch
     while fit > 0 and ratio * estimate(fit).total > budget.bytes:
         fit -= 1
@@ -501,17 +393,14 @@ def _correct(
             f"{ratio:.2f} x the estimate; even micro batch 1 would exceed the budget "
             f"{budget.bytes / GiB:.2f} GiB ({budget.source}): shorten data.max_length or raise the budget"
         )
-    before = plan.micro_batch
-    target = plan.effective_target
-    micro, accumulation = choose_micro_batch(min(fit, max_batch), target, multiple)
-    plan.micro_batch = micro
-    if target is not None:
-        plan.accumulation = accumulation
-    plan.estimate = estimate(plan.micro_batch)
+    micro, accumulation = request.auto_batch(fit)
+    if request.effective_batch is None:
+        accumulation = plan.accumulation
     plan.notes.append(
-        f"measured peak is {ratio:.2f} x the estimate: micro batch lowered {before} -> "
-        f"{plan.micro_batch} (accumulation {plan.accumulation})"
+        f"measured peak is {ratio:.2f} x the estimate: micro batch lowered {plan.micro_batch} -> "
+        f"{micro} (accumulation {accumulation})"
     )
+    return replace(plan, micro_batch=micro, accumulation=accumulation, estimate=estimate(micro))
 
 
 def training_length(datamodule: Any) -> tuple[int | None, str | None]:
@@ -528,95 +417,64 @@ def training_length(datamodule: Any) -> tuple[int | None, str | None]:
     )
 
 
-def preflight_for_run(
+def plan_batch(
+    model: nn.Module,
+    seq_len: int,
+    request: PlanRequest,
+    probe: DeviceProbe,
+    precision: str = "32-true",
+    checkpointing: bool | None = None,
+    optimizer_states: int = 2,
+    make_batch: MakeBatch | None = None,
+    loss_fn: LossFn | None = None,
+    workers: WorkerCost | None = None,
+) -> BatchDecision:
+    """Plan the micro batch of a job before the Trainer is built.
+
+    ``request`` is what the run asks (laptrain.preflight.planner.PlanRequest): ``auto`` picks the
+    largest micro batch that fits, an earlier session's (``previous``) while it fits, else
+    ``size`` is checked; the effective batch is kept when given; with ``auto_checkpointing``
+    checkpointing is on only when the job does not fit without it (``checkpointing`` forces it on
+    or off); ``workers`` (host memory of the loader workers) is taken off the budget on CPU and
+    MPS; ``verify`` runs two real steps and reports the peak. Raises :class:`PreflightError` when
+    the job does not fit at micro batch 1 (or the fixed batch)."""
+    job = _measure(
+        model,
+        seq_len,
+        probe,
+        request,
+        precision,
+        checkpointing,
+        optimizer_states,
+        workers,
+        make_batch,
+        loss_fn,
+    )
+    plan = _choose(job, request)
+    return _verify(plan, model, probe, job, request) if request.verify else plan
+
+
+def estimate_plan(
     model: nn.Module,
     datamodule: Any,
-    hardware: Mapping[str, Any],
-    accumulation: int = 1,
-    effective_batch: int | None = None,
-    max_batch: int = 256,
-    verify: bool = False,
-    output_dir: Path | None = None,
-    cache_dir: Path | None = None,
-    checkpointing: bool | str | None = None,
-) -> Plan:
-    """``plan_batch`` for a built datamodule and model, as ``run.train`` calls it (the planner for a
-    transformers model with a sequence length): sized by the longest tokenized training example
-    (``KnowsLengths``), else ``max_length``; ``hardware["batch_size"]`` is the batch to check or
-    ``auto``; a resumed run keeps its ``preflight.json`` batch while it fits."""
-    kind = str(hardware.get("accelerator", "cpu"))
-    # this rank's own GPU (trainer.devices[local rank], from the run plan); else the current one
-    probe = TorchProbe(kind, hardware.get("device_index") if kind == "cuda" else None)
-    seq_len, length_note = training_length(datamodule)
-    record = output_dir / "preflight.json" if output_dir is not None else None
-    shared = _rank_0_plan(record)
-    if shared is not None:
-        return shared
-    plan = plan_batch(
-        model,
-        int(seq_len),
-        hardware,
-        probe,
-        effective_batch=effective_batch,
-        accumulation=accumulation,
-        max_batch=max_batch,
-        verify=verify,
-        previous=_previous_batch(record, hardware),
-        workers=_loader_workers(datamodule, hardware, cache_dir),
-        checkpointing=checkpointing,
-        **_own_step(model),
-    )
-    _record(plan, record, length_note)
-    return plan
-
-
-def _own_step(model: nn.Module) -> dict[str, Any]:
-    """``make_batch``/``loss_fn`` of a module that sizes its own step (``SizesItsStep``), else
-    none."""
+    request: PlanRequest,
+    device: RunDevice,
+    workers: WorkerCost | None,
+) -> BatchDecision:
+    """``plan_batch`` for a built datamodule and model (the sizer of
+    ``laptrain.preflight.planner.estimated``): sized by the longest tokenized training example
+    (``KnowsLengths``), else ``max_length``, on this rank's own GPU (``device.index``)."""
     from laptrain.model.contracts import SizesItsStep
 
-    if not isinstance(model, SizesItsStep):
-        return {}
-    return {
-        "make_batch": model.preflight_batch,
-        "loss_fn": lambda module, batch: module.preflight_loss(batch),
-    }
-
-
-def _rank_0_plan(record: Path | None) -> Plan | None:
-    """On a rank other than 0, the plan rank 0 recorded; else None (this rank measures)."""
-    if record is None or not record.is_file() or not extra_rank():
-        return None
-    # Ranks that Lightning's subprocess launcher starts would measure their GPU while rank 0's
-    # model already fills memory: they take rank 0's plan, written just before it launched them.
-    # (torchrun and srun start every rank at once, before any file is written: there rank 0's
-    # plan is broadcast instead, laptrain.preflight.shared_plan.)
-    shared = Plan.from_json(record.read_text())
-    shared.notes.append("the plan of rank 0 (preflight.json), not measured on this rank")
-    return shared
-
-
-def _previous_batch(record: Path | None, hardware: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(micro batch, accumulation) an earlier session of this run recorded, which ``auto`` keeps
-    while it fits; None for a fixed batch or a first session."""
-    if not is_auto(hardware.get("batch_size")) or record is None or not record.is_file():
-        return None
-    earlier = json.loads(record.read_text())
-    return int(earlier["micro_batch"]), int(earlier["accumulation"])
-
-
-def _loader_workers(
-    datamodule: Any, hardware: Mapping[str, Any], cache_dir: Path | None
-) -> WorkerCost | None:
-    """The host memory the job's DataLoader workers will hold (None without workers)."""
-    loader = loader_settings(datamodule, hardware)
-    return worker_cost(loader.num_workers, loader.persistent_workers, cache_dir=cache_dir)
-
-
-def _record(plan: Plan, record: Path | None, length_note: str | None) -> None:
-    """Put the sequence-length note first and write the plan to ``preflight.json``."""
+    probe = TorchProbe(device.kind, device.index)
+    seq_len, length_note = training_length(datamodule)
+    own_step: dict[str, Any] = {}
+    if isinstance(model, SizesItsStep):
+        own_step["make_batch"] = model.preflight_batch
+        own_step["loss_fn"] = lambda module, batch: module.preflight_loss(batch)
+    plan = plan_batch(
+        model, int(seq_len), request, probe, device.precision, workers=workers, **own_step
+    )
     if length_note:
         plan.notes.insert(0, length_note)
-    if record is not None:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(record, plan.to_json())
+    return plan

@@ -4,7 +4,7 @@
 A user's module has no shape the estimate knows, so real training steps (its own
 ``training_step``, backward and every optimizer of its ``configure_optimizers``) run on real rows
 of its training set at growing batches, read by the device's own counter (peak_memory.py); the
-answer is batch.py's ``Plan``. The search doubles while a batch fits, then bisects, without
+answer is batch.py's ``BatchDecision``. The search doubles while a batch fits, then bisects, without
 waiting for an OOM (on a Mac a batch that swaps is slow, not refused: docs/hardware.md §1); a batch
 above every one measured runs only when the line through the two largest peaks keeps it under
 budget. The run is not changed: the steps train a deep copy, rows come from a new seeded loader,
@@ -19,9 +19,8 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -29,19 +28,15 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, defau
 
 from laptrain.hardware.probe import TorchProbe
 from laptrain.model.contracts import ChunksBatches
-from laptrain.preflight.batch import (
-    Plan,
-    PreflightError,
-    _loader_workers,
-    _previous_batch,
-    _rank_0_plan,
-    _record,
-    _Request,
-    choose_micro_batch,
-)
+from laptrain.preflight.batch import BatchDecision, PreflightError, decision
 from laptrain.preflight.budget import Budget, device_budget
 from laptrain.preflight.estimate import Estimate, GiB
 from laptrain.preflight.peak_memory import PeakCounter, counter_for, release_freed
+from laptrain.preflight.request import PlannedRun, PlanRequest, kept_note
+from laptrain.preflight.worker_memory import WorkerCost
+
+if TYPE_CHECKING:
+    from laptrain.hardware.run_device import RunDevice
 
 # Steps per batch tried while searching: the second runs with the optimizer state the first made.
 STEPS_PER_TRIAL = 2
@@ -213,51 +208,20 @@ class TrainerStandIn:
         return self.model
 
 
-@dataclass(frozen=True)
-class PlannedRun:
-    """The run as its Trainer will have it (length, accumulation, devices, nodes, and whether the
-    strategy shards the model state: FSDP; else, with several ranks, DDP)."""
-
-    max_epochs: int | None = None
-    max_steps: int = -1
-    accumulation: int = 1
-    devices: int = 1
-    nodes: int = 1
-    sharded: bool = False
-
-    @property
-    def ranks(self) -> int:
-        return self.devices * self.nodes
-
-    @property
-    def epochs(self) -> int:
-        """``max_epochs`` as Lightning parses it (lightning/pytorch/loops/utilities.py:71-80)."""
-        if self.max_epochs is not None:
-            return self.max_epochs
-        return 1000 if self.max_steps == -1 else -1
-
-    def stepping_batches(self, loader_batches: float) -> float:
-        """Lightning's ``Trainer.estimated_stepping_batches`` for ``loader_batches`` batches an
-        epoch (lightning/pytorch/trainer/trainer.py:1768-1786), each rank its sampler's share."""
-        if self.epochs == -1:
-            return math.inf if self.max_steps == -1 else self.max_steps
-        if loader_batches == math.inf:
-            return self.max_steps
-        per_rank = math.ceil(loader_batches / self.ranks)
-        steps = math.ceil(per_rank / self.accumulation) * max(self.epochs, 1)
-        return min(steps, self.max_steps) if self.max_steps != -1 else steps
-
-    def stand_in(self, model: nn.Module, datamodule: Any, loader_batches: float) -> TrainerStandIn:
-        return TrainerStandIn(
-            model,
-            datamodule,
-            self.epochs,
-            self.max_steps,
-            self.stepping_batches(loader_batches),
-            self.accumulation,
-            self.devices,
-            self.ranks,
-        )
+def stand_in(
+    run: PlannedRun, model: nn.Module, datamodule: Any, loader_batches: float
+) -> TrainerStandIn:
+    """The Trainer ``run`` will have, as a ``training_step`` sees it."""
+    return TrainerStandIn(
+        model,
+        datamodule,
+        run.epochs,
+        run.max_steps,
+        run.stepping_batches(loader_batches),
+        run.accumulation,
+        run.devices,
+        run.ranks,
+    )
 
 
 class TrainingRows:
@@ -389,7 +353,7 @@ class StepMeasurer:
         self.copy_bytes = _state_bytes(self.copy)
         self._move()
         self.copy.train()
-        self.copy._trainer = run.stand_in(self.copy, rows.datamodule, rows.loader_batches)
+        self.copy._trainer = stand_in(run, self.copy, rows.datamodule, rows.loader_batches)
         self.optimizers, self.note = _optimizers(self.copy)
         self.weights = float(_state_bytes(self.copy))
         self.grads = float(
@@ -563,15 +527,13 @@ class _Sizing:
     notes: list[str]
 
 
-def _size(
-    search: BatchSearch, request: _Request, rows: int | None, option: str, budget: Budget
-) -> _Sizing:
+def _size(search: BatchSearch, request: PlanRequest, rows: int | None, budget: Budget) -> _Sizing:
     """The batch: the largest that fits (``auto``; an earlier session's while it fits) or the fixed
     one, checked; settled over :data:`SETTLED_STEPS` steps. Raises PreflightError when none fits."""
     started = search.start()
     notes = [started] if started else []
     if not request.auto:
-        return _fixed(search, request, rows, option, budget, notes)
+        return _fixed(search, request, rows, budget, notes)
     top = min(request.max_batch, rows) if rows else request.max_batch
     if rows and rows < request.max_batch:
         notes.append(f"the training set has {rows} rows: no batch above that")
@@ -579,18 +541,12 @@ def _size(
     if previous and previous[0] <= top and search.ladder(previous[0]):
         trial = search.settle(previous[0])
         if trial.peak <= budget.bytes:
-            notes.append(
-                f"kept micro batch {previous[0]} x accumulation {previous[1]} of this run's "
-                "earlier session"
-            )
-            return _Sizing(previous[0], previous[1], trial, notes)
+            return _Sizing(*previous, trial, [*notes, kept_note(previous)])
     fit = search.largest_fit(top)
     for _ in range(LOWERINGS):
         if fit == 0:
             break
-        micro, accumulation = choose_micro_batch(fit, request.effective_batch, request.multiple)
-        if request.effective_batch is None:
-            accumulation = request.accumulation
+        micro, accumulation = request.auto_batch(fit)
         if not search.fits(micro):  # an aligned or dividing batch below the fit, measured too
             micro = fit
         trial = search.settle(micro)
@@ -607,21 +563,17 @@ def _size(
 
 
 def _fixed(
-    search: BatchSearch,
-    request: _Request,
-    rows: int | None,
-    option: str,
-    budget: Budget,
-    notes: list[str],
+    search: BatchSearch, request: PlanRequest, rows: int | None, budget: Budget, notes: list[str]
 ) -> _Sizing:
     """A fixed batch, refused when it does not fit; accumulation keeps the effective batch."""
-    micro = min(int(request.requested), rows) if rows else int(request.requested)
+    micro = min(request.size, rows) if rows else request.size
     fits = search.ladder(micro)
     trial = search.settle(micro) if fits else max(search.trials.values(), key=lambda t: t.batch)
     if trial.peak > budget.bytes:
         how = "measured" if trial.ran else "predicted from the smaller batches"
+        option = request.option
         raise PreflightError(
-            f"{option}={request.requested} does not fit: {how} peak {trial.peak / GiB:.2f} GiB "
+            f"{option}={request.size} does not fit: {how} peak {trial.peak / GiB:.2f} GiB "
             f"at batch {trial.batch} > budget {budget.bytes / GiB:.2f} GiB ({budget.source}): set "
             f"{option} lower, or hardware.batch_size=auto with data.batch_size=from_profile "
             "(the preflight picks)"
@@ -629,57 +581,36 @@ def _fixed(
     return _Sizing(micro, request.fixed_accumulation(micro), trial, notes)
 
 
-def measured_preflight_for_run(
+def measured_plan(
     model: Any,
     datamodule: Any,
-    hardware: Mapping[str, Any],
-    accumulation: int = 1,
-    effective_batch: int | None = None,
-    max_batch: int = 256,
-    output_dir: Path | None = None,
-    cache_dir: Path | None = None,
-    option: str = "hardware.batch_size",
+    request: PlanRequest,
+    device: RunDevice,
+    workers: WorkerCost | None = None,
     counter: PeakCounter | None = None,
-    run: PlannedRun | None = None,
-) -> Plan:
-    """The measured plan of a run, as batch.py's ``preflight_for_run`` gives the estimated one.
-    ``option``: the setting named when the batch does not fit; ``counter``: the memory reader;
-    ``run``: the Trainer's length and ranks. Raises NotMeasured or PreflightError, in one line."""
-    kind = str(hardware.get("accelerator", "cpu"))
-    index = hardware.get("device_index") if kind == "cuda" else None
-    record = output_dir / "preflight.json" if output_dir is not None else None
-    shared = _rank_0_plan(record)
-    if shared is not None:
-        return shared
+) -> BatchDecision:
+    """The measured plan of a run (the sizer of ``laptrain.preflight.planner.measured``);
+    ``counter``: the memory reader. Raises NotMeasured or PreflightError, in one line."""
     _checked_module(model)
-    probe = TorchProbe(kind, index)
-    previous = _previous_batch(record, hardware)
-    request = _Request.read(hardware, effective_batch, accumulation, max_batch, previous)
-    workers = _loader_workers(datamodule, hardware, cache_dir)
-    budget = device_budget(probe, request.memory_fraction, request.memory_budget_gb, workers)
-    run = run or PlannedRun(accumulation=accumulation, devices=request.devices)
-    run = replace(run, sharded=run.sharded or request.shards > 1)
-    device = torch.device(kind, index) if index is not None else torch.device(kind)
-    measurer = StepMeasurer(
-        model,
-        TrainingRows(datamodule),
-        device,
-        request.precision,
-        counter or counter_for(kind, index),
-        run,
+    kind, index = device.kind, device.index
+    budget = device_budget(
+        TorchProbe(kind, index), request.memory_fraction, request.memory_budget_gb, workers
     )
-    plan = _measured_plan(measurer, request, option, budget)
-    _record(plan, record, None)
-    return plan
+    where = torch.device(kind, index) if index is not None else torch.device(kind)
+    counter = counter or counter_for(kind, index)
+    measurer = StepMeasurer(
+        model, TrainingRows(datamodule), where, device.precision, counter, request.run
+    )
+    return _measured_plan(measurer, request, budget)
 
 
-def _measured_plan(measurer: StepMeasurer, request: _Request, option: str, budget: Budget) -> Plan:
+def _measured_plan(measurer: StepMeasurer, request: PlanRequest, budget: Budget) -> BatchDecision:
     """The batch the search finds with ``measurer`` (closed afterwards), as a plan."""
     with kept_rng(measurer.device), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log outside a Trainer; the run shows the rest
         try:
             search = BatchSearch(measurer, budget.bytes)
-            sizing = _size(search, request, measurer.rows.rows, option, budget)
+            sizing = _size(search, request, measurer.rows.rows, budget)
             estimate = measurer.estimate(sizing.trial)
         finally:
             measurer.close()
@@ -695,17 +626,14 @@ def _measured_plan(measurer: StepMeasurer, request: _Request, option: str, budge
             f"per rank of {run.ranks}: "
             + ("1/N of the model state (FSDP)" if run.sharded else "with DDP's gradient buckets")
         )
-    return Plan(
-        micro_batch=sizing.micro,
-        accumulation=sizing.accumulation,
-        devices=request.devices,
+    return decision(
+        request,
+        measurer.precision,
+        (sizing.micro, sizing.accumulation),
         seq_len=0,
-        precision=request.precision,
         device=measurer.device.type,
         budget=budget,
         estimate=estimate,
-        requested_batch=request.requested if request.auto else int(request.requested),
-        effective_target=request.effective_batch,
         checkpointing=False,
         notes=notes,
     )

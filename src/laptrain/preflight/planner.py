@@ -1,65 +1,113 @@
-"""The batch planner of a run, chosen once (:func:`choose_planner`): :func:`estimated` sizes a
-transformers model from its shapes (batch.py), :func:`measured` trains a copy of any module
-(measured.py); both take ``(model, datamodule, hardware, **plan_settings(...))`` and return a
-``Plan``."""
+"""The batch planner of a run: one interface (:class:`BatchPlanner`), two implementations chosen
+once (:func:`choose_planner`). :func:`estimated` sizes a transformers model from its shapes
+(batch.py), :func:`measured` trains a copy of any module (measured.py); both are :func:`plan`,
+which keeps rank 0's plan, a resumed session's batch and ``preflight.json``, around the one thing
+they differ in: how big one batch's peak is (a :class:`Sizer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from laptrain.config.batch_request import AUTO
+from laptrain.files import write_text_atomic
+from laptrain.preflight.batch import BatchDecision
+from laptrain.preflight.request import PlanRequest
+from laptrain.preflight.worker_memory import WorkerCost, worker_cost
+from laptrain.ranks.environment import extra_rank
+
+if TYPE_CHECKING:
+    from laptrain.hardware.run_device import RunDevice
+
+
+class Sizer(Protocol):
+    """How big one batch's peak is, as a plan for ``request`` on ``device``: batch.estimate_plan,
+    measured.measured_plan."""
+
+    def __call__(
+        self,
+        model: Any,
+        datamodule: Any,
+        request: PlanRequest,
+        device: RunDevice,
+        workers: WorkerCost | None,
+    ) -> BatchDecision: ...
 
 
 class BatchPlanner(Protocol):
     """:func:`estimated`, :func:`measured`, or a stand-in in tests."""
 
     def __call__(
-        self, model: Any, datamodule: Any, hardware: Mapping[str, Any], **settings: Any
-    ) -> Any: ...
+        self,
+        model: Any,
+        datamodule: Any,
+        request: PlanRequest,
+        device: RunDevice,
+        output_dir: Path | None = None,
+        cache_dir: Path | None = None,
+    ) -> BatchDecision: ...
 
 
-def plan_settings(
-    options: Mapping[str, Any],
-    accumulation: int,
-    output_dir: Path | None,
-    cache_dir: Path | None,
-    auto_checkpointing: bool,
-    option: str,
-    run: Any,
-) -> dict[str, Any]:
-    """What both planners are given: the ``preflight`` config's options, the configured
-    accumulation, the run folder (``preflight.json``), the cache, whether
-    ``model.gradient_checkpointing`` is ``auto``, the setting a fixed batch came from, and the
-    run as its Trainer will have it (measured.PlannedRun)."""
-    return {
-        "accumulation": accumulation,
-        "effective_batch": options.get("effective_batch_size"),
-        "max_batch": int(options.get("max_batch_size") or 256),
-        "output_dir": output_dir,
-        "cache_dir": cache_dir,
-        "verify": bool(options.get("verify", False)),
-        "checkpointing": AUTO if auto_checkpointing else None,
-        "option": option,
-        "run": run,
-    }
+def plan(
+    size: Sizer,
+    model: Any,
+    datamodule: Any,
+    request: PlanRequest,
+    device: RunDevice,
+    output_dir: Path | None = None,
+    cache_dir: Path | None = None,
+) -> BatchDecision:
+    """The plan ``size`` makes, written to ``output_dir/preflight.json``: on a rank other than 0 the
+    one rank 0 wrote; ``auto`` keeps an earlier session's batch while it fits."""
+    record = output_dir / "preflight.json" if output_dir is not None else None
+    if record is not None and record.is_file() and extra_rank():
+        # Ranks that Lightning's subprocess launcher starts would measure their GPU while rank 0's
+        # model already fills memory: they take rank 0's plan, written just before it launched
+        # them. (torchrun and srun start every rank at once, before any file is written: there
+        # rank 0's plan is broadcast instead, laptrain.preflight.shared_plan.)
+        shared = BatchDecision.from_json(record.read_text())
+        shared.notes.append("the plan of rank 0 (preflight.json), not measured on this rank")
+        return shared
+    if request.auto and record is not None and record.is_file():
+        earlier = json.loads(record.read_text())
+        previous = (int(earlier["micro_batch"]), int(earlier["accumulation"]))
+        request = replace(request, previous=previous)
+    loader = request.loader
+    workers = worker_cost(loader.num_workers, loader.persistent_workers, cache_dir=cache_dir)
+    planned = size(model, datamodule, request, device, workers)
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(record, planned.to_json())
+    return planned
 
 
-def estimated(model: Any, datamodule: Any, hardware: Mapping[str, Any], **settings: Any) -> Any:
-    """The estimate from the model's shapes (``laptrain.preflight.batch.preflight_for_run``)."""
-    from laptrain.preflight.batch import preflight_for_run
+def estimated(
+    model: Any,
+    datamodule: Any,
+    request: PlanRequest,
+    device: RunDevice,
+    output_dir: Path | None = None,
+    cache_dir: Path | None = None,
+) -> BatchDecision:
+    """The estimate from the model's shapes (``laptrain.preflight.batch.estimate_plan``)."""
+    from laptrain.preflight.batch import estimate_plan
 
-    settings.pop("option"), settings.pop("run")
-    return preflight_for_run(model, datamodule, hardware, **settings)
+    return plan(estimate_plan, model, datamodule, request, device, output_dir, cache_dir)
 
 
-def measured(model: Any, datamodule: Any, hardware: Mapping[str, Any], **settings: Any) -> Any:
-    """The measurement of a copy of the module (``measured.measured_preflight_for_run``)."""
-    from laptrain.preflight.measured import measured_preflight_for_run
+def measured(
+    model: Any,
+    datamodule: Any,
+    request: PlanRequest,
+    device: RunDevice,
+    output_dir: Path | None = None,
+    cache_dir: Path | None = None,
+) -> BatchDecision:
+    """The measurement of a copy of the module (``laptrain.preflight.measured.measured_plan``)."""
+    from laptrain.preflight.measured import measured_plan
 
-    settings.pop("verify"), settings.pop("checkpointing")
-    return measured_preflight_for_run(model, datamodule, hardware, **settings)
+    return plan(measured_plan, model, datamodule, request, device, output_dir, cache_dir)
 
 
 def choose_planner(model: Any, datamodule: Any) -> BatchPlanner:

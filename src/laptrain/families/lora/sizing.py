@@ -13,6 +13,7 @@ Only ``laptrain preflight`` and that benchmark import it.
 
 from __future__ import annotations
 
+import platform
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from laptrain.config.batch_request import is_auto
 from laptrain.model.gradient_checkpointing import switch_on
 from laptrain.preflight.activations import ActivationProfile, Quadratic, measure_activations
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, Estimate, ModelMemory
-from laptrain.preflight.from_config import BudgetChoice, PreflightInputError, choose_budget
+from laptrain.preflight.from_config import PreflightInputError
 
 GiB = 1024**3
 GB = 1e9
@@ -54,6 +55,45 @@ class LoRACounts:
     @property
     def base(self) -> int:
         return self.params - self.trainable
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    bytes: float
+    source: str
+    bf16: bool  # whether the target device computes in bfloat16
+
+
+def _is_apple(profile: Mapping[str, Any]) -> bool:
+    return profile.get("accelerator") == "mps" or str(profile.get("name", "")).startswith("macbook")
+
+
+def choose_budget(hw: Mapping[str, Any]) -> BudgetChoice:
+    """The profile's budget: measured on this machine when the profile is for it, else
+    ``hardware.memory_budget_gb``; an Apple profile on another machine without it is refused."""
+    from laptrain.hardware.probe import TorchProbe
+    from laptrain.preflight.budget import device_budget
+
+    kind = str(hw.get("accelerator", "cpu"))
+    given = hw.get("memory_budget_gb")
+    fraction = float(hw.get("memory_fraction", 0.8))
+    probe = TorchProbe(kind)
+    here = probe.available() and (not _is_apple(hw) or platform.system() == "Darwin")
+    if here:
+        budget = device_budget(probe, fraction, given)
+        return BudgetChoice(budget.bytes, f"{budget.source} (this machine)", probe.bf16_supported())
+    name = hw.get("name", kind)
+    if given:
+        return BudgetChoice(
+            float(given) * GiB,
+            f"hardware.memory_budget_gb={given} (hardware={name} is for another machine)",
+            kind != "cpu",
+        )
+    where = "a Mac" if _is_apple(hw) else f"a {kind.upper()} machine"
+    raise PreflightInputError(
+        f"hardware={name} is for {where}, not this one: its memory budget cannot be probed here; "
+        f"add hardware.memory_budget_gb=<GiB> (e.g. 0.65 x 0.75 x the Mac's RAM for an MPS profile)"
+    )
 
 
 def causal_lm_config(model_cfg: Mapping[str, Any]) -> Any | None:
