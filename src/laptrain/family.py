@@ -56,6 +56,15 @@ class Commands(Protocol):
         """Add the commands' parsers to ``laptrain``'s sub-parsers (argparse)."""
 
 
+class Exports(Protocol):
+    """A family's own ``laptrain export`` formats (the module its ``exports`` hook returns)."""
+
+    FORMATS: Mapping[str, Callable[[Any], int]]  # --format -> export(args) -> exit code
+
+    def add_export_arguments(self, parser: Any) -> None:
+        """Add the family's own options to ``laptrain export``'s parser (argparse)."""
+
+
 class SmokeBuilds(Protocol):
     """A family at smoke-test size (the module its ``smoke`` hook returns): ``build(seed, steps)``
     (optional ``kind=``/``precision=`` keywords) returns a fresh (module, datamodule);
@@ -90,6 +99,8 @@ class Family:
         manual_optimization: the family's modules step their optimizers themselves (``laptrain
             why`` then never suggests ``trainer.gradient_clip_val``).
         commands: ``() -> Commands``: the module of the family's own ``laptrain`` commands.
+        exports: ``() -> Exports``: the module of the ``laptrain export --format`` formats the
+            family's runs export as; a format it does not name falls to laptrain's own (onnx).
         smoke: ``() -> SmokeBuilds``: the module of the family's device smoke build.
     """
 
@@ -104,6 +115,7 @@ class Family:
     fsdp_refusal: str | None = None
     manual_optimization: bool = False
     commands: Callable[[], Commands] | None = None
+    exports: Callable[[], Exports] | None = None
     smoke: Callable[[], SmokeBuilds] | None = None
 
     def refusal(self, device_kind: str, precision: str) -> str | None:

@@ -1,7 +1,7 @@
 """The ``laptrain`` console script (docs/cli.md: every command, its output and exit codes). Each
 subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser`` declares
 their arguments (tests/test_cli.py keeps the two in step). A model family's own commands (``predict``
-for the classifier, ``export``/``generate``/``eval`` for LoRA) are not declared here: the family's
+for the classifier, ``generate``/``eval`` for LoRA) are not declared here: the family's
 ``commands`` hook returns their module (laptrain.family), which brings its parsers and functions.
 
 - ``laptrain train [overrides]``: the repository's ``train.py``, exactly as ``python train.py``
@@ -16,7 +16,9 @@ for the classifier, ``export``/``generate``/``eval`` for LoRA) are not declared 
 - ``laptrain doctor [--json] [hardware=<profile>] [model=<name>]``: is this machine ready.
 - ``laptrain preflight model=<lora model> hardware=<profile> [key=value ...]``: a causal-LM LoRA
   job's memory estimate from config.json alone.
-- ``laptrain export|generate|eval <run or adapter folder> [--device D] [--dtype T]``: LoRA
+- ``laptrain export <run> --format F``: onnx for any run (laptrain.commands.export), or the
+  formats of the run's family (LoRA: hf, gguf).
+- ``laptrain generate|eval <run or adapter folder> [--device D] [--dtype T]``: LoRA
   adapters, on the run's device and base dtype unless told.
 - ``laptrain bench [overrides] [--compare key=a,b]``: N steps of the job, timed (laptrain.commands.bench).
 - ``laptrain fetch [MODEL ...]``: a model's pretrained weights into the cache (laptrain.commands.fetch).
@@ -45,6 +47,8 @@ from typing import Any
 from laptrain.commands.arguments import ROOT_HELP, RUN, add_run_argument
 from laptrain.commands.bench import add_arguments as add_bench_arguments
 from laptrain.commands.bench import bench_command
+from laptrain.commands.export import add_parser as add_export_parser
+from laptrain.commands.export import export_command
 from laptrain.commands.fetch import add_arguments as add_fetch_arguments
 from laptrain.commands.fetch import fetch_command
 from laptrain.commands.new import add_arguments as add_new_arguments
@@ -383,6 +387,7 @@ PARSERS: dict[str, Callable[[Any], None]] = {
             "fetch", help="put a model's pretrained weights in the cache; no model: list the cache"
         )
     ),
+    "export": add_export_parser,
     "new": lambda commands: add_new_arguments(
         commands.add_parser(
             "new", help="write your own model, data, presets and a test under user/NAME/"
@@ -393,7 +398,7 @@ PARSERS: dict[str, Callable[[Any], None]] = {
 
 def family_commands(project: Path | None = None) -> list[Commands]:
     """The modules of the families' own commands (each ``FAMILY.commands``: ``predict`` for the
-    classifier, ``export``/``generate``/``eval`` for LoRA, an installed package's, or one in the
+    classifier, ``generate``/``eval`` for LoRA, an installed package's, or one in the
     project's ``user/``), in family-name order; ``laptrain --help`` lists them after laptrain's."""
     return [f.commands() for f in installed_families(project) if f.commands is not None]
 
@@ -477,6 +482,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "preflight": preflight,
     "bench": bench_command,
     "fetch": fetch_command,
+    "export": export_command,
     "new": new_command,
     **{name: run for family in family_commands() for name, run in family.COMMANDS.items()},
 }

@@ -1,4 +1,5 @@
-"""Predictions of a finished classifier run, read from its exported folders.
+"""Predictions of a finished classifier run, read from its exported folders (an ONNX export:
+``onnx_predict``).
 
 A run of a text classifier leaves ``model/`` (``save_pretrained``), ``tokenizer/`` and
 ``labels.json``: transformers' Auto classes load them without laptrain. This module is that
@@ -187,13 +188,18 @@ def predict(args: argparse.Namespace) -> int:
     """Print (or write with ``--out``) the label and probability of each text."""
     from laptrain.console import no_transformers_bars
 
+    from .onnx_predict import OnnxClassifier, is_onnx_export
+
     try:
         if bool(args.texts) == bool(args.file):
             raise ValueError('give texts ("some text" ...) or --file <file>, not both or neither')
         rows, texts = read_texts(args.file, args.column) if args.file else ([], args.texts)
         run = resolve_run(args.run, args.root, any_folder=True)
-        with no_transformers_bars():
-            classifier = Classifier(run)
+        if is_onnx_export(run):  # laptrain export --format onnx: no torch
+            classifier: Classifier | OnnxClassifier = OnnxClassifier(run)
+        else:
+            with no_transformers_bars():
+                classifier = Classifier(run)
         predictions = classifier.predict(texts, args.batch_size)
         if args.out:
             if not args.file:
@@ -215,7 +221,9 @@ def add_commands(commands: Any) -> None:
     pred = commands.add_parser(
         "predict", help="label texts with a finished classifier run's exported model"
     )
-    add_run_argument(pred, f"a finished classifier run: {RUN}")
+    add_run_argument(
+        pred, f"a finished classifier run: {RUN}; or its `laptrain export --format onnx` folder"
+    )
     pred.add_argument("texts", nargs="*", help="texts to label (or --file)")
     pred.add_argument(
         "--file",

@@ -78,5 +78,6 @@ FAMILY = Family(
     file_rules=_file_rules,
     fsdp_layers=_fsdp_layers,
     commands=_commands,
+    exports=_commands,
     smoke=_smoke,
 )
