@@ -14,8 +14,10 @@ were off by up to 1e-2; torch.export keeps both sizes symbolic (max |Δ logit| 7
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
+import io
 import json
 import logging
 import warnings
@@ -53,6 +55,41 @@ def _at_least_two(value: Any, axes: Collection[int]) -> Any:
     return value
 
 
+def _export(
+    model: Any, example: dict[str, Any], shapes: dict[str, Any], output_names: list[str] | None
+) -> Any:
+    """torch.onnx.export's program, its logs, prints and warnings held back (graph dumps, notes
+    on axis names); a failure is one line: its innermost cause and the fix."""
+    import torch
+
+    torch_logs = logging.getLogger("torch")
+    level = torch_logs.level
+    torch_logs.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            return torch.onnx.export(
+                model,
+                (),
+                kwargs=example,
+                dynamo=True,
+                dynamic_shapes=shapes,
+                output_names=output_names,
+                verbose=False,
+            )
+    except Exception as err:  # torch.export's and onnxscript's errors, each its own type
+        while err.__cause__ is not None:
+            err = err.__cause__  # type: ignore[assignment]
+        reason = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ValueError(
+            f"{type(model).__name__}.forward cannot be exported to ONNX ({reason.strip()[:300]}): "
+            "set example_input_array to an input forward takes, with no Python branch on "
+            "tensor values"
+        ) from None
+    finally:
+        torch_logs.setLevel(level)
+
+
 def write_onnx(
     model: Any,
     inputs: Mapping[str, Any],
@@ -79,26 +116,7 @@ def write_onnx(
         shapes[name] = {0: batch, 1: sequence} if ids else {0: batch}
         example[name] = _at_least_two(value, shapes[name])
     model = model.eval()
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # notes on axis names, pytree deprecations
-            program = torch.onnx.export(
-                model,
-                (),
-                kwargs=example,
-                dynamo=True,
-                dynamic_shapes=shapes,
-                output_names=output_names,
-                verbose=False,
-            )
-    except Exception as err:  # torch.export's and onnxscript's errors, each its own type
-        reason = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise ValueError(
-            f"{type(model).__name__}.forward cannot be exported to ONNX ({reason.strip()[:300]}): "
-            "set example_input_array to an input forward takes, with no Python branch on "
-            "tensor values"
-        ) from None
+    program = _export(model, example, shapes, output_names)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / MODEL_FILE
     program.save(str(path))
@@ -127,14 +145,15 @@ def _forward_inputs(module: Any, sample: Any) -> dict[str, Any]:
     return dict(zip(names, values))
 
 
-def _example_input(module: Any, data_cfg: Any) -> dict[str, Any]:
+def _example_input(module: Any, cfg: Any) -> dict[str, Any]:
     """``module.example_input_array``, else the inputs of one training batch of the run's
     datamodule (a ``(x, y)`` batch's ``x``), as forward's keyword arguments."""
     if module.example_input_array is not None:
         return _forward_inputs(module, module.example_input_array)
-    from hydra.utils import instantiate
+    from laptrain.config.batch_request import batch_request
+    from laptrain.job.datamodule_settings import build_datamodule
 
-    datamodule = instantiate(data_cfg, _convert_="all")
+    datamodule = build_datamodule(cfg.data, batch_request(cfg).follows_profile)
     datamodule.prepare_data()
     datamodule.setup("fit")
     batch = next(iter(datamodule.train_dataloader()))
@@ -151,8 +170,9 @@ def best_checkpoint_of(run: Path) -> Path:
 
 
 def load_run_module(run: Path) -> tuple[Any, Any, Path]:
-    """The run's module, built from its config with the weights of its best checkpoint, its data
+    """The run's module, built from its config with the weights of its best checkpoint, the
     config and that checkpoint; one-line errors."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
@@ -170,11 +190,21 @@ def load_run_module(run: Path) -> tuple[Any, Any, Path]:
     for key in LAPTRAIN_KEYS:
         model_cfg.pop(key, None)
     checkpoint = best_checkpoint_of(run)
-    state = read_checkpoint(checkpoint, trusted_globals([cfg.model, cfg.data]))
-    sized = {k: v for k, v in (state.get("hyper_parameters") or {}).items() if k not in model_cfg}
-    module = instantiate(model_cfg, _convert_="all", **sized)  # + the datamodule's sizes
+    try:  # Hydra's errors wrap the import's or the constructor's
+        trusted = trusted_globals([cfg.model, cfg.data])
+        state = read_checkpoint(checkpoint, trusted)
+        sized = {
+            k: v for k, v in (state.get("hyper_parameters") or {}).items() if k not in model_cfg
+        }
+        module = instantiate(model_cfg, _convert_="all", **sized)  # + the datamodule's sizes
+    except (ImportError, InstantiationException) as err:
+        cause = str(err.__cause__ or err).strip().splitlines()[0]
+        raise ValueError(
+            f"cannot build {model_cfg.get('_target_')} of {run} ({cause}): run laptrain export "
+            "where train.py ran it (its folder on PYTHONPATH)"
+        ) from None
     module.load_state_dict(state["state_dict"])
-    return module, cfg.data, checkpoint
+    return module, cfg, checkpoint
 
 
 def default_out(run: Path, quant: str | None) -> Path:
@@ -188,8 +218,8 @@ def export_module(args: argparse.Namespace) -> int:
     from laptrain.console import quiet_libraries
 
     quiet_libraries()
-    module, data_cfg, checkpoint = load_run_module(args.path)
-    inputs = _example_input(module, data_cfg)
+    module, cfg, checkpoint = load_run_module(args.path)
+    inputs = _example_input(module, cfg)
     out = args.out or default_out(args.path, args.quant)
     differs: list[float] = []
     export_target(out, "onnx", (checkpoint,), args.force).write(
