@@ -143,7 +143,7 @@ def test_predict_on_the_onnx_folder_never_imports_torch(classifier_run, tmp_path
     [
         (
             ["--format", "tflite"],
-            "--format tflite: a classifier run exports as onnx: give --format onnx",
+            "is a TextClassifierModule run, which exports as onnx",
         ),
         (["--quant", "int4"], "--quant int4: --format onnx takes --quant int8"),
     ],

@@ -10,34 +10,34 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from laptrain.commands.arguments import add_run_argument
 from laptrain.exit_codes import error_exit_code
-from laptrain.family import Exports, Family, family_of, installed_families
+from laptrain.family import Exports, family_of_target, installed_families
 from laptrain.run_folder.listing import resolve_run
 
 GENERIC = "onnx"  # laptrain's own format, for any LightningModule
 
 
-def _run_family(run: Path) -> Family | None:
-    """The family of the run's ``model._target_`` (None: no run config, or no family)."""
+def _run_target(run: Path) -> str | None:
+    """The ``model._target_`` of the run's config (None: no run config)."""
     import yaml
 
     config = run / ".hydra" / "config.yaml"
     if not config.is_file():
         return None
-    return family_of((yaml.safe_load(config.read_text()) or {}).get("model"))
+    return ((yaml.safe_load(config.read_text()) or {}).get("model") or {}).get("_target_")
 
 
-def _formats(run: Path) -> tuple[str, dict[str, Callable[[argparse.Namespace], int]]]:
-    """What exports ``run`` (a family's name, or "this run") and its formats, in their order:
-    its family's, then onnx; a folder that is no run: every installed family's."""
+def _formats(run: Path, target: str | None) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """The formats ``run`` exports as, in their order: its family's, then onnx; a folder that is
+    no run: every installed family's."""
     from laptrain.commands.onnx_export import export_module
 
-    family = _run_family(run)
+    family = family_of_target(target) if target else None
     if (run / ".hydra").is_dir():
         families = [family] if family is not None else []
     else:
@@ -46,21 +46,30 @@ def _formats(run: Path) -> tuple[str, dict[str, Callable[[argparse.Namespace], i
     for found in families:
         if found.exports is not None:
             formats = {**found.exports().FORMATS, **formats}
-    what = f"a {family.name} run" if family is not None else "this run"
-    return what, {**formats, GENERIC: formats.get(GENERIC, export_module)}
+    return {**formats, GENERIC: formats.get(GENERIC, export_module)}
+
+
+def _unknown(form: str, run: Path, target: str | None, formats: Collection[str]) -> ValueError:
+    """One line: what the run exports as, and which family's runs export as ``form``."""
+    owner = next(
+        (f for f in installed_families() if f.exports and form in f.exports().FORMATS), None
+    )
+    what = f"a {target.rsplit('.', 1)[-1]} run" if target else "no run"
+    where = f"; {form} is for {owner.name} runs ({owner.summary})" if owner else ""
+    return ValueError(
+        f"--format {form}: {run} is {what}, which exports as {', '.join(formats)}{where}"
+    )
 
 
 def export_command(args: argparse.Namespace) -> int:
     """Export the run in ``--format`` (default: its family's first format, else onnx)."""
     try:
         args.path = resolve_run(args.path, args.root, any_folder=True)
-        what, formats = _formats(args.path)
+        target = _run_target(args.path)
+        formats = _formats(args.path, target)
         args.format = args.format or next(iter(formats))
         if args.format not in formats:
-            raise ValueError(
-                f"--format {args.format}: {what} exports as {', '.join(formats)}: "
-                f"give --format {next(iter(formats))}"
-            )
+            raise _unknown(args.format, args.path, target, formats)
         return formats[args.format](args)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

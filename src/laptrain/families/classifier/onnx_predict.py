@@ -10,7 +10,7 @@ from pathlib import Path
 
 from laptrain.commands.onnx_export import MODEL_FILE, ONNX_EXTRA
 
-from .predict import Prediction, _max_length, check_batch_size
+from .prediction import Prediction, check_batch_size
 
 
 def is_onnx_export(folder: Path) -> bool:
@@ -43,9 +43,8 @@ class OnnxClassifier:
         self.labels: list[str] = json.loads((folder / "labels.json").read_text())
         settings = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
         self.tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-        max_length = _max_length(folder, tokenizer_dir)
-        if max_length:
-            self.tokenizer.enable_truncation(max_length)
+        if settings.get("max_length"):  # the run's data.max_length, written by the export
+            self.tokenizer.enable_truncation(int(settings["max_length"]))
         pad = settings.get("pad_token") or "[PAD]"
         self.tokenizer.enable_padding(pad_id=self.tokenizer.token_to_id(pad) or 0, pad_token=pad)
 

@@ -16,18 +16,14 @@ import inspect
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from laptrain.commands.arguments import RUN, add_run_argument
 from laptrain.run_folder.listing import resolve_run, resume_command
 
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    probability: float
+from .onnx_predict import OnnxClassifier, is_onnx_export
+from .prediction import Prediction, check_batch_size
 
 
 def _max_length(run: Path, tokenizer_dir: Path) -> int | None:
@@ -55,13 +51,6 @@ def _not_finished(run: Path) -> ValueError:
     return ValueError(
         f"{run} has no exported model yet: the run has not finished; rerun to finish it{rerun}"
     )
-
-
-def check_batch_size(value: object) -> int:
-    """``value`` when it is an int >= 1, else a one-line ValueError naming ``--batch-size``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"--batch-size {value} must be a whole number >= 1, e.g. --batch-size 32")
-    return value
 
 
 def batch_size_arg(text: str) -> int:
@@ -187,8 +176,6 @@ def write_predictions(
 def predict(args: argparse.Namespace) -> int:
     """Print (or write with ``--out``) the label and probability of each text."""
     from laptrain.console import no_transformers_bars
-
-    from .onnx_predict import OnnxClassifier, is_onnx_export
 
     try:
         if bool(args.texts) == bool(args.file):
