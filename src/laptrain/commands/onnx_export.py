@@ -29,7 +29,9 @@ from laptrain.commands.export_folder import export_target
 
 ONNX_EXTRA = 'pip install -e ".[onnx]"'
 MODEL_FILE = "model.onnx"
-QUANTS = ("int8",)  # onnxruntime's dynamic quantizer: int8 weights, activations quantized per call
+QUANTS = (
+    "int8",
+)  # onnxruntime's dynamic quantizer: int8 weights per channel, activations per call
 
 
 def check_onnx(quant: str | None) -> None:
@@ -125,7 +127,12 @@ def write_onnx(
 
         float32 = folder / "float32.onnx"
         path.rename(float32)
-        quantize_dynamic(float32, path, weight_type=QuantType.QInt8)
+        # per channel: MiniLM's int8 test accuracy 0.5 points under float32, 1.4 per tensor
+        logging.disable(logging.WARNING)  # "consider to run pre-processing", on the root logger
+        try:
+            quantize_dynamic(float32, path, weight_type=QuantType.QInt8, per_channel=True)
+        finally:
+            logging.disable(logging.NOTSET)
         float32.unlink()
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     with torch.inference_mode():
