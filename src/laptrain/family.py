@@ -43,6 +43,15 @@ class Commands(Protocol):
         """Add the commands' parsers to ``laptrain``'s sub-parsers (argparse)."""
 
 
+class Exports(Protocol):
+    """A family's own ``laptrain export`` formats (the module its ``exports`` hook returns)."""
+
+    FORMATS: Mapping[str, Callable[[Any], int]]  # --format -> export(args) -> exit code
+
+    def add_export_arguments(self, parser: Any) -> None:
+        """Add the family's own options to ``laptrain export``'s parser (argparse)."""
+
+
 class SmokeBuilds(Protocol):
     """A family at smoke-test size (the module its ``smoke`` hook returns): ``build(seed, steps)``
     (optional ``kind=``/``precision=`` keywords) returns a fresh (module, datamodule);
@@ -71,6 +80,7 @@ class Family:
     manual_optimization: bool = False
     why: Callable[[Any], list[Any]] | None = None
     commands: Callable[[], Commands] | None = None
+    exports: Callable[[], Exports] | None = None
     smoke: Callable[[], SmokeBuilds] | None = None
 
     def refusal(self, device_kind: str, precision: str) -> str | None:

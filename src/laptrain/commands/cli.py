@@ -23,6 +23,8 @@ from typing import Any
 from laptrain.commands.arguments import ROOT_HELP, RUN, add_run_argument
 from laptrain.commands.bench import add_arguments as add_bench_arguments
 from laptrain.commands.bench import bench_command
+from laptrain.commands.export import add_parser as add_export_parser
+from laptrain.commands.export import export_command
 from laptrain.commands.fetch import add_arguments as add_fetch_arguments
 from laptrain.commands.fetch import fetch_command
 from laptrain.commands.new import add_arguments as add_new_arguments
@@ -357,6 +359,7 @@ PARSERS: dict[str, Callable[[Any], None]] = {
             "fetch", help="put a model's pretrained weights in the cache; no model: list the cache"
         )
     ),
+    "export": add_export_parser,
     "new": lambda commands: add_new_arguments(
         commands.add_parser(
             "new", help="write your own model, data, presets and a test under user/NAME/"
@@ -449,6 +452,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "preflight": preflight,
     "bench": bench_command,
     "fetch": fetch_command,
+    "export": export_command,
     "new": new_command,
 }
 

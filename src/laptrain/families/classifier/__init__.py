@@ -1,7 +1,8 @@
 """The text-classifier family: a transformers sequence classifier (``text_classifier``), the tiny
 BERT built from random weights for the default job (``tiny_bert``), the labelled-text datamodule
 (``text_classification``), its tokenizers (``tokenizer``, also LoRA's), the offline stdlib
-docstrings corpus (``stdlib_docstrings``), ``laptrain predict`` (``predict``) and the smoke build
+docstrings corpus (``stdlib_docstrings``), ``laptrain predict`` (``predict``; ``onnx_predict`` for
+an ONNX export), ``laptrain export --format onnx`` (``onnx_export``) and the smoke build
 (``smoke``)."""
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def _commands() -> Any:
     return predict
 
 
+def _exports() -> Any:
+    from . import onnx_export
+
+    return onnx_export
+
+
 def _smoke() -> Any:
     from . import smoke
 
@@ -44,5 +51,6 @@ FAMILY = Family(
     file_rules=_file_rules,
     fsdp_layers=transformers_fsdp_layers,
     commands=_commands,
+    exports=_exports,
     smoke=_smoke,
 )

@@ -1,4 +1,5 @@
-"""Predictions of a finished classifier run, read from its exported folders.
+"""Predictions of a finished classifier run, read from its exported folders (an ONNX export:
+``onnx_predict``).
 
 A run of a text classifier leaves ``model/`` (``save_pretrained``), ``tokenizer/`` and
 ``labels.json``: transformers' Auto classes load them without laptrain. This module is that
@@ -15,18 +16,14 @@ import inspect
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from laptrain.commands.arguments import RUN, add_run_argument
 from laptrain.run_folder.listing import resolve_run, resume_command
 
-
-@dataclass(frozen=True)
-class Prediction:
-    label: str
-    probability: float
+from .onnx_predict import OnnxClassifier, is_onnx_export
+from .prediction import Prediction, check_batch_size
 
 
 def _max_length(run: Path, tokenizer_dir: Path) -> int | None:
@@ -54,13 +51,6 @@ def _not_finished(run: Path) -> ValueError:
     return ValueError(
         f"{run} has no exported model yet: the run has not finished; rerun to finish it{rerun}"
     )
-
-
-def check_batch_size(value: object) -> int:
-    """``value`` when it is an int >= 1, else a one-line ValueError naming ``--batch-size``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"--batch-size {value} must be a whole number >= 1, e.g. --batch-size 32")
-    return value
 
 
 def batch_size_arg(text: str) -> int:
@@ -192,8 +182,11 @@ def predict(args: argparse.Namespace) -> int:
             raise ValueError('give texts ("some text" ...) or --file <file>, not both or neither')
         rows, texts = read_texts(args.file, args.column) if args.file else ([], args.texts)
         run = resolve_run(args.run, args.root, any_folder=True)
-        with no_transformers_bars():
-            classifier = Classifier(run)
+        if is_onnx_export(run):  # laptrain export --format onnx: no torch
+            classifier: Classifier | OnnxClassifier = OnnxClassifier(run)
+        else:
+            with no_transformers_bars():
+                classifier = Classifier(run)
         predictions = classifier.predict(texts, args.batch_size)
         if args.out:
             if not args.file:
@@ -215,7 +208,9 @@ def add_commands(commands: Any) -> None:
     pred = commands.add_parser(
         "predict", help="label texts with a finished classifier run's exported model"
     )
-    add_run_argument(pred, f"a finished classifier run: {RUN}")
+    add_run_argument(
+        pred, f"a finished classifier run: {RUN}; or its `laptrain export --format onnx` folder"
+    )
     pred.add_argument("texts", nargs="*", help="texts to label (or --file)")
     pred.add_argument(
         "--file",

@@ -80,5 +80,6 @@ FAMILY = Family(
     fsdp_layers=transformers_fsdp_layers,
     commands=_commands,
     why=_why,
+    exports=_commands,
     smoke=_smoke,
 )

@@ -1,11 +1,12 @@
-"""The LoRA family's ``laptrain`` commands (its ``FAMILY.commands``): ``laptrain export``,
-``generate`` and ``eval`` of a LoRA run or adapter folder. This module is their arguments and the
+"""The LoRA family's ``laptrain`` commands (its ``FAMILY.commands``): ``laptrain generate`` and
+``eval`` of a LoRA run or adapter folder, and its ``laptrain export`` formats (its
+``FAMILY.exports``: ``FORMATS`` and :func:`add_export_arguments`). This module is their arguments and the
 one-line errors; the work is ``laptrain.families.lora.tools`` (``preference_eval`` for DPO runs,
 ``laptrain.families.lora.gguf`` for ``--format gguf``, ``mlx_export`` for ``--format mlx``),
 imported when a command runs, so that building the parser imports no torch.
 
 ``laptrain/commands/cli.py`` adds the parsers (:func:`add_commands`) and maps each command to its
-function (``COMMANDS``).
+function (``COMMANDS``); ``laptrain/commands/export.py`` dispatches ``--format`` to ``FORMATS``.
 """
 
 from __future__ import annotations
@@ -153,49 +154,19 @@ WHERE = "a LoRA run as `laptrain runs` names it, its folder, or an adapter folde
 
 
 def add_commands(commands: Any) -> None:
-    """``laptrain export``, ``generate`` and ``eval`` in the CLI's parser."""
-    _add_export(commands)
+    """``laptrain generate`` and ``eval`` in the CLI's parser."""
     _add_generate(commands)
     _add_eval(commands)
 
 
-def _add_export(commands: Any) -> None:
-    export = commands.add_parser(
-        "export", help="merge a LoRA adapter into its base model (a transformers folder or a GGUF)"
-    )
-    add_run_argument(export, WHERE, "path")
-    export.add_argument(
-        "--out",
-        help="output folder (default: <run>/merged, <run>/gguf-<quant> with --format gguf, "
-        "<run>/mlx or <run>/mlx-fused[-<quant>] with --format mlx)",
-    )
-    export.add_argument(
-        "--format",
-        choices=("hf", "gguf", "mlx"),
-        default="hf",
-        help="hf: a transformers folder; gguf: model.gguf for llama.cpp, Ollama and LM "
-        "Studio, with an Ollama Modelfile beside it (Llama-family bases); mlx: an mlx-lm adapter "
-        "folder, or with --fuse a fused mlx-lm model (pip install -e '.[mlx]') "
-        "(default: %(default)s)",
-    )
-    export.add_argument(
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """LoRA's options of ``laptrain export`` (laptrain.commands.export declares the command)."""
+    parser.add_argument(
         "--fuse",
         action="store_true",
         help="with --format mlx: fuse the adapter into the base, a folder mlx_lm.load reads",
     )
-    export.add_argument(
-        "--force",
-        action="store_true",
-        help="replace --out even when it holds files no export wrote (never the base or the "
-        "adapter being read)",
-    )
-    export.add_argument(
-        "--quant",
-        default=None,
-        help="with --format gguf: f16, q8_0 or q4_0 (default: f16); with --format mlx --fuse: "
-        "4bit or 8bit (default: the base's dtype)",
-    )
-    _add_load_options(export, export=True)
+    _add_load_options(parser, export=True)
 
 
 def _add_generate(commands: Any) -> None:
@@ -253,7 +224,12 @@ def _add_eval(commands: Any) -> None:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "export": lora_command,
     "generate": lora_command,
     "eval": lora_command,
+}
+# ``laptrain export --format``s of a LoRA run (its ``FAMILY.exports``); hf, the first, by default
+FORMATS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "hf": lora_command,
+    "gguf": lora_command,
+    "mlx": lora_command,
 }
