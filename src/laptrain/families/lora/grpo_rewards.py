@@ -7,6 +7,7 @@ keyword parameter without a default is a column the reward needs; the prompt dat
 it before training. ``model.rewards`` lists them by import path (``user.my_task.rewards.correct``),
 or as ``{path: ..., <keyword>: <value>}`` to fix some keywords (the built-ins' options);
 ``model.reward_weights`` weighs them (1 each by default) and the weighted sum is the reward.
+No torch here: ``train.py``'s data check imports the rewards before the run folder exists.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
-
-import torch
 
 RewardFn = Callable[..., list[float]]
 _QUOTES = "`'\" "
@@ -132,10 +131,10 @@ def score(
     prompts: list[str],
     completions: list[str],
     columns: Mapping[str, list[Any]],
-) -> torch.Tensor:
-    """``[N, len(rewards)]`` float32 scores; a reward that raises, returns another length or a
+) -> list[list[float]]:
+    """``[N][len(rewards)]`` scores; a reward that raises, returns another length or a
     value that is not a finite number stops the run in one line naming it and the prompt."""
-    out = torch.zeros(len(completions), len(rewards), dtype=torch.float32)
+    out = [[0.0] * len(rewards) for _ in completions]
     for j, reward in enumerate(rewards):
         try:
             values = list(reward.fn(prompts, completions, **columns))
@@ -156,10 +155,5 @@ def score(
                     f"reward {reward.name} returned {value!r} (prompt {prompts[i]!r:.80}): "
                     "return a finite float per completion"
                 )
-            out[i, j] = float(value)
+            out[i][j] = float(value)
     return out
-
-
-def total(scores: torch.Tensor, rewards: Sequence[Reward]) -> torch.Tensor:
-    """The weighted sum over the reward functions, ``[N]``."""
-    return scores @ torch.tensor([r.weight for r in rewards], dtype=scores.dtype)
