@@ -167,3 +167,19 @@ def test_grpo_offline_raises_the_held_out_reward_over_the_base(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((tmp_path / "outputs" / "r" / "metrics.json").read_text())
     assert metrics["test/reward"] >= metrics["test/reward_base"] + 0.2, metrics
+
+
+def test_the_preflight_measures_the_rollout_of_every_generation(tmp_path):
+    """hardware.batch_size=auto: the preflight measures the module's own step (num_generations
+    full-length completions per prompt sampled with the KV cache, then the policy pass), so a
+    prompt costs more with more generations (one sequence per example before)."""
+    args = [*GRPO_JOB, "hardware.batch_size=auto", "data.batch_size=from_profile",
+            "trainer.max_steps=1", "trainer.limit_val_batches=0", "test=false"]  # fmt: skip
+    per_prompt = {}
+    for group in (2, 8):
+        run = f"g{group}"
+        done = train_here([*args, f"model.num_generations={group}", f"run_name={run}"], tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        plan = json.loads((tmp_path / "outputs" / run / "preflight.json").read_text())
+        per_prompt[group] = plan["estimate"]["activations"] / plan["micro_batch"]
+    assert per_prompt[8] > 2 * per_prompt[2], per_prompt

@@ -166,6 +166,38 @@ class GRPOLoRAModule(CausalLMLoRAModule):
                     rollout["ref_logps"] = self._logps(rollout)
         return rollout
 
+    # ----- the memory preflight (laptrain.model.contracts.SizesItsStep) ----------------------
+    def preflight_batch(self, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+        """``batch_size`` random prompts of ``seq_len`` tokens (the longest prompt)."""
+        vocab = int(self.model.get_input_embeddings().weight.shape[0])
+        generator = torch.Generator().manual_seed(batch_size * 100_003 + seq_len)
+        ids = torch.randint(0, vocab, (batch_size, seq_len), generator=generator)
+        return {"prompt_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    def preflight_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The step's memory: ``num_generations`` completions per prompt sampled with the KV cache
+        to their full ``max_new_tokens`` (no stop token), the reference pass when ``beta`` > 0 and
+        the policy pass with its loss. Its own generator: the run's sampling state is untouched."""
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        ids = batch["prompt_ids"].repeat_interleave(self.num_generations, 0)
+        mask = batch["attention_mask"].repeat_interleave(self.num_generations, 0)
+        done, done_mask = sample(
+            self.model, ids, mask, self.max_new_tokens, [-1], 0, torch.Generator().manual_seed(0),
+            self.temperature, self.top_p,
+        )  # fmt: skip
+        rollout = {"prompt_ids": ids, "prompt_mask": mask, "completion_ids": done,
+                   "completion_mask": done_mask}  # fmt: skip
+        reference = None
+        if self.beta != 0.0:
+            with torch.no_grad(), self.model.disable_adapter():
+                reference = self._logps(rollout)
+        logps = self._logps(rollout)
+        advantages = torch.linspace(-1, 1, logps.shape[0], device=logps.device)
+        terms = token_terms(logps, logps.detach(), advantages, self.epsilon, self.epsilon_high,
+                            self.beta, reference)  # fmt: skip
+        total, count = loss_sum(terms.loss, done_mask, self.loss_type, self.max_new_tokens)
+        return total / max(count, 1)
+
     # ----- training ---------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         if self._rollout is None or self._rollout_uses >= self.num_iterations:
