@@ -1,6 +1,7 @@
 """The LoRA family: a pretrained causal LM with peft adapters (``causal_lm``), DPO on the same model
-(``dpo``), instruction and preference data (``instructions``, ``instruction_rows``,
-``preferences``, ``preference_rows``, ``chat_tokenizer``, ``stdlib_instructions``), the base
+(``dpo``), GRPO (``grpo``, ``grpo_loss``, ``grpo_rewards``, ``grpo_sampling``), instruction,
+preference and prompt data (``instructions``, ``instruction_rows``, ``preferences``,
+``preference_rows``, ``prompts``, ``prompt_rows``, ``chat_tokenizer``, ``stdlib_instructions``), the base
 weights' dtype (``base_dtype``: ``base_dtype: auto``), the memory forecast from the config alone
 (``sizing``), ``laptrain doctor``'s LoRA check (``doctor``), the tiny offline Llama
 (``tiny_llama``), the adapter folders a run leaves (``adapter_folders``), its commands
@@ -43,7 +44,10 @@ def _doctor_check(profile: Mapping[str, Any]) -> Any:
 def _file_rules(datamodule: str) -> FileRules | None:
     from laptrain.families.lora.instruction_rows import INSTRUCTION_OPTIONS, check_instructions
     from laptrain.families.lora.preference_rows import check_preferences
+    from laptrain.families.lora.prompt_rows import PROMPT_OPTIONS, check_prompts
 
+    if datamodule == "PromptDataModule":
+        return FileRules(PROMPT_OPTIONS, check_prompts)
     rules = {
         "InstructionDataModule": check_instructions,
         "PreferenceDataModule": check_preferences,

@@ -1,0 +1,121 @@
+"""Completions for GRPO: KV-cache sampling with a ``torch.Generator`` of the module's own, and the
+per-token log-probabilities of completions.
+
+transformers' ``generate`` draws from the global RNG (``torch.multinomial`` without a
+generator), so a resumed run could not replay its rollouts without replaying every other draw
+too. Here each token is drawn on the CPU from the module's generator (a few kilobytes per token
+moved; the same draws on every device), whose state goes into the checkpoint.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch: 0 at each row's first real token."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _cache_name(model: Any) -> str:
+    """The forward's KV-cache argument: ``cache`` (transformers >= 5.x's new name, which warns
+    on the old one) or ``past_key_values``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _pick(
+    logits: torch.Tensor, generator: torch.Generator | None, temperature: float, top_p: float
+) -> torch.Tensor:
+    """The next token of each row: argmax without ``generator``, else drawn at ``temperature``
+    from the smallest set of tokens holding ``top_p`` of the probability."""
+    if generator is None:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # the first token always stays
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+@torch.no_grad()
+def sample(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(completion_ids, completion_mask)`` ``[B, T]`` for left-padded prompts, ``T <=
+    max_new_tokens``; a completion ends with its first stop token (kept, as TRL keeps EOS), then
+    pads (mask 0). Greedy without ``generator``. Runs in eval mode (no dropout)."""
+    was_training = model.training
+    model.eval()
+    name = _cache_name(model)
+    try:
+        mask = prompt_mask
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=mask,
+            position_ids=_positions(mask),
+            use_cache=True,
+        )
+        stops = torch.tensor(stop_ids, device=prompt_ids.device)
+        done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+        tokens, live = [], []
+        for _ in range(max_new_tokens):
+            token = _pick(out.logits[:, -1], generator, temperature, top_p)
+            token = token.masked_fill(done, pad_id)
+            tokens.append(token)
+            live.append(~done)
+            done = done | torch.isin(token, stops)
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=_positions(mask)[:, -1:],
+                use_cache=True,
+                **{name: out[name]},
+            )
+        return torch.stack(tokens, 1), torch.stack(live, 1).long()
+    finally:
+        model.train(was_training)
+
+
+def completion_logps(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    head: tuple[torch.nn.Module, torch.nn.Module] | None = None,
+) -> torch.Tensor:
+    """Float32 ``[B, T]`` log-probabilities of the completion tokens, from logits divided by the
+    sampling ``temperature`` (as TRL's ``_get_per_token_logps_and_entropies``). With ``head``
+    (decoder, output head: ``causal_lm.response_head``) the head runs on completion positions
+    only."""
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    width = completion_ids.shape[1]
+    kwargs = {"attention_mask": mask, "position_ids": _positions(mask), "use_cache": False}
+    if head is None:
+        logits = model(input_ids=ids, **kwargs).logits[:, -width - 1 : -1]
+    else:
+        decoder, output = head
+        hidden = decoder(input_ids=ids, **kwargs).last_hidden_state
+        logits = output(hidden[:, -width - 1 : -1])
+    logits = logits.float() / temperature
+    picked = logits.gather(-1, completion_ids[..., None]).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
