@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from laptrain.data.sampler import LengthGroupedBatchSampler
-from laptrain.data.stdlib_docstrings import write_jsonl
+from laptrain.families.classifier.stdlib_docstrings import write_jsonl
 from laptrain.families.lora.instructions import InstructionDataModule, render_prompt
 from laptrain.families.lora.prompt_rows import (
     PromptRow,
