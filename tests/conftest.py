@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,11 +113,20 @@ def _clear_hydra():
 
 @pytest.fixture(autouse=True)
 def _forget_user_packages():
-    """A test's ``user`` package (a project of its own in tmp_path) leaves this process with it:
-    the next test on this worker imports its own ``user`` from another folder."""
+    """A test's own modules (a ``user`` package, a ``mytask.py``: a project of its own in
+    tmp_path) leave this process with it: the next test on this worker imports its own from
+    another folder. A module is the test's when its file lies in the temporary folder, outside
+    this repository (a clone may itself sit in /tmp)."""
     yield
-    for name in [m for m in sys.modules if m == "user" or m.startswith("user.")]:
-        del sys.modules[name]
+    tmp, repo = tempfile.gettempdir(), str(ROOT)
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None) or ""
+        if (
+            name == "user"
+            or name.startswith("user.")
+            or (where.startswith(tmp) and not where.startswith(repo))
+        ):
+            del sys.modules[name]
 
 
 WORDS = {
