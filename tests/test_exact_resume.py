@@ -1,7 +1,8 @@
 """Stopped and rerun through `python train.py` == never stopped, bit for bit, with every default
 callback and validation on (the unit test in test_resume.py runs a bare Trainer). A run that a
-signal or a kill stops runs in a subprocess (the signal goes to the process); the straight runs
-and the reruns run in the test process (tests/in_process.py)."""
+kill stops runs in a subprocess; the others, a run that signals itself included (its handler is
+the run's, put back after it), run in the test process (tests/in_process.py). Signals sent from
+outside a real process: test_train_e2e.py."""
 
 from __future__ import annotations
 
@@ -33,13 +34,13 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def signalled(args: list[str]) -> bool:
-    """The run sends itself a signal (tests.signal_at's SignalAt, KillAt): a process of its own."""
-    return any(name in arg for arg in args for name in ("signal_at.SignalAt", "signal_at.KillAt"))
+def killed(args: list[str]) -> bool:
+    """The run SIGKILLs itself (tests.signal_at's KillAt): a process of its own."""
+    return any("signal_at.KillAt" in arg for arg in args)
 
 
 def run_ok(args: list[str], tmp_path: Path, code: int = 0) -> str:
-    run = run_train if signalled(args) else train_here
+    run = run_train if killed(args) else train_here
     done = run(args, tmp_path, env=HOOKS)
     assert done.returncode == code, (done.returncode, done.stderr[-3000:])
     return done.stdout

@@ -59,7 +59,7 @@ def test_sigterm_and_rerun_ends_equal_to_a_run_never_stopped(project, tmp_path, 
         "+callbacks.sig.step=13",  # in the second epoch, after a validation
         "+callbacks.sig.signum=SIGTERM",
     ]
-    cut = run_train([*args, "run_name=cut", *signal], tmp_path, env=lht_env(tmp_path))
+    cut = train([*args, "run_name=cut", *signal], tmp_path, monkeypatch)  # it signals itself
     assert cut.returncode == 143, cut.stderr[-3000:]
     assert last(tmp_path, "cut")["global_step"] == 13
     rerun = train([*args, "run_name=cut"], tmp_path, monkeypatch)

@@ -5,8 +5,6 @@ same as lm_eval's own CLI on the merged export; the MPS cross-check's decision; 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -41,7 +39,9 @@ def lora_run(tokenizer, base, tmp_path_factory):  # noqa: F811
     return run
 
 
-def test_tasks_json_matches_lm_eval_cli_on_the_merged_export(lora_run, tmp_path, capsys):
+def test_tasks_json_matches_lm_eval_cli_on_the_merged_export(
+    lora_run, tmp_path, capsys, monkeypatch
+):
     argv = ["eval", str(lora_run), "--tasks", "stdlib_mc", "--limit", "20", "--base", "--json"]
     assert main(argv) == 0
     scores = json.loads(capsys.readouterr().out)  # stdout is the JSON and nothing else
@@ -58,13 +58,17 @@ def test_tasks_json_matches_lm_eval_cli_on_the_merged_export(lora_run, tmp_path,
 
     assert main(["export", str(lora_run), "--out", str(tmp_path / "merged")]) == 0
     out = tmp_path / "lm_eval_out"
-    subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-         f"pretrained={tmp_path / 'merged'},dtype=float32", "--tasks", "stdlib_mc",
-         "--include_path", str(TASKS_DIR), "--limit", "20", "--device", "cpu",
-         "--output_path", str(out)],
-        check=True, capture_output=True, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    # `lm_eval ...`: its CLI's own entry, in this process (lm_eval is imported already)
+    from lm_eval.__main__ import cli_evaluate
+
+    monkeypatch.setattr(sys, "argv", [
+        "lm_eval", "--model", "hf", "--model_args",
+        f"pretrained={tmp_path / 'merged'},dtype=float32", "--tasks", "stdlib_mc",
+        "--include_path", str(TASKS_DIR), "--limit", "20", "--device", "cpu",
+        "--output_path", str(out)],
     )  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    cli_evaluate()
     [results] = out.rglob("results_*.json")
     theirs = json.loads(results.read_text())["results"]["stdlib_mc"]["acc,none"]
     assert abs(theirs - scores["stdlib_mc"]["adapter"]) <= 0.005

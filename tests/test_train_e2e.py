@@ -76,24 +76,33 @@ def test_run_writes_checkpoint_events_and_finite_metrics_then_resumes(tmp_path):
         pytest.param("test", marks=pytest.mark.slow),
     ],
 )
-def test_sigterm_in_any_stage_exits_143_with_the_hint_and_the_rerun_completes(tmp_path, stage):
+def test_sigterm_in_any_stage_exits_143_with_the_hint_and_the_rerun_completes(
+    tmp_path, stage, monkeypatch
+):
     """Outside training Lightning's own handler ends the stage with a SystemExit of code 0; the
-    run turns it into 143 and the resume hint, and the same command then finishes the run."""
+    run turns it into 143 and the resume hint, and the same command then finishes the run. Its
+    process also shows the profile's environment reaching torch, which reads it at import (an
+    exported value wins: test_checkpoint_on_request_and_a_first_ctrl_c_save_and_go_on...)."""
     args = [
         *BASE,
         *data_args(tmp_path),
         "trainer.max_steps=6",
         "trainer.val_check_interval=3",
         "trainer.num_sanity_val_steps=1",
+        "+hardware.env.OMP_NUM_THREADS=1",
     ]
     signal_in = [
         "+callbacks.signal._target_=tests.rank_record.SignalIn",
         f"+callbacks.signal.stage={stage}",
     ]
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
     stopped = run_train([*args, *signal_in], tmp_path)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert "SIGTERM: stopped" in stopped.stdout and "Resume with the same command" in stopped.stdout
     run = tmp_path / "outputs" / "t"
+    info = json.loads((run / "run_info.json").read_text())
+    assert info["torch_threads"] == 1 and info["env_applied"] == {"OMP_NUM_THREADS": "1"}
     assert not (run / "metrics.json").exists()
     rerun = train_here(args, tmp_path)  # the signal was the first run's: this one may stay here
     assert rerun.returncode == 0, rerun.stderr[-3000:]
@@ -125,7 +134,8 @@ def wait_for(what, deadline_s: float = 120) -> None:
 def test_checkpoint_on_request_and_a_first_ctrl_c_save_and_go_on_a_second_stops(tmp_path, capsys):
     """What a user does to a live run from another terminal and from its own: `laptrain
     checkpoint` and a first Ctrl-C each write last.ckpt and training goes on; a second Ctrl-C
-    within 5 s stops with exit 130 and the resume hint."""
+    within 5 s stops with exit 130 and the resume hint. The user's exported OMP_NUM_THREADS wins
+    over the profile's (the profile's alone: the SIGTERM test above)."""
     from laptrain.commands.cli import main as laptrain
 
     args = [
@@ -134,8 +144,9 @@ def test_checkpoint_on_request_and_a_first_ctrl_c_save_and_go_on_a_second_stops(
         "trainer.max_steps=100000",
         "trainer.max_epochs=1000",
         "test=false",
+        "+hardware.env.OMP_NUM_THREADS=1",
     ]
-    env = {**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "2"}
     log = tmp_path / "train.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -178,32 +189,7 @@ def test_checkpoint_on_request_and_a_first_ctrl_c_save_and_go_on_a_second_stops(
     assert laptrain(["checkpoint", "t", "--root", root]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "is not running" in err and "last.ckpt" in err
-
-
-def test_profile_env_reaches_torch_and_an_exported_value_wins(tmp_path):
-    args = [
-        *BASE,
-        *data_args(tmp_path),
-        "trainer.max_steps=1",
-        "test=false",
-        "+hardware.env.OMP_NUM_THREADS=1",
-    ]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    done = subprocess.run(
-        [sys.executable, str(TRAIN), *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**env, "LAPTRAIN_CACHE": str(tmp_path / "cache")},
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    info = json.loads((tmp_path / "outputs" / "t" / "run_info.json").read_text())
-    assert info["torch_threads"] == 1 and info["env_applied"] == {"OMP_NUM_THREADS": "1"}
-
-    kept = run_train([*args, "resume=false"], tmp_path, env={"OMP_NUM_THREADS": "2"})
-    assert kept.returncode == 0, kept.stderr[-3000:]
-    info = json.loads((tmp_path / "outputs" / "t-2" / "run_info.json").read_text())
+    info = json.loads((run / "run_info.json").read_text())
     assert info["torch_threads"] == 2 and info["env_kept"] == {"OMP_NUM_THREADS": "2"}
 
 
