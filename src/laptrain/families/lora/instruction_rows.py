@@ -230,14 +230,21 @@ def _too_long(messages: Messages) -> str | None:
     return None
 
 
-def bad_rows_error(bad: list[tuple[str, str]], total: int) -> DataError:
-    """One line: the first three bad rows as ``file:line (why)``, the count, and the fix."""
+def rows_error(need: str, bad: list[tuple[str, str]], total: int) -> DataError:
+    """One line: what the rows ``need``, the first three bad rows as ``file:line (why)``, the
+    count, and the fix."""
     named = ", ".join(f"{where} ({why})" for where, why in bad[:3])
     more = ", ..." if len(bad) > 3 else ""
-    return DataError(
+    return DataError(f"{need}: {named}{more} ({len(bad)} bad rows of {total}): fix or drop them")
+
+
+def bad_rows_error(bad: list[tuple[str, str]], total: int) -> DataError:
+    """:func:`rows_error` for instruction rows."""
+    return rows_error(
         "data rows need prompt+response (or completion) or messages with system/user/assistant "
-        f"roles and a response that fits data.max_length: {named}{more} "
-        f"({len(bad)} bad rows of {total}): fix or drop them"
+        "roles and a response that fits data.max_length",
+        bad,
+        total,
     )
 
 

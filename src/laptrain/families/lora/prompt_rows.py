@@ -22,6 +22,7 @@ from laptrain.families.lora.instruction_rows import (
     check_instructions,
     field_value,
     read_named_rows,
+    rows_error,
     to_messages,
 )
 
@@ -60,13 +61,12 @@ def row_prompt(row: Any, system_prompt: str | None = None) -> PromptRow | str:
 
 
 def bad_prompt_rows(bad: list[tuple[str, str]], total: int) -> DataError:
-    """One line: the first three bad rows as ``file:line (why)``, the count, and the fix."""
-    named = ", ".join(f"{where} ({why})" for where, why in bad[:3])
-    more = ", ..." if len(bad) > 3 else ""
-    return DataError(
+    """:func:`rows_error` for prompt rows."""
+    return rows_error(
         "prompt rows need a non-empty prompt (or messages ending with a user turn) that fits "
-        f"data.max_length - model.max_new_tokens, and the columns the rewards read: {named}{more} "
-        f"({len(bad)} bad rows of {total}): fix or drop them"
+        "data.max_length - model.max_new_tokens, and the columns the rewards read",
+        bad,
+        total,
     )
 
 
