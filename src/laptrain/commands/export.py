@@ -61,6 +61,17 @@ def _unknown(form: str, run: Path, target: str | None, formats: Collection[str])
     )
 
 
+def _refuse_other_formats_options(args: argparse.Namespace) -> None:
+    """A family's own option (LoRA's ``--fuse``) with a format that family does not serve is
+    refused, not silently ignored."""
+    for dest, (default, formats) in getattr(args, "format_options", {}).items():
+        if args.format not in formats and getattr(args, dest, default) != default:
+            option = "--" + dest.replace("_", "-")
+            raise ValueError(
+                f"{option} is for --format {', '.join(formats)}, not {args.format}: drop {option}"
+            )
+
+
 def export_command(args: argparse.Namespace) -> int:
     """Export the run in ``--format`` (default: its family's first format, else onnx)."""
     try:
@@ -70,6 +81,7 @@ def export_command(args: argparse.Namespace) -> int:
         args.format = args.format or next(iter(formats))
         if args.format not in formats:
             raise _unknown(args.format, args.path, target, formats)
+        _refuse_other_formats_options(args)
         return formats[args.format](args)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -104,8 +116,14 @@ def add_arguments(parser: argparse.ArgumentParser, families: list[Exports]) -> N
         help="onnx: int8 (default: float32); gguf: f16, q8_0 or q4_0 (default: f16); mlx with "
         "--fuse: 4bit or 8bit (default: the base's dtype)",
     )
+    options: dict[str, tuple[Any, list[str]]] = {}  # a family's option: its default, formats
     for family in families:
+        known = {action.dest for action in parser._actions}
         family.add_export_arguments(parser)
+        for action in parser._actions:
+            if action.dest not in known:
+                options[action.dest] = (action.default, list(family.FORMATS))
+    parser.set_defaults(format_options=options)
 
 
 def exporting_families() -> list[Exports]:
