@@ -303,14 +303,23 @@ class GRPOLoRAModule(CausalLMLoRAModule):
 
     # ----- checkpoints ------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Every rank's rollout buffer and use count: one ``all_gather_object`` per save under
+        several processes (saving is a collective), each rank restoring its own."""
         super().on_save_checkpoint(checkpoint)
         rollout = {k: v.cpu() for k, v in (self._rollout or {}).items()}
-        checkpoint[STATE_KEY] = {"rollout": rollout, "rollout_uses": self._rollout_uses}
+        own = {"rollout": rollout, "rollout_uses": self._rollout_uses}
+        ranks: list[Any] = [own]
+        if self.trainer.world_size > 1:
+            ranks = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(ranks, own)
+        checkpoint[STATE_KEY] = {"ranks": ranks}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get(STATE_KEY)
-        if saved is None:
+        ranks = checkpoint.get(STATE_KEY, {}).get("ranks")
+        if not ranks:
             return
+        # a run resumed on more processes than saved it: the extra ranks take rank 0's buffer
+        saved = ranks[self.global_rank] if self.global_rank < len(ranks) else ranks[0]
         self._rollout = saved["rollout"] or None
         self._rollout_uses = int(saved["rollout_uses"])
