@@ -154,7 +154,7 @@ def test_grpo_stopped_between_two_updates_of_a_rollout_resumes_bit_identical(tmp
     run_ok([*args, "run_name=stopped", *signal_at("SIGTERM", step=3)], tmp_path, 143)
     ckpt = tmp_path / "outputs" / "stopped" / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert saved["global_step"] == 3 and saved["laptrain_grpo"]["rollout_uses"] == 1
+    assert saved["global_step"] == 3 and saved["laptrain_grpo"]["ranks"][0]["rollout_uses"] == 1
     assert "global step 3," in run_ok([*args, "run_name=stopped"], tmp_path)
     assert_same_run(tmp_path, "straight", "stopped")
 

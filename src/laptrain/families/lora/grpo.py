@@ -3,7 +3,7 @@ computed on their own completions.
 
 Each training batch of prompts (``laptrain.families.lora.prompts``) is rolled out: every prompt
 gets ``num_generations`` completions sampled with the adapters on (``grpo_sampling``: KV cache,
-``temperature``, ``top_p``, ``max_new_tokens``, the module's own generator), scored by the
+``temperature``, ``top_p``, ``max_new_tokens``, a generator per prompt), scored by the
 reward functions (``grpo_rewards``), and the clipped policy-gradient step of ``grpo_loss`` is
 taken on the completion tokens with advantages normalised within each prompt's group. The
 reference (``beta`` > 0 only) is the base with the adapters switched off, as in DPO.
@@ -12,9 +12,15 @@ reference (``beta`` > 0 only) is the base with the adapters switched off, as in 
 automatic optimisation: the datamodule serves each batch ``num_iterations`` times in a row
 (``data.repeat``), the first serving samples and keeps the rollout with its old log-probabilities,
 the others reuse it. Gradient accumulation, clipping, schedulers, the OOM backoff and the stop
-callbacks then work as for any module; manual optimisation would have lost them. The buffer, its
-use count and the sampling generator's state are in every checkpoint, so a run stopped between
-policy updates resumes exactly.
+callbacks then work as for any module; manual optimisation would have lost them. The buffer and
+its use count are in every checkpoint, so a run stopped between policy updates resumes exactly.
+
+Several processes: each rank rolls out its own prompts (the datamodule's share of each global
+batch), a prompt's group stays on its rank, so the advantages are those of one process, and a
+prompt's completions depend only on (``sampling_seed``, epoch, its row in the split), so 2 ranks
+x B prompts sample what 1 process x 2B samples. The loss's divisor (completion tokens for
+``dapo``, completions otherwise) is the whole step's over the ranks
+(``CausalLMLoRAModule.on_before_optimizer_step``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from laptrain.families.lora.causal_lm import CausalLMLoRAModule, response_head
 from laptrain.families.lora.dpo import load_adapters
 from laptrain.families.lora.grpo_loss import LOSS_TYPES, group_advantages, loss_sum, token_terms
 from laptrain.families.lora.grpo_rewards import Reward, load_rewards, score
-from laptrain.families.lora.grpo_sampling import completion_logps, sample
+from laptrain.families.lora.grpo_sampling import completion_logps, prompt_generators, sample
 
 STATE_KEY = "laptrain_grpo"
 
@@ -70,7 +76,7 @@ class GRPOLoRAModule(CausalLMLoRAModule):
         scale_rewards: divide advantages by the group's std (TRL's ``scale_rewards="group"``);
             false: Dr. GRPO's unscaled advantages.
         num_iterations: policy updates per rollout (TRL: 1); ``data.repeat`` must equal it.
-        sampling_seed: seed of the sampling generator.
+        sampling_seed: with the epoch and a prompt's row, the seed of that prompt's sampling.
         init_adapters: a LoRA run or adapter folder to start from.
         Others as ``CausalLMLoRAModule``.
     """
@@ -104,7 +110,7 @@ class GRPOLoRAModule(CausalLMLoRAModule):
         self.epsilon, self.epsilon_high = float(epsilon), epsilon_high
         self.loss_type, self.scale_rewards = loss_type, bool(scale_rewards)
         self.num_iterations = int(num_iterations)
-        self.sampling = torch.Generator().manual_seed(int(sampling_seed))
+        self.sampling_seed = int(sampling_seed)
         self._rollout: dict[str, torch.Tensor] | None = None
         self._rollout_uses = 0
         self.val_reward, self.test_reward, self.test_reward_base = (MeanMetric() for _ in "abc")
@@ -116,15 +122,16 @@ class GRPOLoRAModule(CausalLMLoRAModule):
         return end_of_turn_ids(self.tokenizer)
 
     def _complete(
-        self, batch: dict[str, Any], copies: int, generator: torch.Generator | None
+        self, batch: dict[str, Any], copies: int, generators: list[torch.Generator] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``copies`` completions per prompt (greedy without ``generator``) and their total
-        rewards: ``(prompt_ids, prompt_mask, completion_ids, completion_mask, scores [N, R])``."""
+        """``copies`` completions per prompt (greedy without ``generators``, one per prompt) and
+        their total rewards: ``(prompt_ids, prompt_mask, completion_ids, completion_mask, scores
+        [N, R])``."""
         ids = batch["prompt_ids"].repeat_interleave(copies, 0)
         mask = batch["attention_mask"].repeat_interleave(copies, 0)
         pad = int(self.tokenizer.pad_token_id)
         done, done_mask = sample(
-            self.model, ids, mask, self.max_new_tokens, self._stop_ids(), pad, generator,
+            self.model, ids, mask, self.max_new_tokens, self._stop_ids(), pad, generators,
             self.temperature, self.top_p,
         )  # fmt: skip
         texts = self.tokenizer.batch_decode(done.masked_fill(done_mask == 0, pad).tolist(),
@@ -147,9 +154,8 @@ class GRPOLoRAModule(CausalLMLoRAModule):
 
     def roll_out(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Sample, score and keep what the policy updates of this batch need."""
-        ids, mask, done, done_mask, scores = self._complete(
-            batch, self.num_generations, self.sampling
-        )
+        generators = prompt_generators(self.sampling_seed, self.current_epoch, batch["rows"])
+        ids, mask, done, done_mask, scores = self._complete(batch, self.num_generations, generators)
         total = self._total(scores)
         rollout = {
             "prompt_ids": ids, "prompt_mask": mask, "completion_ids": done,
@@ -177,12 +183,12 @@ class GRPOLoRAModule(CausalLMLoRAModule):
     def preflight_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The step's memory: ``num_generations`` completions per prompt sampled with the KV cache
         to their full ``max_new_tokens`` (no stop token), the reference pass when ``beta`` > 0 and
-        the policy pass with its loss. Its own generator: the run's sampling state is untouched."""
+        the policy pass with its loss."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
         ids = batch["prompt_ids"].repeat_interleave(self.num_generations, 0)
         mask = batch["attention_mask"].repeat_interleave(self.num_generations, 0)
         done, done_mask = sample(
-            self.model, ids, mask, self.max_new_tokens, [-1], 0, torch.Generator().manual_seed(0),
+            self.model, ids, mask, self.max_new_tokens, [-1], 0, [torch.Generator().manual_seed(0)],
             self.temperature, self.top_p,
         )  # fmt: skip
         rollout = {"prompt_ids": ids, "prompt_mask": mask, "completion_ids": done,
@@ -297,19 +303,23 @@ class GRPOLoRAModule(CausalLMLoRAModule):
 
     # ----- checkpoints ------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Every rank's rollout buffer and use count: one ``all_gather_object`` per save under
+        several processes (saving is a collective), each rank restoring its own."""
         super().on_save_checkpoint(checkpoint)
         rollout = {k: v.cpu() for k, v in (self._rollout or {}).items()}
-        checkpoint[STATE_KEY] = {
-            "sampling": self.sampling.get_state(),
-            "rollout": rollout,
-            "rollout_uses": self._rollout_uses,
-        }
+        own = {"rollout": rollout, "rollout_uses": self._rollout_uses}
+        ranks: list[Any] = [own]
+        if self.trainer.world_size > 1:
+            ranks = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(ranks, own)
+        checkpoint[STATE_KEY] = {"ranks": ranks}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
-        saved = checkpoint.get(STATE_KEY)
-        if saved is None:
+        ranks = checkpoint.get(STATE_KEY, {}).get("ranks")
+        if not ranks:
             return
-        self.sampling.set_state(saved["sampling"])
+        # a run resumed on more processes than saved it: the extra ranks take rank 0's buffer
+        saved = ranks[self.global_rank] if self.global_rank < len(ranks) else ranks[0]
         self._rollout = saved["rollout"] or None
         self._rollout_uses = int(saved["rollout_uses"])

@@ -1,10 +1,13 @@
-"""Completions for GRPO: KV-cache sampling with a ``torch.Generator`` of the module's own, and the
+"""Completions for GRPO: KV-cache sampling with one ``torch.Generator`` per prompt, and the
 per-token log-probabilities of completions.
 
 transformers' ``generate`` draws from the global RNG (``torch.multinomial`` without a
 generator), so a resumed run could not replay its rollouts without replaying every other draw
-too. Here each token is drawn on the CPU from the module's generator (a few kilobytes per token
-moved; the same draws on every device), whose state goes into the checkpoint.
+too. Here each prompt's group draws its tokens on the CPU (a few kilobytes per token moved; the
+same draws on every device) from a generator of its own, seeded from the run's seed, the epoch
+and the prompt's row in its split (``prompt_generators``): a prompt's completions do not depend on
+the other prompts of its batch, the batch size or the number of processes, and a resumed run
+needs no generator state, only the prompt position the resumable loader restores.
 """
 
 from __future__ import annotations
@@ -27,12 +30,24 @@ def _cache_name(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
+def prompt_generators(seed: int, epoch: int, rows: list[int]) -> list[torch.Generator]:
+    """One generator per prompt, seeded from (``seed``, ``epoch``, the prompt's row in its split):
+    each prompt of an epoch draws its own stream, whichever batch or process it lands in."""
+    return [
+        torch.Generator().manual_seed(((seed * 1_000_003 + epoch) * 1_000_000_007 + row) % 2**63)
+        for row in rows
+    ]
+
+
 def _pick(
-    logits: torch.Tensor, generator: torch.Generator | None, temperature: float, top_p: float
-) -> torch.Tensor:
-    """The next token of each row: argmax without ``generator``, else drawn at ``temperature``
-    from the smallest set of tokens holding ``top_p`` of the probability."""
-    if generator is None:
+    logits: torch.Tensor, generators: list[torch.Generator] | None, temperature: float,
+    top_p: float,
+) -> torch.Tensor:  # fmt: skip
+    """The next token of each row: argmax without ``generators``, else drawn at ``temperature``
+    from the smallest set of tokens holding ``top_p`` of the probability, the rows cut into
+    ``len(generators)`` equal consecutive blocks (a prompt's group each), each block from its
+    own generator."""
+    if generators is None:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
     if top_p < 1.0:
@@ -40,7 +55,9 @@ def _pick(
         outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # the first token always stays
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+    blocks = probs.split(probs.shape[0] // len(generators))
+    drawn = [torch.multinomial(b, 1, generator=g) for b, g in zip(blocks, generators, strict=True)]
+    return torch.cat(drawn).squeeze(-1).to(logits.device)
 
 
 @torch.no_grad()
@@ -51,13 +68,14 @@ def sample(
     max_new_tokens: int,
     stop_ids: list[int],
     pad_id: int,
-    generator: torch.Generator | None = None,
+    generators: list[torch.Generator] | None = None,
     temperature: float = 1.0,
     top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(completion_ids, completion_mask)`` ``[B, T]`` for left-padded prompts, ``T <=
     max_new_tokens``; a completion ends with its first stop token (kept, as TRL keeps EOS), then
-    pads (mask 0). Greedy without ``generator``. Runs in eval mode (no dropout)."""
+    pads (mask 0). Greedy without ``generators``; with them, ``B`` rows in ``len(generators)``
+    consecutive blocks, each drawn from its generator. Runs in eval mode (no dropout)."""
     was_training = model.training
     model.eval()
     name = _cache_name(model)
@@ -73,7 +91,7 @@ def sample(
         done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
         tokens, live = [], []
         for _ in range(max_new_tokens):
-            token = _pick(out.logits[:, -1], generator, temperature, top_p)
+            token = _pick(out.logits[:, -1], generators, temperature, top_p)
             token = token.masked_fill(done, pad_id)
             tokens.append(token)
             live.append(~done)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from laptrain.data.sampler import LengthGroupedBatchSampler
 from laptrain.families.classifier.stdlib_docstrings import write_jsonl
@@ -84,10 +84,25 @@ def _prompt_features() -> Any:
     )  # fmt: skip
 
 
+class NumberedRows(Dataset):
+    """A split's rows, each with its position in the split (``row``): GRPO seeds the prompt's
+    sampling from it (``grpo_sampling.prompt_generators``)."""
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.rows[i], "row": i}
+
+
 @dataclass
 class PromptCollator:
     """``prompt_ids``/``attention_mask`` left-padded to one width (generation appends on the
-    right), ``prompts`` (texts) and ``columns`` (name -> list, one value per row)."""
+    right), ``prompts`` (texts), ``columns`` (name -> list, one value per row) and ``rows`` (their
+    positions in the split)."""
 
     pad_token_id: int
 
@@ -106,6 +121,7 @@ class PromptCollator:
             "attention_mask": mask,
             "prompts": [r["prompt"] for r in rows],
             "columns": {k: [v.get(k) for v in values] for k in names},
+            "rows": [r["row"] for r in rows],
         }
 
 
@@ -200,7 +216,7 @@ class PromptDataModule(InstructionDataModule):
         return real, padded
 
     def _grouped_loader(self, split: str, ds: Any, lengths: Any) -> DataLoader:
-        loader = super()._grouped_loader(split, ds, lengths)
+        loader = super()._grouped_loader(split, NumberedRows(ds), lengths)
         if split != "train" or self.repeat == 1:
             return loader
         workers: dict[str, Any] = {}
