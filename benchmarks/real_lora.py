@@ -250,8 +250,8 @@ def wrap(base: torch.nn.Module, lora: dict[str, Any]) -> torch.nn.Module:
 
 def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> torch.nn.Module:
     import lightning.pytorch as pl
-    from omegaconf import DictConfig
 
+    from laptrain.callbacks.acting import build_callbacks
     from laptrain.commands.bench import build_job, make_trainer
 
     class StepEnds(pl.Callback):
@@ -260,11 +260,8 @@ def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> torc
 
     job = build_job(job_overrides(args), folder, lambda _: None)
     note_config(window, job.cfg)
-    callbacks = [
-        instantiate_one(c)
-        for name, c in job.cfg.callbacks.items()
-        if isinstance(c, DictConfig) and "_target_" in c and name != "progress_bar"
-    ]
+    built = build_callbacks(job.cfg.get("callbacks"), job.model)  # as a run builds them
+    callbacks = [c for name, c in built.items() if name != "progress_bar"]
     # last: its batch-end time is taken after the other callbacks' (Lightning moves the
     # checkpoint callbacks behind it; at every_n_train_steps 250 they only check the step)
     trainer = make_trainer(
@@ -272,12 +269,6 @@ def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> torc
     )
     trainer.fit(job.model, datamodule=job.datamodule)
     return job.model.model
-
-
-def instantiate_one(node: Any) -> Any:
-    from hydra.utils import instantiate
-
-    return instantiate(node, _convert_="all")
 
 
 def note_config(window: Window, cfg: Any) -> None:

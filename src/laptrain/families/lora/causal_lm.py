@@ -165,6 +165,22 @@ def response_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mod
     return decoder, head
 
 
+def shared_prefix(batch: dict[str, torch.Tensor]) -> int:
+    """How many leading positions all rows share: the same tokens, none of them padding, none
+    predicting a token that carries a loss (the prompt's system turn, say); at least one position
+    is left. 0 for a single row and for packed rows (a 4D mask with position_ids)."""
+    ids, mask = batch["input_ids"], batch.get("attention_mask")
+    packed = batch.get("position_ids") is not None or (mask is not None and mask.dim() != 2)
+    if ids.shape[0] < 2 or packed:
+        return 0
+    shared = (ids == ids[:1]).all(0)
+    if mask is not None:
+        shared &= mask.bool().all(0)
+    shared[:-1] &= (batch["labels"][:, 1:] == IGNORE_INDEX).all(0)
+    shared[-1] = False
+    return int(shared.int().cumprod(0).sum())
+
+
 def response_tokens(batch: dict[str, torch.Tensor]) -> int:
     """Tokens the loss is taken over: labels other than -100, after the causal shift."""
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
@@ -418,8 +434,8 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
 
         Where the architecture allows (:func:`response_head`), the output head runs on the
         response positions only: prompt and pad positions never need logits, and the head of a
-        small model is a large share of its compute (SmolLM2-135M: 28 M of 134.5 M parameters).
-        Otherwise the model's own forward computes every position and only the response positions'
+        small model is a large share of its compute (SmolLM2-135M: 28 M of 134.5 M parameters),
+        and the rows' shared prefix runs once for the batch (:func:`shared_prefix`). Otherwise the model's own forward computes every position and only the response positions'
         logits are upcast: the full float32 logits of a 128k vocabulary would be the largest tensor
         of the step."""
         labels = batch["labels"][:, 1:]
@@ -432,15 +448,41 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
             picked = logits[:, :-1][keep].float()
         else:
             decoder, head = parts
-            hidden = decoder(
-                input_ids=batch["input_ids"],
-                attention_mask=self._mask(batch["input_ids"], batch.get("attention_mask")),
+            start = shared_prefix(batch) if self._may_share_prefix() else 0
+            hidden = self._hidden_states(decoder, batch, start)
+            picked = head(hidden[:, :-1][keep[:, start:]]).float()
+        loss = F.cross_entropy(picked, labels[keep], reduction="sum")
+        return loss, int(keep.sum())
+
+    def _may_share_prefix(self) -> bool:
+        """Whether a prefix run once computes what every row would: not with adapter dropout in
+        training (each row draws its own mask), gradient checkpointing (its layers drop the cache)
+        or FSDP units (one forward per unit and backward)."""
+        dropout = self.training and self.model.peft_config["default"].lora_dropout > 0
+        return not (dropout or self.gradient_checkpointing or holds_fsdp_units(self.model))
+
+    def _hidden_states(
+        self, decoder: torch.nn.Module, batch: dict[str, torch.Tensor], start: int
+    ) -> torch.Tensor:
+        """The decoder's last hidden states at positions ``start`` and after. The ``start``
+        positions every row shares run once, as a batch of one, and their keys and values are
+        repeated for every row (autograd sums the rows' gradients back into them): a chat
+        template's system turn is often a third of a short row."""
+        ids, mask = batch["input_ids"], self._mask(batch["input_ids"], batch.get("attention_mask"))
+        if start == 0:
+            return decoder(
+                input_ids=ids,
+                attention_mask=mask,
                 position_ids=batch.get("position_ids"),
                 use_cache=False,
             ).last_hidden_state
-            picked = head(hidden[:, :-1][keep]).float()
-        loss = F.cross_entropy(picked, labels[keep], reduction="sum")
-        return loss, int(keep.sum())
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=decoder.config)
+        # the cache is the fourth argument: named past_key_values, or cache from transformers 5.x
+        decoder(ids[:1, :start], None, None, cache, use_cache=True)
+        cache.batch_repeat_interleave(ids.shape[0])
+        return decoder(ids[:, start:], mask, None, cache, use_cache=True).last_hidden_state
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         tokens = response_tokens(batch)
