@@ -450,8 +450,8 @@ def _size_job(cfg: Any, model_cfg: Any, config: Any) -> _LoRAJob:
         make = policy_batch_maker(int(config.vocab_size), rollout)
         acts = measure_lora_activations(config, lora, make_batch=make, loss_fn=policy_loss(rollout))
     job = _LoRAJob(config, lora, counts, budget, seq_len, micro or 1, setting, dtype, why, kind,
-                   baseline, acts, int(config.vocab_size), rollout, micro is None)  # fmt: skip
-    return job if micro else replace(job, micro=_pick_micro(job))
+                   baseline, acts, int(config.vocab_size), rollout, bool(rollout) and micro is None)  # fmt: skip
+    return replace(job, micro=_pick_micro(job)) if job.auto else job  # GRPO's prompts only
 
 
 def _chosen_estimate(job: _LoRAJob) -> _Choice:
