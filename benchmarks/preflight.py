@@ -25,6 +25,12 @@ which); ``--set`` adds overrides to every case, ``--only`` keeps the cases whose
 contains a word:
 
     python benchmarks/preflight.py --real --only SmolLM2 --set hardware.malloc_keep_freed=false
+
+``--grpo``: ``laptrain preflight``'s estimate from the config alone (the rollout counted,
+families/lora/grpo_sizing.py) against the peak RSS of the same job's ``python train.py`` (3 steps,
+as ``--real``), for ``experiment=grpo_offline`` and ``experiment=grpo_smollm2`` on the bundled
+prompts. ``data.max_length`` is set to the set's longest prompt + ``model.max_new_tokens`` (what
+train.py's preflight prints as the longest example), so the config's worst case is the run's.
 """
 
 from __future__ import annotations
@@ -253,6 +259,48 @@ def real(args: argparse.Namespace) -> None:
         )
 
 
+# (name, overrides, longest prompt in tokens as train.py's preflight prints it, max_new_tokens)
+GRPO_JOBS = (
+    ("tiny Llama GRPO", ["experiment=grpo_offline"], 87, 8),
+    ("SmolLM2 GRPO", ["experiment=grpo_smollm2"], 79, 32),
+)
+
+
+def config_estimate(overrides: list[str]) -> float:
+    """``laptrain preflight --json``'s estimate in bytes, in a fresh process."""
+    command = [sys.executable, "-m", "laptrain.commands.cli", "preflight", *overrides, "--json"]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["estimate_gib"] * GiB
+
+
+def grpo(args: argparse.Namespace) -> None:
+    import torch
+
+    start = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, overrides, prompt, new) in enumerate(GRPO_JOBS):
+            job = [*overrides, f"data.max_length={prompt + new}", "hardware=cpu", *args.set]
+            estimate = config_estimate(job)
+            result = run_real(job, Path(tmp) / f"grpo{i}")
+            rows.append((name, prompt, new, estimate, result["measured"]))
+            print(name, estimate, json.dumps(result), file=sys.stderr)
+    print(
+        f"`laptrain preflight` (config only) ÷ peak RSS of `python train.py` (3 steps, "
+        f"hardware=cpu), {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, {time.time() - start:.0f} s\n"
+    )
+    print("| job | prompt + new tokens | estimate GiB | peak RSS GiB | ratio | 0.85-1.15 |")
+    print("|---|---|---|---|---|---|")
+    for name, prompt, new, estimate, measured in rows:
+        ratio = estimate / measured
+        met = "yes" if 0.85 <= ratio <= 1.15 else "NO"
+        print(
+            f"| {name} | {prompt} + {new} | {estimate / GiB:.2f} | {measured / GiB:.2f} | "
+            f"{ratio:.2f} | {met} |"
+        )
+
+
 def keep_freed(overrides: list[str]) -> str:
     """The cpu profile's ``malloc_keep_freed`` as these overrides leave it (for the header)."""
     from omegaconf import OmegaConf
@@ -269,14 +317,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"))
     parser.add_argument("--real", action="store_true", help="the real pretrained presets")
+    parser.add_argument("--grpo", action="store_true", help="GRPO's config-only estimate")
     parser.add_argument("--only", help="--real: the cases whose model or data contains this word")
     parser.add_argument(
         "--set", action="append", default=[], help="--real: a train.py override for every case"
     )
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.real:
-        real(args)
+    if args.real or args.grpo:
+        (grpo if args.grpo else real)(args)
         return
     if args.case:
         name, batch, seq_len, ckpt = args.case.split(",")

@@ -23,8 +23,23 @@ import torch
 from torch import nn
 
 from laptrain.config.batch_request import is_auto
+from laptrain.families.lora.grpo_sizing import (
+    Rollout,
+    kv_cache_bytes,
+    policy_batch_maker,
+    policy_loss,
+    reference_bytes,
+    rollout_of,
+    sampling_bytes,
+)
 from laptrain.model.gradient_checkpointing import switch_on
-from laptrain.preflight.activations import ActivationProfile, Quadratic, measure_activations
+from laptrain.preflight.activations import (
+    ActivationProfile,
+    LossFn,
+    MakeBatch,
+    Quadratic,
+    measure_activations,
+)
 from laptrain.preflight.estimate import DEVICE_ALLOCATOR_SLACK, Estimate, ModelMemory
 from laptrain.preflight.from_config import PreflightInputError
 
@@ -33,6 +48,14 @@ GB = 1e9
 MEASURED_LAYERS = 2
 MEASURED_SEQ = 32  # measured at 8, 16 and 24 tokens: the quadratic fit is exact in length
 SMALL_TENSOR = 1 << 22
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+MAX_AUTO_MICRO = 4096
+# GRPO on CPU, measured on SmolLM2 (32 sequences x 111 tokens): the policy forward and backward
+# raise the peak RSS 1.35 x the saved-tensor profile's activations + transient (the freed per-layer
+# temporaries, 22 MB each, stay resident under glibc); train.py's process holds 0.2 GiB more than
+# this one before its first step (Lightning, the data, the logger: 0.6 against 0.4 GiB).
+GRPO_CPU_STEP_RSS = 1.35
+TRAINING_PROCESS_RSS = 0.2 * GiB
 # meta-llama/Llama-3.2-3B-Instruct config.json fields that size it (3,212,749,824 parameters).
 LLAMA32_3B = {
     "vocab_size": 128256,
@@ -175,12 +198,17 @@ def _scaled(q: Quadratic, factor: float) -> Quadratic:
 
 
 def measure_lora_activations(
-    config: Any, lora: Mapping[str, Any], seq_len: int = MEASURED_SEQ
+    config: Any,
+    lora: Mapping[str, Any],
+    seq_len: int = MEASURED_SEQ,
+    make_batch: MakeBatch | None = None,
+    loss_fn: LossFn | None = None,
 ) -> ActivationProfile:
     """Saved-for-backward bytes of the full-depth model, from a 2-layer full-width copy on CPU.
 
     Measured with gradient checkpointing on (the profile answers both ways); the per-layer parts
     (the blocks' inputs, and the blocks' share of the total) are scaled from 2 layers to all.
+    ``make_batch``/``loss_fn``: another step than the causal-LM loss (GRPO's policy pass).
     """
     layers = int(config.num_hidden_layers)
     small = lora_model(config, lora, "cpu", layers=MEASURED_LAYERS)
@@ -192,7 +220,7 @@ def measure_lora_activations(
         base.enable_input_require_grads()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            profile = measure_activations(small, seq_len)
+            profile = measure_activations(small, seq_len, make_batch=make_batch, loss_fn=loss_fn)
     del small
     factor = layers / MEASURED_LAYERS
     in_blocks = Quadratic(
@@ -296,23 +324,34 @@ class _LoRAJob:
     baseline: float
     acts: ActivationProfile
     vocab: int
+    rollout: Rollout | None  # GRPO: seq_len is then the prompt's, micro the prompts per step
+    auto: bool = False  # hardware.batch_size=auto picked ``micro``
+
+    def estimate(self, checkpointed: bool, width: int, micro: int | None = None) -> Estimate:
+        """The step's peak at ``micro`` (the job's by default) with a base of ``width`` bytes; for
+        GRPO the largest of its sampling, reference and policy phases (``grpo_sizing``)."""
+        micro = self.micro if micro is None else micro
+        vocab = None if self.rollout else self.vocab  # GRPO's logits are in its measured profile
+        est = lora_estimate(self.counts, self.acts, self.seq_len, width, self.kind,
+                            self.rollout.sequences(micro) if self.rollout else micro,
+                            checkpointed, self.baseline, vocab)  # fmt: skip
+        if self.rollout is None:
+            return est
+        if self.kind == "cpu":
+            step = (est.activations + est.transient) * GRPO_CPU_STEP_RSS
+            est = replace(est, transient=step - est.activations,
+                          overhead=est.overhead + TRAINING_PROCESS_RSS)  # fmt: skip
+        rollout = max(
+            sampling_bytes(self.config, self.rollout, micro, self.seq_len, width),
+            reference_bytes(self.config, self.rollout, micro),
+        )
+        if rollout > est.activations + est.transient:
+            est = replace(est, activations=rollout, transient=0.0)
+        return est
 
     def estimates(self, checkpointed: bool) -> dict[str, Estimate]:
         """The step's peak with an fp32 and with a bf16 base."""
-        return {
-            name: lora_estimate(
-                self.counts,
-                self.acts,
-                self.seq_len,
-                width,
-                self.kind,
-                self.micro,
-                checkpointed,
-                self.baseline,
-                self.vocab,
-            )
-            for name, width in (("float32", 4), ("bfloat16", 2))
-        }
+        return {name: self.estimate(checkpointed, width) for name, width in DTYPE_BYTES.items()}
 
 
 @dataclass(frozen=True)
@@ -325,15 +364,61 @@ class _Choice:
     auto_note: str
 
 
-def _base_config(model_cfg: Mapping[str, Any]) -> Any:
-    """The base's transformers config; refuses a model built from ``tiny_base``."""
+class _Vocabulary:
+    """A tokenizer's size without the tokenizer: the offline BPE's ``data.vocab_size``."""
+
+    bos_token_id = eos_token_id = pad_token_id = None
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _base_config(model_cfg: Mapping[str, Any], data: Mapping[str, Any]) -> Any:
+    """The base's transformers config; for ``model.tiny_base`` the offline Llama's, over the
+    offline tokenizer's ``data.vocab_size``."""
     config = causal_lm_config(model_cfg)
-    if config is None:
-        raise PreflightInputError(
-            "this model builds a tiny base from model.tiny_base (a few MB): nothing to estimate "
-            "before a download; train.py's preflight measures it"
-        )
-    return config
+    if config is not None:
+        return config
+    from laptrain.families.lora.tiny_llama import tiny_llama_config
+
+    arch = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+    tiny = model_cfg.get("tiny_base") or {}
+    return tiny_llama_config(
+        _Vocabulary(int(data.get("vocab_size") or 2048)),
+        **{k: int(tiny[k]) for k in arch if k in tiny},
+    )
+
+
+def _asked_micro(data: Mapping[str, Any], hw: Mapping[str, Any]) -> int | None:
+    """The micro batch the config asks for (prompts per step for GRPO): ``data.batch_size`` when
+    it is a number, else the profile's; None for ``hardware.batch_size=auto``."""
+    for value in (data.get("batch_size"), hw.get("batch_size")):
+        if isinstance(value, int):
+            return value
+        if is_auto(value):
+            return None
+    return 1
+
+
+def _pick_micro(job: _LoRAJob) -> int:
+    """``hardware.batch_size=auto``: the largest micro batch whose estimate fits the budget (at
+    least 1), with checkpointing as configured (off for ``auto``) and the configured base dtype."""
+    checkpointed = False if is_auto(job.setting) else bool(job.setting)
+    width = DTYPE_BYTES.get(job.dtype, 4)
+
+    def fits(micro: int) -> bool:
+        return job.estimate(checkpointed, width, micro).total <= job.budget.bytes
+
+    low, high = 1, 2
+    while fits(high) and high < MAX_AUTO_MICRO:
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def _size_job(cfg: Any, model_cfg: Any, config: Any) -> _LoRAJob:
@@ -349,8 +434,8 @@ def _size_job(cfg: Any, model_cfg: Any, config: Any) -> _LoRAJob:
     counts = count_lora(config, lora)
     data = cfg.get("data") or {}
     seq_len = int(data.get("max_length") or 512)
-    batch = hw.get("batch_size")
-    micro = int(batch) if isinstance(batch, int) else 1
+    rollout = rollout_of(model_cfg)
+    micro = _asked_micro(data, hw)
     setting = model_cfg.get("gradient_checkpointing", False)
     dtype = str(model_cfg.get("base_dtype", "float32"))
     why = ""
@@ -358,22 +443,15 @@ def _size_job(cfg: Any, model_cfg: Any, config: Any) -> _LoRAJob:
         dtype, why = choose_base_dtype(counts.base, budget.bytes, budget.bf16)
     kind = str(hw.get("accelerator", "cpu"))
     baseline = float(psutil.Process().memory_info().rss) if kind == "cpu" else 0.0
-    acts = measure_lora_activations(config, lora)
-    return _LoRAJob(
-        config,
-        lora,
-        counts,
-        budget,
-        seq_len,
-        micro,
-        setting,
-        dtype,
-        why,
-        kind,
-        baseline,
-        acts,
-        int(config.vocab_size),
-    )
+    if rollout is None:
+        acts = measure_lora_activations(config, lora)
+    else:  # the longest prompt leaves max_new_tokens of data.max_length (prompt_rows refuses more)
+        seq_len = max(1, seq_len - rollout.max_new_tokens)
+        make = policy_batch_maker(int(config.vocab_size), rollout)
+        acts = measure_lora_activations(config, lora, make_batch=make, loss_fn=policy_loss(rollout))
+    job = _LoRAJob(config, lora, counts, budget, seq_len, micro or 1, setting, dtype, why, kind,
+                   baseline, acts, int(config.vocab_size), rollout, bool(rollout) and micro is None)  # fmt: skip
+    return replace(job, micro=_pick_micro(job)) if job.auto else job  # GRPO's prompts only
 
 
 def _chosen_estimate(job: _LoRAJob) -> _Choice:
@@ -404,6 +482,9 @@ def _job_lines(cfg: Any, model_cfg: Any, job: _LoRAJob, choice: _Choice) -> list
     micro, seq_len, vocab = job.micro, job.seq_len, job.vocab
     source = model_cfg.get("pretrained")
     pretrained = describe_source(source) if source else "backbone"
+    if not source and model_cfg.get("tiny_base"):
+        pretrained = "model.tiny_base (the offline Llama)"
+    picked = " (hardware.batch_size=auto: the largest that fits)" if job.auto else ""
     return [
         f"model: {pretrained} ({type(config).__name__}, {config.num_hidden_layers} layers x "
         f"{config.hidden_size}, vocab {vocab}); counted on the meta device, no weights loaded",
@@ -411,11 +492,32 @@ def _job_lines(cfg: Any, model_cfg: Any, job: _LoRAJob, choice: _Choice) -> list
         f"(LoRA r {lora.get('r', 8)}, targets {_targets(lora)})",
         f"base weights: fp32 {_gib(counts.base * 4)} / bf16 {_gib(counts.base * 2)}",
         f"base dtype: {job.dtype}" + (f" ({job.why})" if job.why else " (model.base_dtype)"),
-        f"job: micro batch {micro} x {seq_len} tokens (data={cfg.hydra.runtime.choices.get('data')}"
+        *(_rollout_lines(job, picked) if job.rollout else []),
+        f"job: micro batch {micro}{'' if job.rollout else picked} x {seq_len} tokens (data={cfg.hydra.runtime.choices.get('data')}"
         f" max_length), gradient checkpointing {'on' if choice.checkpointing else 'off'}"
         f"{choice.auto_note}, {job.kind} "
         f"calibration; logits B·S·V = {micro}·{seq_len}·{vocab}: "
         f"{logits_bytes(micro, seq_len, vocab) / GiB:.2f} GiB fp32",
+    ]
+
+
+def _rollout_lines(job: _LoRAJob, picked: str) -> list[str]:
+    """GRPO: the group and what its sampling and reference phases hold (``grpo_sizing``)."""
+    rollout, prompts, prompt_len, config = job.rollout, job.micro, job.seq_len, job.config
+    width = DTYPE_BYTES.get(job.dtype, 4)
+    n, total = rollout.sequences(prompts), prompt_len + rollout.max_new_tokens
+    cache = kv_cache_bytes(config, n, total, width)
+    logits = sampling_bytes(config, rollout, prompts, prompt_len, width) - cache
+    reference = reference_bytes(config, rollout, prompts)
+    return [
+        f"GRPO: {prompts} prompts per step{picked} x {rollout.generations} completions = {n} "
+        f"sequences of {prompt_len} prompt (data.max_length - model.max_new_tokens) + "
+        f"{rollout.max_new_tokens} new tokens",
+        f"rollout: KV cache {cache / GiB:.2f} GiB + prompt logits {logits / GiB:.2f} GiB "
+        f"(sampling, no grad); reference pass {reference / GiB:.2f} GiB"
+        f"{'' if rollout.beta else ' (model.beta=0: none)'}; the policy pass below is the "
+        f"measured GRPO loss over the {n} sequences (head on the {rollout.max_new_tokens} "
+        f"completion positions)",
     ]
 
 
@@ -439,7 +541,7 @@ def report(cfg: Any, model_cfg: Mapping[str, Any]) -> tuple[list[str], bool]:
     """The lines ``laptrain preflight`` prints for a LoRA job, and whether it fits (the family's
     ``sizing`` hook): ``cfg`` composed as train.py would, ``model_cfg`` its model config
     unresolved. Raises ``PreflightInputError``/``OSError`` with one line."""
-    config = _base_config(model_cfg)
+    config = _base_config(model_cfg, cfg.get("data") or {})
     job = _size_job(cfg, model_cfg, config)
     choice = _chosen_estimate(job)
     budget, chosen = job.budget, choice.chosen

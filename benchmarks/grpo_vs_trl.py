@@ -1,0 +1,225 @@
+"""GRPO on the CPU: laptrain against TRL 1.16's GRPOTrainer + peft, in completion tokens/s and
+optimizer steps/s.
+
+    python benchmarks/grpo_vs_trl.py                          # experiment=grpo_smollm2
+    python benchmarks/grpo_vs_trl.py --repeats 2 --steps 4
+    python benchmarks/grpo_vs_trl.py --smoke                  # tiny offline Llama (tests)
+
+Both arms train the job of ``python train.py experiment=grpo_smollm2 hardware=cpu`` (``--smoke``:
+``experiment=grpo_offline`` cut small): the same base in float32, the same LoRA (peft
+``LoraConfig`` with the preset's rank, alpha, dropout and target modules), ``num_generations``,
+prompts per step (``data.batch_size``), ``max_new_tokens`` (TRL's ``max_completion_length``),
+temperature, top-p, ``loss_type``, ``beta``, ``epsilon``, learning rate, no gradient clipping, the
+same prompts (laptrain's train split, its rendered prompt ids decoded to text) and the same reward
+functions (the preset's, called per completion batch). No vLLM. Both stop a completion at the
+chat template's end of turn, so only generated tokens are counted (non-pad ``completion_mask``
+here, TRL's ``completion_ids``). Each arm runs in a fresh process, ``--repeats`` rounds with the
+order rotated; the first ``--warmup`` steps are not timed; the table gives medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = ("laptrain", "trl")
+GOAL = 1.1  # laptrain / TRL (issue 51 item 8)
+JOB = ["experiment=grpo_smollm2", "hardware=cpu"]
+SMOKE = [
+    "experiment=grpo_offline",
+    "hardware=cpu",
+    "model.tiny_base.hidden_size=32",
+    "model.tiny_base.intermediate_size=64",
+    "model.tiny_base.num_layers=1",
+    "model.tiny_base.steps=4",
+    "model.lora.r=4",
+    "model.num_generations=4",
+    "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
+    "data.vocab_size=512",
+    "data.batch_size=2",
+]
+
+
+def overrides(args: argparse.Namespace) -> list[str]:
+    return [*(SMOKE if args.smoke else JOB), "model.gradient_checkpointing=false", *args.set]
+
+
+def run_laptrain(args: argparse.Namespace, folder: Path) -> tuple[list[float], list[int]]:
+    import lightning.pytorch as pl
+
+    from laptrain.commands.bench import build_job, make_trainer
+
+    ends, tokens = [], []
+
+    class StepEnds(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            ends.append(time.perf_counter())
+            tokens.append(int(pl_module._rollout["completion_mask"].sum()))
+
+    job = build_job(overrides(args), folder, lambda _: None)
+    trainer = make_trainer(job, args.warmup + args.steps, [StepEnds()], num_sanity_val_steps=0)
+    trainer.fit(job.model, datamodule=job.datamodule)
+    return ends, tokens
+
+
+def run_trl(args: argparse.Namespace, folder: Path) -> tuple[list[float], list[int]]:
+    import datasets
+    import lightning.pytorch as pl
+    import torch
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from laptrain.commands.bench import compose_job
+    from laptrain.families.lora.causal_lm import load_base
+    from laptrain.families.lora.grpo_rewards import load_rewards
+
+    datasets.disable_progress_bars()
+    cfg, _ = compose_job(overrides(args), folder, lambda _: None)
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    data = instantiate(cfg.data, _convert_="all")
+    data.prepare_data()
+    data.setup("fit")
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    pretrained = model.get("pretrained")
+    if not pretrained and model.get("tiny_base"):
+        from laptrain.families.lora.tiny_llama import tiny_llama
+
+        pretrained = str(tiny_llama(data.tokenizer, **model["tiny_base"]))
+    base = load_base(pretrained, None, torch.float32)
+    train = data.splits["train"]
+    tokenizer = data.tokenizer
+    columns = [json.loads(c) for c in train["columns"]]
+    rows = {"prompt": tokenizer.batch_decode(train["prompt_ids"])}
+    for name in columns[0]:
+        rows[name] = [c[name] for c in columns]
+    tokens: list[int] = []
+    rewards = load_rewards(list(model["rewards"]), model.get("reward_weights"))
+
+    def reward(i: int):
+        def call(prompts, completions, completion_ids=None, **kwargs):
+            if i == 0:
+                tokens.append(sum(len(c) for c in completion_ids))
+            kept = {k: v for k, v in kwargs.items() if k in columns[0]}
+            return rewards[i].fn(prompts, completions, **kept)
+
+        call.__name__ = f"reward_{i}"
+        return call
+
+    lora = model["lora"]
+    peft_config = LoraConfig(
+        r=int(lora["r"]), lora_alpha=int(lora["alpha"]), lora_dropout=float(lora["dropout"]),
+        target_modules=lora["target_modules"], bias="none", task_type="CAUSAL_LM",
+    )  # fmt: skip
+    prompts, group = int(data.batch_size), int(model["num_generations"])
+    config = GRPOConfig(
+        output_dir=str(folder / "trl"), per_device_train_batch_size=prompts * group,
+        num_generations=group, max_completion_length=int(model["max_new_tokens"]),
+        temperature=float(model["temperature"]), top_p=float(model["top_p"]),
+        loss_type=model["loss_type"], beta=float(model["beta"]), epsilon=float(model["epsilon"]),
+        learning_rate=float(model["optimizer"]["lr"]), weight_decay=0.0, max_grad_norm=0.0,
+        lr_scheduler_type="cosine", warmup_ratio=float(model.get("warmup_ratio", 0.0)),
+        max_steps=args.warmup + args.steps, num_iterations=int(model["num_iterations"]),
+        reward_weights=[r.weight for r in rewards], optim="adamw_torch", bf16=False,
+        use_cpu=True, report_to=[], logging_steps=1, disable_tqdm=True, save_strategy="no",
+        seed=int(cfg.seed), gradient_checkpointing=False,
+    )  # fmt: skip
+    ends: list[float] = []
+
+    class StepEnds(TrainerCallback):
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            ends.append(time.perf_counter())
+
+    trainer = GRPOTrainer(
+        model=base, reward_funcs=[reward(i) for i in range(len(rewards))],
+        args=config, train_dataset=datasets.Dataset.from_dict(rows),
+        processing_class=tokenizer, peft_config=peft_config, callbacks=[StepEnds()],
+    )  # fmt: skip
+    trainer.train()
+    return ends, tokens
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = run_laptrain if args.child == "laptrain" else run_trl
+        ends, tokens = run(args, Path(tmp))
+    timed, counted = ends[args.warmup :], tokens[args.warmup + 1 : len(ends)]
+    wall = timed[-1] - timed[0]
+    steps = len(timed) - 1
+    print(
+        json.dumps(
+            {
+                "steps_per_s": steps / wall,
+                "tokens_per_s": sum(counted) / wall,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
+
+
+def run_arm(args: argparse.Namespace, arm: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", arm, "--steps", str(args.steps)]
+    command += ["--warmup", str(args.warmup), *(["--smoke"] if args.smoke else [])]
+    command += [f"--set={s}" for s in args.set]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{arm} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def benchmark(args: argparse.Namespace) -> None:
+    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+    start = time.time()
+    for round_ in range(args.repeats):
+        order = ARMS[round_ % 2 :] + ARMS[: round_ % 2]
+        for arm in order:
+            results[arm].append(run_arm(args, arm))
+            print(arm, json.dumps(results[arm][-1]), file=sys.stderr)
+    from laptrain.commands.bench import machine_line
+
+    print(machine_line())
+    print(
+        f"`python benchmarks/grpo_vs_trl.py{' --smoke' if args.smoke else ''} --repeats "
+        f"{args.repeats} --steps {args.steps}` ({' '.join(overrides(args))}), "
+        f"{time.time() - start:.0f} s, medians\n"
+    )
+    med = {a: {k: statistics.median(r[k] for r in results[a]) for k in results[a][0]} for a in ARMS}
+    print("| arm | completion tokens/s | optimizer steps/s |")
+    print("|---|---|---|")
+    print(
+        f"| laptrain | {med['laptrain']['tokens_per_s']:.1f} | {med['laptrain']['steps_per_s']:.3f} |"
+    )
+    print(
+        f"| TRL GRPOTrainer + peft | {med['trl']['tokens_per_s']:.1f} | {med['trl']['steps_per_s']:.3f} |"
+    )
+    tokens = med["laptrain"]["tokens_per_s"] / med["trl"]["tokens_per_s"]
+    steps = med["laptrain"]["steps_per_s"] / med["trl"]["steps_per_s"]
+    print(f"| laptrain / TRL | {tokens:.2f}x | {steps:.2f}x (goal >= {GOAL}x) |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=4, help="timed optimizer steps per arm")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="the tiny offline Llama, seconds")
+    parser.add_argument("--set", action="append", default=[], help="an override for both arms")
+    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    (child if args.child else benchmark)(args)
+
+
+if __name__ == "__main__":
+    main()
