@@ -1,15 +1,10 @@
 """What a user does to a running job: Ctrl-C, SIGTERM, "checkpoint now"; nothing is lost.
 
-Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is and exits 1; SIGTERM exits 0
-with no ``last.ckpt`` between two save points; nothing saves on request (docs/lightning.md,
-"Interrupts and exit codes", and docs/cli.md for what the user sees). Here the first Ctrl-C saves
-at the next exact-resume boundary and asks "Stop now?"; a stop (SIGTERM, a second Ctrl-C) saves
-there and exits 130 / 143; ``laptrain checkpoint`` saves and goes on; fit's end always leaves
-``last.ckpt``. submitit's time-limit signal stops as SIGTERM does, then
-:func:`hand_over_to_submitit` passes it to submitit's handler, which requeues from rank 0
-(docs/sweeps.md, "SLURM through submitit"): alone, that handler exits mid-step with no
-``last.ckpt`` and leaves the other ranks in their next collective. With several processes the
-signals any rank has travel in one all-reduce at every batch end, so every rank acts at one step.
+Lightning turns Ctrl-C into a KeyboardInterrupt mid-step and SIGTERM into an exit with no
+``last.ckpt`` (docs/lightning.md, "Interrupts and exit codes"; docs/cli.md for what the user
+sees). Here a stop saves at the next exact-resume boundary and exits 130 / 143; submitit's
+time-limit signal stops so, then :func:`hand_over_to_submitit` requeues (docs/sweeps.md). Every
+rank acts at one step: the signals travel in one all-reduce per batch end.
 """
 
 from __future__ import annotations

@@ -4,11 +4,8 @@ exported from the run's best checkpoint with its ``example_input_array``, or one
 datamodule; a family may export its own way (the classifier: tokenizer and labels beside the
 model) through :func:`write_onnx`.
 
-The exporter is torch.export's (``torch.onnx.export(dynamo=True)`` with ``dynamic_shapes``), not
-the TorchScript tracer (``dynamo=False`` with ``dynamic_axes``): the tracer recorded the tiny BERT
-classifier's attention-mask shapes at the traced batch and length, and at other sizes its logits
-were off by up to 1e-2; torch.export keeps both sizes symbolic (max |Δ logit| 7e-9 at batch 1 and
-5, torch 2.13).
+torch.export's exporter (``dynamo=True``), not the TorchScript tracer, which fixed the tiny BERT's
+mask shapes at the traced size (logits off by up to 1e-2 at other sizes; torch.export: 7e-9).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """DataLoader workers that leave Ctrl-C and SIGTERM to the main process.
 
-Ctrl-C reaches the whole foreground process group (and ``scancel`` every process of a job): a
-worker with Python's default handlers dies at once, while the main process is finishing the batch
-to save, whose next fetch then fails with "DataLoader worker (pid N) exited unexpectedly". Neither
-torch (``_worker_loop``) nor Lightning (``pl_worker_init_function`` only seeds) changes that, so
-each worker ignores both signals; the main process still ends its workers
-(``_shutdown_workers``), and an orphan exits through torch's ``ManagerWatchdog``. A spawned worker
-imports torch before ``worker_init_fn`` runs, so :func:`worker_context` blocks both signals while
-it starts one (the mask survives ``execve``) and :class:`WorkerInit` unblocks them once ignored.
+Ctrl-C reaches the whole process group: a worker that died of it fails the main process's save
+("DataLoader worker (pid N) exited unexpectedly"); torch's ``_worker_loop`` and Lightning's
+``pl_worker_init_function`` leave the handlers. The main process still ends its workers
+(``_shutdown_workers``). A spawned worker imports torch first, so :func:`worker_context` blocks
+the signals while it starts (the mask survives ``execve``) and :class:`WorkerInit` unblocks them.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Back-propagate a batch in chunks, so that an out-of-memory error is retried, not fatal.
 
-A callback cannot catch an exception raised inside ``training_step``, and Lightning's automatic
-optimization back-propagates the loss in one piece. So the module does the backward itself: the
-batch becomes a queue of index ranges, each forwarded and back-propagated with weight
-``len(range) / len(batch) / accumulate_grad_batches`` through ``trainer.strategy.backward`` (the
-GradScaler applies), and an OOM splits the failing range in two. Each range's gradients go into
-fresh buffers added to those held, so an OOM mid-backward leaves no partial gradient (the price:
-one extra set of gradient buffers). The micro-batch size and policy live in ``OOMBackoff``.
-
-Usage: ``class MyModule(ChunkedBackward, LightningModule)`` and in ``training_step``
-``loss = self.chunked_backward(batch, self.loss_of)`` (``loss_of(chunk)`` -> mean loss).
+A callback cannot catch an exception inside ``training_step``, so the module back-propagates
+itself: index ranges of the batch, each weighted ``len(range) / len(batch) /
+accumulate_grad_batches`` through ``trainer.strategy.backward`` (the GradScaler applies); an OOM
+splits the failing range, whose gradients went into fresh buffers (no partial gradient is kept).
+Usage: ``class MyModule(ChunkedBackward, LightningModule)``, then in ``training_step``
+``loss = self.chunked_backward(batch, self.loss_of)``; the policy lives in ``OOMBackoff``.
 """
 
 from __future__ import annotations

