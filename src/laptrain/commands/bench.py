@@ -1,11 +1,9 @@
 """``laptrain bench [overrides...]``: time N training steps of the job ``train.py`` would run
 (docs/cli.md).
 
-The job is composed, checked and built as ``train.py`` does, written to a temporary folder removed
-at the end, without validation or test. A :class:`StepClock` times every batch: samples/s,
-tokens/s, step-time percentiles, the share spent waiting for data, peak memory, CPU use, padding
-and one line of advice per bottleneck, which Lightning's profilers do not give. ``--compare
-key=a,b`` alternates the two settings (A B A B ...) so a busy machine slows both alike.
+Built as ``train.py`` builds it, in a temporary folder, without validation; Lightning's profilers
+give no samples/s, data-wait share or advice. ``--compare key=a,b`` alternates the two settings
+(A B A B ...) so a busy machine slows both alike.
 """
 
 from __future__ import annotations

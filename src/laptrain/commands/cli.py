@@ -1,11 +1,7 @@
 """The ``laptrain`` console script; docs/cli.md has every command, its output and exit codes.
 
-Each subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser``
-declares their arguments (tests/test_cli.py keeps the two in step). A family's own commands come
-from its ``commands`` hook (laptrain.family), parsers and functions both. Shared by all: a run is
-named as ``laptrain runs`` prints it or by its folder (:func:`laptrain.run_folder.listing.
-resolve_run`); options and overrides mix in any order (:class:`Parser`); every help shows its
-default (:class:`HelpFormatter`); one exit code per outcome (:mod:`laptrain.exit_codes`).
+Each subcommand is one function of the parsed arguments (``COMMANDS``), its arguments declared in
+``PARSERS``; a family's own come from its ``commands`` hook (laptrain.family).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """``laptrain new NAME``: a working model and data of your own, ready to edit (docs/your_model.md).
 
-Writes ``user/NAME/{model,data,test_NAME}.py`` (a plain LightningModule and a
-lightning-hydra-template style LightningDataModule) and ``conf/{model,data}/NAME.yaml``, so
-``python train.py model=NAME data=NAME`` trains at once: ``train.py``'s folder is on ``sys.path``.
-The files come from templates (``laptrain/templates/new/``) with ``{{name}}`` and ``{{cls}}`` filled
-by string replacement: cookiecutter or copier would be a dependency and a second templating syntax
-beside Hydra's, for six files without choices. Bad input is one line and exit 2 with nothing
-written; a write that fails part-way removes what it wrote.
+The files come from ``laptrain/templates/new/`` with ``{{name}}`` and ``{{cls}}`` replaced:
+cookiecutter or copier would be a dependency and a second templating syntax for six files without
+choices. A write that fails part-way removes what it wrote.
 """
 
 from __future__ import annotations

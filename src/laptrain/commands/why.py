@@ -1,18 +1,11 @@
 """``laptrain why <run>``: what happened in a run and what to change, read from the run's own
 records.
 
-The records (any one is enough): the TensorBoard event files under ``<run>/tensorboard/`` (read with
-tensorboard's ``EventAccumulator``, as TensorBoard does; ``<run>/csv/metrics.csv`` under
-``logger=csv``), ``report.json`` (``RunReport``: status, step, precision, monitored metric, the NaN
-guard's ``nonfinite`` and the OOM backoff's ``oom`` sections; its plot points give
-``samples_per_s``, logged nowhere else, and stand in for curves the event files lack), and for the
-precision ``run_info.json`` then ``.hydra/config.yaml``. Steps are as each record numbers them:
-Lightning logs ``train/*``, ``val/*`` and ``lr-*`` at ``trainer.global_step - 1``, the guards and
-the report at ``global_step``.
-
-:func:`diagnose` is a pure function of the series (``{name: [(step, value), ...]}``) and the report;
-each rule gives at most one :class:`Finding` naming the step and value it rests on. The rules and
-their thresholds (the constants below) are listed in docs/cli.md (``laptrain why``).
+The records (any one is enough): the TensorBoard event files (tensorboard's ``EventAccumulator``)
+or ``csv/metrics.csv``, ``report.json``, and ``run_info.json`` / ``.hydra/config.yaml``. Lightning
+logs ``train/*``, ``val/*`` and ``lr-*`` at ``trainer.global_step - 1``, the guards and the report
+at ``global_step``. :func:`diagnose` is a pure function of the series and the report; each rule
+gives at most one :class:`Finding` (the rules and thresholds: docs/cli.md, ``laptrain why``).
 """
 
 from __future__ import annotations

@@ -41,13 +41,9 @@ def assign_splits(
 ) -> list[str]:
     """The split name of every row (``"train"`` unless ``fractions`` claims it).
 
-    Each label's groups (rows sharing a group key) are visited in a seeded order and given to the
-    split furthest below its share of that label's rows. A group much larger than what a split still
-    misses stays in train, so one big group (a 200-docstring module) cannot fill a small split.
-
-    With ``folds``, ``fractions`` other than ``"val"`` are split off first (the test split, the same
-    for every fold), the rest is divided into folds (:func:`assign_folds`) and fold ``fold`` is
-    ``"val"``.
+    Each label's groups go, in a seeded order, to the split furthest below its share; a group much
+    larger than a split still misses stays in train. With ``folds``, the other splits go first and
+    fold ``fold`` of the rest (:func:`assign_folds`) is ``"val"``.
     """
     if folds is not None:
         held = {s: f for s, f in fractions.items() if s != "val"}

@@ -1,10 +1,7 @@
 """How many bytes of activations a model keeps for backward, per sample, as a function of length.
 
-Formulas per architecture would miss what an attention kernel or loss saves, so a few forward
-passes at batch 1 and 2 and short lengths are measured under ``saved_tensors_hooks``, summing the
-distinct storages autograd keeps (docs/hardware.md §9); ``fixed + batch * (c + a*s + b*s^2)`` fits
-three lengths exactly and extrapolates. Repeated blocks are measured one by one, so the cost with
-gradient checkpointing follows from the same passes.
+Formulas per architecture miss what a kernel or loss saves, so short passes are measured under
+``saved_tensors_hooks`` (docs/hardware.md §9) and ``fixed + batch * (c + a*s + b*s^2)`` fitted.
 """
 
 from __future__ import annotations

@@ -33,14 +33,9 @@ def holds_run(folder: Path) -> bool:
 def _held_by_another_launch(folder: Path) -> bool:
     """Locked by a live process that is not rank 0 of this very launch.
 
-    torchrun and srun start every rank at once and each resolves the run folder itself (Hydra
-    does, before any process group exists). Rank 0 takes the folder's lock as soon as it has
-    chosen (laptrain.launch.prepare), so a rank that chose a moment later found the lock, took the
-    folder for another run's and went on to ``<run>-N+1``: its logs and Hydra files in one folder,
-    rank 0's checkpoints in another. The lock's holder record names its launch
-    (:func:`laptrain.run_folder.lock.launch_of`), the same for every rank of one torchrun or srun
-    launch, so such a lock is this run's own. No rank can have written a checkpoint or a curve yet:
-    that takes the process group, which waits for every rank."""
+    torchrun and srun ranks each resolve the run folder (Hydra, before any process group): a rank
+    finding rank 0's fresh lock went on to ``<run>-N+1``. The holder record names its launch
+    (:func:`laptrain.run_folder.lock.launch_of`), the same for every rank of one launch."""
     if not is_locked(folder):
         return False
     mine = launch_of()
