@@ -98,12 +98,8 @@ def write_onnx(
 ) -> float:
     """``model(**inputs)`` as ``folder/model.onnx``: axis 0 of every input dynamic (batch), and
     axis 1 of integer inputs (token ids, masks: sequence); with ``quant="int8"`` its weights
-    quantized. Returns the max |Δ| between onnxruntime's and torch's outputs on ``inputs``.
-
-    Raises:
-        ValueError: one line naming the reason and ``example_input_array`` when torch.export
-            cannot export the forward.
-    """
+    quantized. Returns the max |Δ| between onnxruntime's and torch's outputs on ``inputs``; a
+    ValueError (one line) when torch.export cannot export the forward."""
     import numpy as np
     import onnxruntime
     import torch

@@ -123,11 +123,8 @@ def selected_option(argv: Sequence[str], group: str, conf_dir: Path) -> str | No
 def run_argv_hook(argv: Sequence[str], conf_dir: Path) -> tuple[list[str], list[str]]:
     """Let the selected model YAML rewrite the command line before Hydra composes.
 
-    A model YAML may name ``_argv_hook_: <module>.<function>``; the function gets
-    ``(argv, yaml_path)`` and returns ``(argv, lines to print)``. TRM uses it to turn
-    ``model.size=auto`` into a preset (the choice then shows in ``--cfg job``). The hook's module
-    must not import torch: it runs before the profile's environment is exported.
-    """
+    ``_argv_hook_: <module>.<function>`` gets ``(argv, yaml_path)`` and returns ``(argv, lines to
+    print)``; its module must not import torch (it runs before the profile's environment)."""
     import importlib
 
     import yaml

@@ -74,14 +74,8 @@ def assign_splits(
 def assign_folds(
     labels: Sequence[str], groups: Sequence[Hashable], folds: int, seed: int
 ) -> list[int]:
-    """The fold (``0..folds-1``) of every row, for k-fold cross-validation: each row in exactly one
-    fold, whole groups per fold, each label spread evenly over the folds, seeded.
-
-    Each label's groups are visited in a seeded order and given to the fold with the fewest rows of
-    that label (then the fewest rows in all). A datamodule of your own: ``numbers =
-    assign_folds(labels, groups, folds, seed)``, validate on the rows whose number is ``fold`` and
-    train on the others.
-    """
+    """The fold (``0..folds-1``) of every row: whole groups per fold, each label's groups given in
+    a seeded order to the fold with the fewest rows of that label (then the fewest in all)."""
     check_folds(folds, 0)
     members, ordered = _groups_by_label(labels, groups, seed)
     where = [0] * len(groups)

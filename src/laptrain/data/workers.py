@@ -54,14 +54,10 @@ class _SignalsHeldSpawnContext(SpawnContext):
 
 
 def worker_context(start_method: str | None = None) -> BaseContext | None:
-    """The ``multiprocessing_context`` for a loader whose workers run :class:`WorkerInit`:
-    under the spawn start method (``start_method``, default: this process's), one whose workers
-    start with the stop signals blocked until ``WorkerInit`` ignores them; None (torch's own
-    choice) otherwise. A forked worker is a copy of the main process and has its handlers from
-    the start, and a forkserver's worker inherits the server's mask, not the loader's, so the
-    window is left as it is there. Gap filled: torch's DataLoader starts its workers through the
-    context it is given (``torch/utils/data/dataloader.py``) and neither torch nor Lightning
-    holds signals back while a worker starts."""
+    """The ``multiprocessing_context`` for a loader whose workers run :class:`WorkerInit`: under
+    spawn (``start_method``, default: this process's) one that starts them with the stop signals
+    blocked; None otherwise (a forked worker has its handlers from the start, a forkserver's
+    inherits the server's mask)."""
     # the default first (multiprocessing docs); get_start_method() would fix it for the process
     method = start_method or (
         multiprocessing.get_start_method(allow_none=True)

@@ -154,12 +154,8 @@ def build_run_plan(
     preflight: BatchPlanner | None = None,
     batch: BatchRequest | None = None,
 ) -> RunPlan:
-    """Decide the run's batch, accumulation, device and loader settings once.
-
-    ``device`` is the launch's decision (its kind, precision and this rank's GPU); ``batch`` the
-    parsed request (read from the config when not given); ``preflight`` the batch planner (chosen
-    for the model when None). Raises ValueError for ``auto`` with the preflight disabled or
-    contradicting settings, PreflightError when the job does not fit."""
+    """Decide the run's batch, accumulation, device and loader settings once, on the launch's
+    ``device``. Raises ValueError on contradicting settings, PreflightError when it cannot fit."""
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
     asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg), device.kind)

@@ -117,11 +117,8 @@ def backward_in_chunks(
 class ChunkedBackward:
     """Mixin for a LightningModule whose ``training_step`` calls ``self.chunked_backward``.
 
-    Lightning zeroes gradients *after* ``training_step`` on the first batch of an accumulation
-    window, which here would wipe the gradients the step has just computed. The mixin therefore
-    zeroes them right after each optimizer step instead (which also frees them before the next
-    forward) and makes Lightning's own zeroing and backward of the returned loss no-ops.
-    """
+    Lightning zeroes gradients *after* ``training_step`` on an accumulation window's first batch,
+    which would wipe the step's own; they are zeroed after each optimizer step instead."""
 
     def chunked_backward(
         self,
