@@ -670,7 +670,7 @@ def _load_failed(name: str, err: BaseException) -> str:
     )
 
 
-# fingerprints, listing, parameter counts
+# fingerprints and listing
 
 
 def source_fingerprint(
@@ -747,35 +747,3 @@ def list_cached(cache_dir: str | os.PathLike[str] | None = None) -> list[CachedM
                 CachedModel(kind, entry.name, entry, tree_size(entry), read_manifest(entry) or {})
             )
     return found
-
-
-def folder_parameter_count(folder: str | os.PathLike[str]) -> int | None:
-    """Floating-point parameters in a folder's safetensors headers (no tensor read; tied weights
-    stored once); None without safetensors."""
-    root = Path(folder)
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for file in files:
-        with open(file, "rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(size))
-        for name, info in header.items():
-            if name == "__metadata__" or not str(info.get("dtype", "")).startswith(("F", "BF")):
-                continue
-            count = 1
-            for dim in info["shape"]:
-                count *= int(dim)
-            total += count
-    return total
-
-
-def parameter_count(path: str | os.PathLike[str]) -> int | None:
-    """Parameters of a ``.gguf`` file (header) or a ``save_pretrained`` folder (safetensors headers)."""
-    target = Path(path).expanduser()
-    if target.is_file() and target.suffix.lower() == ".gguf":
-        return gguf_parameter_count(target)
-    if target.is_dir():
-        return folder_parameter_count(target)
-    return None
