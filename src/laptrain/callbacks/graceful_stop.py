@@ -161,11 +161,9 @@ class GracefulStop(Callback):
             self._request = max(self._request, FILE_REQUEST)
 
     def _shared(self, trainer: pl.Trainer) -> tuple[int | None, int]:
-        """The stop signal and checkpoint request any rank has, the same on every rank: one
-        all-reduce (max) at every batch end, as Lightning's loop broadcasts its SIGTERM flag every
-        step (``_broadcast_sigterm_tensor``, loops/training_epoch_loop.py), which this handler
-        replaces; ranks deciding alone would leave one in a barrier while another starts the next
-        all-reduce."""
+        """The stop signal and checkpoint request any rank has, on every rank: one all-reduce (max)
+        per batch end, as Lightning's own ``_broadcast_sigterm_tensor``
+        (loops/training_epoch_loop.py), which this handler replaces."""
         request, self._request = self._request, NO_REQUEST
         if trainer.world_size == 1:
             return self.signal_received, request

@@ -127,11 +127,9 @@ def _make_clock_class() -> type:
     from laptrain.data.collate import batch_length
 
     class StepClock(pl.Callback):
-        """Times each batch from one ``on_train_batch_start`` to the next (so every callback, the
-        optimizer and the wait for the next batch are inside), and the time between batches: from
-        the end of a batch's hooks to the start of the next one (fetching and collating the next
-        batch, plus the loop's logging). Synchronises the device once per
-        batch (on CPU a no-op) so that queued kernels are counted in their own step."""
+        """Times each batch from one ``on_train_batch_start`` to the next, and the time between a
+        batch's last hook and the next batch (loading and the loop's logging); synchronises the
+        device once per batch so that queued kernels count in their own step."""
 
         def __init__(self, warmup: int, sync: Callable[[], None]) -> None:
             self.warmup, self.sync = warmup, sync

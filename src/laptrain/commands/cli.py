@@ -383,9 +383,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class Parser(argparse.ArgumentParser):
     """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``) through
-    argparse's ``parse_known_intermixed_args``, also as a subcommand's parser; a parser with a
-    subcommand or ``REMAINDER`` positional (top level, ``runs``, ``train``) parses as argparse
-    does."""
+    argparse's ``parse_known_intermixed_args``, but for parsers with subcommands or ``REMAINDER``."""
 
     _mixing = False
 
@@ -458,10 +456,8 @@ def command_table(families: list[Commands]) -> dict[str, Callable[[argparse.Name
 
 
 def import_from_clone() -> Path | None:
-    """Puts the clone's root first on ``sys.path``, as ``python train.py`` has it, so a preset's
-    ``_target_: user.<name>...`` imports in ``laptrain train``, ``bench`` and ``doctor`` too
-    (docs/your_model.md). Returns the root, whose ``user/`` families may bring commands; None
-    outside a clone."""
+    """Puts the clone's root first on ``sys.path``, as ``python train.py`` has it, so that
+    ``_target_: user.<name>...`` imports (docs/your_model.md); the root, None outside a clone."""
     try:
         root = project_root()
     except ProjectNotFound:

@@ -74,11 +74,8 @@ def planned_files(name: str, root: Path) -> list[NewFile]:
 
 
 def write_new(name: str, root: Path) -> list[Path]:
-    """Writes the files of :func:`planned_files` under ``root``; returns their paths.
-
-    Raises ValueError (one line) when ``root`` is no laptrain clone or any file exists, before
-    writing anything; an OSError part-way removes the files and folders written so far.
-    """
+    """Writes the files of :func:`planned_files` under ``root``; returns their paths. ValueError
+    (one line, nothing written) when ``root`` is no clone or a file exists."""
     if not (root / "conf" / "train.yaml").is_file():
         raise ValueError(
             f"{root} holds no conf/train.yaml: run laptrain new in a laptrain clone, or give "

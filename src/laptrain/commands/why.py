@@ -64,10 +64,8 @@ SYSTEM_PERCENT_GROWTH = 5.0
 
 @dataclass(frozen=True)
 class Finding:
-    """One claim about the run: what (``kind``), where (``step``, ``value``: the curve's value
-    there, smoothed for divergence, the slow stretch's median for throughput, the micro-batch
-    reached for an OOM backoff, the learning rate for a recorded non-finite step), what to
-    change."""
+    """One claim about the run: what (``kind``), where (``step``, ``value``: the value the rule
+    rests on), what to change."""
 
     kind: str  # nonfinite, oom, divergence, overfitting, plateau, throughput, ok, a family's
     step: int | None
@@ -514,10 +512,8 @@ def diagnose(
     clip: str | None = CLIP,
     family_rules: Callable[[Series], list[Finding]] | None = None,
 ) -> list[Finding]:
-    """The findings of every rule (docs/cli.md), most pressing first; "ok" when none fires.
-    ``precision`` and ``monitor`` fill in what ``report`` lacks; ``checkpoints``: the run's
-    ``best-step<N>.ckpt`` by N; ``clip``: :func:`clip_overrides`; ``family_rules``:
-    ``Family.why``."""
+    """The findings of every rule (docs/cli.md), most pressing first; "ok" when none fires;
+    ``checkpoints``: the run's ``best-step<N>.ckpt`` by N."""
     hardware, ckpt = section(report, "hardware"), section(report, "checkpoint")
     precision = hardware.get("precision") or precision
     monitor = ckpt.get("monitor") or monitor

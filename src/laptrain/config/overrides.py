@@ -85,11 +85,8 @@ def overrides(argv: Sequence[str]) -> list[str]:
 
 
 def insert_overrides(argv: Sequence[str], new: Sequence[str]) -> list[str]:
-    """``argv`` with ``new`` overrides placed where Hydra's parser accepts them.
-
-    After the last existing override (so the overrides stay one run and the launcher's come last),
-    else right after the script name, before any option.
-    """
+    """``argv`` with ``new`` overrides after the last existing one (else right after the script
+    name), where Hydra's parser accepts them."""
     indices = override_indices(argv)
     at = indices[-1] + 1 if indices else min(1, len(argv))
     return [*argv[:at], *new, *argv[at:]]

@@ -439,9 +439,7 @@ def _interrupted(
 def _test(
     cfg: DictConfig, trainer: pl.Trainer, model: Any, datamodule: Any, remake: Callable[[], Any]
 ) -> tuple[dict[str, float], Any]:
-    """The fit's last metrics, updated by the test on the best checkpoint when ``test`` is on, and
-    the module that holds the weights to export (the one tested).
-
+    """The fit's last metrics, updated by the test on the best checkpoint, and the module to export.
     Under ``trainer=fsdp`` the test runs on the module built again (``remake``): loading the
     checkpoint into the fitted one fails on its shards' sizes (Lightning #19015; docs/sweeps.md)."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -68,11 +68,8 @@ def backward_in_chunks(
     loss_fn: Callable[[Any], Tensor],
     size_fn: Callable[[Any], float] | None = None,
 ) -> Tensor:
-    """Forward and backward ``batch`` range by range; return the batch's loss, detached.
-
-    ``loss_fn(chunk)`` returns the mean loss over the chunk. ``size_fn(chunk)`` is what that mean
-    is taken over (default: the number of samples; pass a token count for a per-token mean).
-    """
+    """Forward and backward ``batch`` range by range; the batch's loss, detached. ``size_fn(chunk)``
+    is what ``loss_fn(chunk)``'s mean is over (default: samples; a token count for tokens)."""
     from laptrain.callbacks.oom_backoff import OOMBackoff, is_oom
 
     if not isinstance(module, ChunkedBackward):

@@ -221,10 +221,8 @@ def measure_activations(
     make_batch: MakeBatch | None = None,
     loss_fn: LossFn | None = None,
 ) -> ActivationProfile:
-    """Measure at batch 1 and three short lengths (and batch 2 once), fit, extrapolate to any length.
-
-    "true" half/double precisions are measured in fp32 and scaled by the caller.
-    """
+    """Measure at batch 1 and three short lengths (and batch 2 once), fit, extrapolate to any length
+    ("true" half/double precisions: in fp32, scaled by the caller)."""
     make_batch = make_batch or hf_batch_maker(model)
     loss_fn = loss_fn or hf_loss
     base = min(max(8, seq_len // 4), 32)

@@ -178,10 +178,7 @@ class BatchSearch:
 @dataclass
 class TrainerStandIn:
     """What a ``training_step`` and ``configure_optimizers`` commonly read of the Trainer, answered
-    as Lightning would for the planned run (``model``, ``datamodule``, ``max_epochs``,
-    ``max_steps``, ``estimated_stepping_batches``, ``world_size``, ``num_devices``,
-    ``accumulate_grad_batches``; ``barebones`` makes ``self.log`` a no-op). Anything else raises
-    AttributeError."""
+    as Lightning would for the planned run (``barebones`` makes ``self.log`` a no-op)."""
 
     model: nn.Module
     datamodule: Any = None

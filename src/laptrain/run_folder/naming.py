@@ -57,11 +57,8 @@ def _holder_launch(folder: Path) -> str | None:
 
 
 def choose_run_dir(base: str, resume: object) -> str:
-    """``base`` when resuming (or when it is new); otherwise the first free ``base-N``.
-
-    The choice is remembered for the process, because Hydra resolves the folder again for every
-    job of a sweep and must get the same answer after earlier jobs wrote into it.
-    """
+    """``base`` when resuming (or when it is new); otherwise the first free ``base-N``, remembered:
+    Hydra resolves the folder again for every job of a sweep."""
     if str(resume).lower() in ("true", "1", "yes"):
         return base
     if base not in _chosen:
@@ -78,11 +75,8 @@ JOB_DIR_MAX = 240
 
 
 def job_dir(override_dirname: str) -> str:
-    """A sweep job's folder name from its overrides: one level, no path separators, never empty.
-
-    A name over ``JOB_DIR_MAX`` bytes shows its numbers to 4 significant digits and ends in a hash
-    of the full name, so it stays readable, unique and the same for the same overrides (a rerun
-    finds the folder again)."""
+    """A sweep job's folder name from its overrides: one level, never empty; over ``JOB_DIR_MAX``
+    bytes, numbers to 4 digits and a hash of the full name (the same for the same overrides)."""
     name = override_dirname.replace("/", "_").replace("\\", "_") or "default"
     if len(name.encode()) <= JOB_DIR_MAX:
         return name
