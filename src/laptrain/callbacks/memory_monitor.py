@@ -37,9 +37,9 @@ class MemoryMonitor(VersionedState, Callback):
 
     Lightning's ``DeviceStatsMonitor`` on MPS reports only psutil percentages. The allocator cache
     is emptied at epoch end and under pressure only: every log would slow the next steps
-    (docs/hardware.md §7). A job that does not fit unified memory swaps instead of failing (§1), so
-    swap growth and macOS memory pressure (§16) warn or stop (exit 75). Rank 0's readings decide
-    (docs/callbacks.md)."""
+    (docs/hardware.md §7). A job that does not fit unified memory swaps instead of failing (§1),
+    so swap growth and macOS memory pressure (§16) warn or stop (exit 75). Rank 0's readings
+    decide (docs/callbacks.md)."""
 
     report_section = "memory"
     STATE_VERSION = 1

@@ -9,7 +9,7 @@ MB = 1024 * 1024
 
 class GrowthTrend:
     """Least-squares slope of memory over the last ``window_steps`` steps: a leak when it exceeds
-    ``min_mb_per_100_steps`` and ``steady_share`` of the readings went up (a single jump does not)."""
+    ``min_mb_per_100_steps`` and ``steady_share`` of the readings went up (one jump is not)."""
 
     def __init__(
         self, window_steps: int = 200, min_mb_per_100_steps: float = 50.0, steady_share: float = 0.7

@@ -71,7 +71,7 @@ class PowerGuard(VersionedState, Callback):
 
     @property
     def cooling_s(self) -> float:
-        """Seconds paused on battery: like cooling breaks, not training time (``TakesBreaks``)."""
+        """Seconds paused on battery: like cooling breaks, not training time."""
         return self.paused_s
 
     @override

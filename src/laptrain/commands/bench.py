@@ -249,6 +249,7 @@ def _device_sync_and_memory(device: str) -> tuple[Callable[[], None], Callable[[
 def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = True) -> StepStats:
     """Run ``warmup + steps`` optimizer steps of the job and return what was measured."""
     import psutil
+    import torch
 
     clock = _make_clock_class()
     sync, memory = _device_sync_and_memory(job.plan.device)
@@ -258,7 +259,7 @@ def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = T
     trainer = make_trainer(job, warmup + steps, [*callbacks, timer])
     trainer.fit(job.model, datamodule=job.datamodule)
     stats = timer.stats
-    stats.threads = _torch_threads()
+    stats.threads = torch.get_num_threads()
     stats.device = job.plan.device
     stats.device_peak_bytes, stats.device_total_bytes = memory()
     stats.rss_peak_bytes = process_peak_bytes()
@@ -273,12 +274,6 @@ def checkpointing_key(model_cfg: Mapping[str, Any]) -> str | None:
     """``model.<key>`` that turns gradient checkpointing on in this config; None for a user's
     module."""
     return next((f"model.{key}" for key in CHECKPOINTING_KEYS if key in model_cfg), None)
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def advice(stats: StepStats) -> list[str]:
@@ -410,16 +405,9 @@ def _merge(total: StepStats, part: StepStats) -> None:
     total.data_s += part.data_s
     for name in ("samples", "real_tokens", "computed_tokens", "wall_s", "cpu_s"):
         setattr(total, name, getattr(total, name) + getattr(part, name))
-    for name in (
-        "threads",
-        "device",
-        "device_total_bytes",
-        "ram_total_bytes",
-        "workers",
-        "checkpointing",
-    ):
+    for name in ("threads", "device", "device_total_bytes", "ram_total_bytes", "workers"):
         setattr(total, name, getattr(part, name))
-    total.grouped = part.grouped
+    total.grouped, total.checkpointing = part.grouped, part.checkpointing
     total.rss_peak_bytes = max(total.rss_peak_bytes, part.rss_peak_bytes)
     peaks = [p for p in (total.device_peak_bytes, part.device_peak_bytes) if p is not None]
     total.device_peak_bytes = max(peaks) if peaks else None

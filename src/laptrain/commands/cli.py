@@ -383,7 +383,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class Parser(argparse.ArgumentParser):
     """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``) through
-    argparse's ``parse_known_intermixed_args``, but for parsers with subcommands or ``REMAINDER``."""
+    argparse's ``parse_known_intermixed_args``, except with subcommands or ``REMAINDER``."""
 
     _mixing = False
 

@@ -276,21 +276,9 @@ def pip_download(requirement: str, dest: Path) -> Path:
     through pip's own client (``PIP_INDEX_URL``, ``pip.conf`` and proxies apply); nothing is
     installed."""
     dest.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "--no-input",
-        "--progress-bar=off",
-        requirement,
-        "-d",
-        str(dest),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    flags = ["--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input"]
+    command = [sys.executable, "-m", "pip", "download", *flags, "--progress-bar=off", requirement]
+    done = subprocess.run([*command, "-d", str(dest)], capture_output=True, text=True, check=False)
     wheels = sorted(dest.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         errors = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if "ERROR" in ln]
@@ -516,10 +504,8 @@ def convert_gguf(
     sha256: str | None = None,
 ) -> Path:
     """A plain safetensors ``save_pretrained`` folder of the GGUF (model + tokenizer), made once
-    under ``<cache>/models/gguf/<sha256>/`` (``sha256``: the file's, when known). transformers 5.24
-    refuses to ``save_pretrained`` a GGUF-loaded model ("The model is quantized with gguf and is not
-    serializable"), so the same class is built on the meta device without ``quantization_config``
-    and given the dequantised weights."""
+    under ``<cache>/models/gguf/<sha256>/``. transformers 5.24 refuses to ``save_pretrained`` a
+    GGUF-loaded model, so the class is built on the meta device, given the dequantised weights."""
     say = say or (lambda _line: None)
     gguf_path = Path(path).expanduser()
     sha = sha256 or file_digest(gguf_path)
@@ -557,10 +543,8 @@ def convert_gguf(
 
 @contextmanager
 def _one_conversion(root: Path, sha: str, name: str, say: Callable[[str], None]) -> Iterator[None]:
-    """Hold ``<root>/.<sha>.lock`` (filelock's ``FileLock``: dropped by the kernel when the holder
-    dies) around one GGUF's conversion: torchrun and srun ranks resolve at once, and each
-    dequantised its own float32 copy. The first rank converts, the others find the entry; a failed
-    conversion releases the lock and the next rank fails the same way instead of waiting forever."""
+    """Hold ``<root>/.<sha>.lock`` (filelock: dropped by the kernel when the holder dies) around one
+    GGUF's conversion: torchrun and srun ranks resolve at once and each dequantised its own."""
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(root / f".{sha}.lock")
     try:
