@@ -3,7 +3,8 @@ from collections import Counter
 import pytest
 
 from laptrain.data.file_formats import DataError
-from laptrain.data.splits import assign_folds, assign_splits, check_folds, train_subset
+from laptrain.data.splits import assign_folds, assign_splits, check_folds
+from laptrain.families.classifier.train_fraction import train_subset
 
 
 def test_every_label_gets_its_share_and_the_same_seed_gives_the_same_split():

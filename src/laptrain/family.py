@@ -1,13 +1,10 @@
 """The family contract: what a model family may give laptrain, and how laptrain finds it
 (docs/model_families.md walks through writing one).
 
-A family is a package whose ``__init__.py`` defines ``FAMILY = Family(...)``: laptrain's own in
-``laptrain/families/<name>/``, a user's in ``user/<task>/``. Nothing here names a family: a
-module's family is the ``FAMILY`` of the first package on its ``_target_``'s dotted path, and the
-families with commands or smoke builds are listed through the ``laptrain.families`` entry points
-(and the project's ``user/``). Hooks are small functions that import the work when called, so
-asking "which family is this ``_target_``?" imports neither torch nor the module: the launch asks
-before torch is imported. A module without a family is trained with no family rule.
+A family is a package whose ``__init__.py`` defines ``FAMILY = Family(...)``; a module's family is
+that of the first package on its ``_target_``'s path (the ``laptrain.families`` entry points and
+``user/`` list them all). Hooks import their work when called, so the launch asks for a family
+before torch is imported.
 """
 
 from __future__ import annotations

@@ -96,11 +96,9 @@ def write_folder_atomic(
     replace: bool = False,
     fix: str = "free some space and rerun",
 ) -> Path:
-    """``write(folder)`` into ``.<name>.partial`` beside ``target``, then swap it in (a symlink is
-    replaced, not written through): a kill leaves the old ``target`` and a partial folder. An
-    existing ``target`` is replaced only when empty or an earlier export (``EXPORT_MARKERS``), else
-    refused in one line before writing; ``replace``: the caller cleared it. A full disk is one line
-    ending with ``fix``."""
+    """``write(folder)`` into ``.<name>.partial`` beside ``target``, then swap it in: a kill leaves
+    the old ``target``. An existing one is replaced only when empty or an earlier export
+    (``EXPORT_MARKERS``); a full disk is one line ending with ``fix``."""
     target = Path(target)
     if not replace and _foreign_folder(target):
         raise ValueError(

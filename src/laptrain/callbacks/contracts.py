@@ -53,13 +53,6 @@ class PlotsPoints(Protocol):
 
 
 @runtime_checkable
-class TakesBreaks(Protocol):
-    """Sleeps between steps (cooling breaks, pauses on battery); ``cooling_s`` is not training time."""
-
-    cooling_s: float
-
-
-@runtime_checkable
 class SplitsMicroBatch(Protocol):
     """Owns the divisor applied to the micro-batch (more accumulation, same effective batch)."""
 
@@ -109,8 +102,9 @@ def report_sections(callbacks: Iterable[object]) -> dict[str, dict[str, Any]]:
 
 
 def cooling_s(callbacks: Iterable[object]) -> float:
-    """Seconds spent in cooling breaks so far, over all callbacks: read as an attribute, since an
-    ``isinstance`` against a runtime Protocol costs ~15 us per callback (benchmarks/overhead.py)."""
+    """Seconds spent in breaks so far (a callback's ``cooling_s``: cooling breaks, pauses on
+    battery; not training time), read as an attribute: ``isinstance`` against a runtime Protocol
+    costs ~15 us per callback (benchmarks/overhead.py)."""
     total = 0.0
     for cb in callbacks:
         seconds = getattr(cb, "cooling_s", None)

@@ -1,11 +1,8 @@
 """Lightning's EarlyStopping that says where its best score was and keeps a run it stopped stopped.
 
 Gaps filled (lightning/pytorch/callbacks/early_stopping.py in 2.6.6): it checks after every
-validation, never at ``on_train_epoch_end``, so ModelCheckpoint saves the outcome in the same
-``last.ckpt`` and a mid-epoch stop (no validation) does not count a stale score twice; its state
-resumes but ``patience`` is this run's (Lightning restores the saved one); a resumed run it had
-stopped ends at once (Lightning saves the decision but never acts on it again); and it keeps the
-best score's epoch: "stopped early at epoch 5 (best val/acc 0.61 at epoch 2)".
+validation only (a mid-epoch stop counts no stale score twice), ``patience`` is this run's, and a
+resumed run it had stopped ends at once (Lightning saves the decision but never acts on it).
 """
 
 from __future__ import annotations

@@ -15,11 +15,8 @@ from laptrain.config.check import ConfigError
 
 class FusedOptimizerCheck(Callback):
     """Raise :class:`ConfigError` at the start of fit when an optimizer the module built unscales
-    its own gradients (a fused Adam/AdamW: Lightning's ``_optimizer_handles_unscaling``).
-
-    Args:
-        risk: why that trains wrongly on this run (``with 16-mixed under FSDP: ...``).
-    """
+    its own gradients (a fused Adam/AdamW: Lightning's ``_optimizer_handles_unscaling``);
+    ``risk`` says why that trains wrongly on this run."""
 
     def __init__(self, risk: str) -> None:
         self.risk = risk

@@ -1,15 +1,10 @@
 """What a user does to a running job: Ctrl-C, SIGTERM, "checkpoint now"; nothing is lost.
 
-Lightning turns Ctrl-C into a KeyboardInterrupt wherever the step is and exits 1; SIGTERM exits 0
-with no ``last.ckpt`` between two save points; nothing saves on request (docs/lightning.md,
-"Interrupts and exit codes", and docs/cli.md for what the user sees). Here the first Ctrl-C saves
-at the next exact-resume boundary and asks "Stop now?"; a stop (SIGTERM, a second Ctrl-C) saves
-there and exits 130 / 143; ``laptrain checkpoint`` saves and goes on; fit's end always leaves
-``last.ckpt``. submitit's time-limit signal stops as SIGTERM does, then
-:func:`hand_over_to_submitit` passes it to submitit's handler, which requeues from rank 0
-(docs/sweeps.md, "SLURM through submitit"): alone, that handler exits mid-step with no
-``last.ckpt`` and leaves the other ranks in their next collective. With several processes the
-signals any rank has travel in one all-reduce at every batch end, so every rank acts at one step.
+Lightning turns Ctrl-C into a KeyboardInterrupt mid-step and SIGTERM into an exit with no
+``last.ckpt`` (docs/lightning.md, "Interrupts and exit codes"; docs/cli.md for what the user
+sees). Here a stop saves at the next exact-resume boundary and exits 130 / 143; submitit's
+time-limit signal stops so, then :func:`hand_over_to_submitit` requeues (docs/sweeps.md). Every
+rank acts at one step: the signals travel in one all-reduce per batch end.
 """
 
 from __future__ import annotations
@@ -166,11 +161,9 @@ class GracefulStop(Callback):
             self._request = max(self._request, FILE_REQUEST)
 
     def _shared(self, trainer: pl.Trainer) -> tuple[int | None, int]:
-        """The stop signal and checkpoint request any rank has, the same on every rank: one
-        all-reduce (max) at every batch end, as Lightning's loop broadcasts its SIGTERM flag every
-        step (``_broadcast_sigterm_tensor``, loops/training_epoch_loop.py), which this handler
-        replaces; ranks deciding alone would leave one in a barrier while another starts the next
-        all-reduce."""
+        """The stop signal and checkpoint request any rank has, on every rank: one all-reduce (max)
+        per batch end, as Lightning's own ``_broadcast_sigterm_tensor``
+        (loops/training_epoch_loop.py), which this handler replaces."""
         request, self._request = self._request, NO_REQUEST
         if trainer.world_size == 1:
             return self.signal_received, request

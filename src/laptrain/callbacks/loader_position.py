@@ -1,12 +1,8 @@
 """Put the train loader back where the interrupted run left it, also when Lightning skipped that.
 
-``trainer.estimated_stepping_batches`` (read in ``configure_optimizers`` by any schedule spanning
-the run) calls ``FitLoop.setup_data`` before the checkpoint's loop state is loaded, so the loader
-is built without its position and the resumed epoch replays from its first batch; this callback
-loads the pending position before the first batch is drawn. And ``interval: epoch`` schedulers
-step only ``if not self.restarting`` (fit_loop.py:488), so at the end of the resumed epoch the loop
-is told it is no longer restarting. docs/lightning.md ("Loader position lost after
-estimated_stepping_batches") has Lightning 2.6.6's lines and the measurements.
+``trainer.estimated_stepping_batches`` builds the loader before the loop state is loaded, and
+``interval: epoch`` schedulers step only ``if not self.restarting`` (fit_loop.py:488): docs/
+lightning.md ("Loader position lost after estimated_stepping_batches").
 """
 
 from __future__ import annotations

@@ -35,15 +35,11 @@ SWAP_HINT = (
 class MemoryMonitor(VersionedState, Callback):
     """Log MPS/CUDA allocator figures, RSS, system memory and swap under ``memory/``.
 
-    Lightning's ``DeviceStatsMonitor`` on MPS reports only psutil percentages; this reads the MPS
-    allocator and CUDA's allocated/reserved/peak through the device probe. It empties the allocator
-    cache at epoch end and under memory pressure only: doing it on every log throws the cache away
-    and slows the next steps (docs/hardware.md §7). On unified memory a job that does not fit swaps
-    instead of failing (§1), so swap growth warns once, or with ``on_swap="stop"`` checkpoints and
-    stops (``stop_reason = "swap"``, exit 75). On macOS it logs the kernel's memory-pressure level
-    (§16): at "warning" it names the three other processes holding the most memory, at "critical" it
-    warns or (``on_pressure="stop"``) stops. Options: conf/callbacks/memory_monitor.yaml. With
-    several processes rank 0's readings decide at every check (docs/callbacks.md)."""
+    Lightning's ``DeviceStatsMonitor`` on MPS reports only psutil percentages. The allocator cache
+    is emptied at epoch end and under pressure only: every log would slow the next steps
+    (docs/hardware.md §7). A job that does not fit unified memory swaps instead of failing (§1),
+    so swap growth and macOS memory pressure (§16) warn or stop (exit 75). Rank 0's readings
+    decide (docs/callbacks.md)."""
 
     report_section = "memory"
     STATE_VERSION = 1

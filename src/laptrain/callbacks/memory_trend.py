@@ -8,12 +8,8 @@ MB = 1024 * 1024
 
 
 class GrowthTrend:
-    """Least-squares slope of memory over the last ``window_steps`` steps.
-
-    A leak is memory that grows steadily: the fitted slope exceeds ``min_mb_per_100_steps`` and at
-    least ``steady_share`` of consecutive readings went up. A single jump (the allocator growing its
-    cache, a longer batch) is not steady and is not reported.
-    """
+    """Least-squares slope of memory over the last ``window_steps`` steps: a leak when it exceeds
+    ``min_mb_per_100_steps`` and ``steady_share`` of the readings went up (one jump is not)."""
 
     def __init__(
         self, window_steps: int = 200, min_mb_per_100_steps: float = 50.0, steady_share: float = 0.7

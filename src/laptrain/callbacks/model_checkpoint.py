@@ -1,10 +1,7 @@
 """Lightning's ModelCheckpoint, quiet while laptrain stops a run on purpose.
 
-A mid-epoch ``should_stop`` makes ModelCheckpoint save as at any epoch end
-(model_checkpoint.py:488 and :535 in 2.6.6): a ``best-step<N>.ckpt`` ranked by a stale score that
-an uninterrupted run never writes, which changes the checkpoint tested. During such a stop this
-saves nothing (the stopping callback saved ``last.ckpt``: laptrain/checkpoints/stop.py); the rest
-is Lightning's.
+A mid-epoch ``should_stop`` makes ModelCheckpoint save a ``best-step<N>.ckpt`` ranked by a stale
+score (model_checkpoint.py:488 and :535 in 2.6.6); during such a stop this saves nothing.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Stop at the first validation when the module logs no metric the checkpoints rank by, early
 stopping watches or an Optuna pruner is told.
 
-Lightning's ``ModelCheckpoint`` would raise ``MisconfigurationException`` with a traceback
-(``_validate_monitor_key``, lightning/pytorch/callbacks/model_checkpoint.py). Checkpoint callbacks
-run last (``_reorder_callbacks``), so this stops the run before any checkpoint is written, naming
-the metrics the module logs and ``model._metric_``; it must come before EarlyStopping, which
-raises in the same hook (``_validate_condition_metric``).
+Lightning's ``ModelCheckpoint`` would raise with a traceback (``_validate_monitor_key``,
+lightning/pytorch/callbacks/model_checkpoint.py; it runs last, ``_reorder_callbacks``); this must
+come before EarlyStopping, which raises in the same hook (``_validate_condition_metric``).
 """
 
 from __future__ import annotations

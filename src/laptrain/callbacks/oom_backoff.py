@@ -43,12 +43,10 @@ def is_oom(exc: BaseException) -> bool:
 class OOMBackoff(VersionedState, Callback):
     """Halve the micro-batch on OOM and redo the same optimizer step with more accumulation.
 
-    Lightning lets an OOM end the run. Here an OOM frees memory and halves the micro-batch: a module
-    that backpropagates through ``ChunkedBackward`` retries only the failed part of the batch; any
-    other gets the step restarted on a loader of smaller batches accumulated more often
-    (``laptrain.callbacks.smaller_loader``). The effective batch, step count and samples seen are
-    those of an uninterrupted run; the micro-batch is kept in the checkpoint; at micro-batch 1 it
-    gives up with what to change. Options: conf/callbacks/oom_backoff.yaml."""
+    Lightning lets an OOM end the run. A ``ChunkedBackward`` module retries only the failed part;
+    any other restarts the step on a loader of smaller batches accumulated more often
+    (``laptrain.callbacks.smaller_loader``): the effective batch and step count stay those of an
+    uninterrupted run."""
 
     report_section = "oom"
     STATE_VERSION = 1

@@ -22,15 +22,10 @@ MIN_TIMED_STEPS = 5
 class PowerGuard(VersionedState, Callback):
     """Hold off idle sleep during fit; watch the battery; stop or pause before it runs flat.
 
-    No trainer in Lightning, HF, litgpt, torchtune or mlx-lm looks at power: macOS idle-sleeps a
-    laptop mid-run, and a battery that dies during a save is a SIGKILL the user could have seen
-    coming. The keep-awake holder (``caffeinate``/``systemd-inhibit``, ``KeepAwake``) lives from
-    ``setup`` to ``teardown``/``on_exception`` and ends with this process; below ``min_percent`` on
-    battery the guard saves ``last.ckpt`` and stops (``stop_reason = "battery"``, exit 75), and with
-    ``pause_on_battery`` it sleeps between steps until the charger is back (logged like a cooling
-    break). Options: conf/callbacks/power_guard.yaml; docs/hardware.md §16; ``awake``, ``clock`` and
-    ``sleep`` are injectable. With several processes rank 0's battery decides, one broadcast per
-    check and per sleep slice of a pause (docs/callbacks.md)."""
+    No trainer looks at power: macOS idle-sleeps a laptop mid-run, and a battery that dies during a
+    save is a SIGKILL. The keep-awake holder lives from ``setup`` to ``teardown``/``on_exception``;
+    below ``min_percent`` it saves and stops (exit 75), or with ``pause_on_battery`` waits for the
+    charger. docs/hardware.md §16; rank 0's battery decides (docs/callbacks.md)."""
 
     report_section = "power"
     STATE_VERSION = 1
@@ -76,7 +71,7 @@ class PowerGuard(VersionedState, Callback):
 
     @property
     def cooling_s(self) -> float:
-        """Seconds paused on battery: like cooling breaks, not training time (``TakesBreaks``)."""
+        """Seconds paused on battery: like cooling breaks, not training time."""
         return self.paused_s
 
     @override

@@ -2,10 +2,8 @@
 ``refresh_rate`` times a second.
 
 ``RichProgressBar`` labels the first of 3 epochs "Epoch 0/2" (``_get_train_description``,
-lightning/pytorch/callbacks/progress/rich_progress.py); this says "Epoch 1/3" ("Epoch 1" without
-a limit). And it redraws and reads every metric (``.item()``: a device sync) at every batch end:
-0.2 ms a step for a tiny MLP on 2 cores (benchmarks/overhead.py). Here a batch end draws only when
-``1 / refresh_rate`` seconds have passed (and always before an epoch ends or validation starts).
+lightning/pytorch/callbacks/progress/rich_progress.py) and syncs every metric at every batch end
+(0.2 ms a step for a tiny MLP on 2 cores: benchmarks/overhead.py).
 """
 
 from __future__ import annotations

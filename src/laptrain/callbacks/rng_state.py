@@ -1,11 +1,9 @@
 """Carry the random number generators' states in the checkpoint (docs/lightning.md, "RNG state").
 
 Lightning 2.6.6 checkpoints hold no RNG state (``dump_checkpoint``,
-lightning/pytorch/trainer/connectors/checkpoint_connector.py), so dropout and augmentation after a
-resume differ. This saves python's, numpy's and torch's (CPU, every CUDA device, MPS's own)
-generators: every rank's, gathered by one ``all_gather_object`` per save, each rank restoring its
-own. Each save names the process's own device, so a job requeued on fewer GPUs restores what
-exists (``set_rng_state_all`` over the saved list raised ``IndexError``).
+lightning/pytorch/trainer/connectors/checkpoint_connector.py): every rank's generators, gathered
+per save; a job requeued on fewer GPUs restores what exists (``set_rng_state_all`` raised
+``IndexError``).
 """
 
 from __future__ import annotations

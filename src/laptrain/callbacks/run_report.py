@@ -40,12 +40,9 @@ GUARD_SECTIONS = ("memory", "thermal", "oom", "power")
 class RunReport(VersionedState, Callback):
     """Write ``report.json``, ``report.md`` and ``report.png`` in the run folder.
 
-    Lightning leaves a run's story spread over logger files; this gathers it: hardware, versions,
-    times, throughput, peak memory, the sections of callbacks with ``summary()`` (``Reports``), the
-    best checkpoint, the resume command, final metrics and a plot. It writes at the end of fit,
-    after test, after an exception and at a session-budget stop, and keeps its totals in the
-    checkpoint, so a resumed run's report covers every session. The loggers get its figures too
-    (``train/samples_per_s``, ``run/<section>/<key>``). Options: conf/callbacks/run_report.yaml."""
+    Lightning leaves a run's story spread over logger files; this gathers it (with the sections of
+    callbacks that have ``summary()``) at every end of a session, its totals kept in the checkpoint
+    so a resumed run's report covers every session."""
 
     STATE_VERSION = 1
     STATE_NAME = "run_report"

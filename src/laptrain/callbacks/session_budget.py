@@ -17,12 +17,9 @@ from laptrain.checkpoints.stop import request_stop
 class SessionBudget(Callback):
     """Stop at a batch boundary once this process has trained ``max_minutes`` or ``max_epochs``.
 
-    Lightning's ``max_time`` restores its elapsed time from the checkpoint, so its budget spans
-    resumes (docs/lightning.md, "Timer and max_time"); this one is per process: "train 2-3 epochs at
-    a time, then let the machine rest" (field note 000). It stops through
-    ``laptrain.checkpoints.stop.request_stop`` (``stop_reason = "session"``, exit 75); a run that
-    would end there anyway is not flagged. With several processes every rank broadcasts at every
-    batch end while ``max_minutes`` is set: rank 0's clock decides (docs/callbacks.md)."""
+    Lightning's ``max_time`` spans resumes (docs/lightning.md, "Timer and max_time"); this one is
+    per process ("train 2-3 epochs, then let the machine rest"), exit 75; rank 0's clock decides
+    (docs/callbacks.md)."""
 
     def __init__(
         self,

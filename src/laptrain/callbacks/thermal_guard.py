@@ -20,13 +20,9 @@ from laptrain.hardware.thermal import LEVEL_NAMES, ThermalSource, thermal_source
 class ThermalGuard(VersionedState, Callback):
     """Pause training between steps while the machine is hot.
 
-    Lightning has no thermal awareness: a fanless MacBook Air throttles and the run just gets
-    slower. This guard reads the OS thermal state (``laptrain.hardware.thermal``) and the step-time
-    drift against the run's own early baseline, logs both under ``thermal/``, and when either says
-    "hot" sleeps between two steps. A break changes timing only: weights, batches and optimizer
-    state are untouched. Options: conf/callbacks/thermal_guard.yaml (``hot_micro_batch_divisor``
-    needs ``OOMBackoff`` and a ``ChunkedBackward`` model). With several processes rank 0's verdict
-    decides every rank's break, so all pause together (docs/callbacks.md)."""
+    Lightning has no thermal awareness: a fanless MacBook Air throttles and the run just slows.
+    The OS thermal state and the step-time drift decide a break between two steps (timing only);
+    rank 0's verdict decides every rank's (docs/callbacks.md)."""
 
     report_section = "thermal"
     STATE_VERSION = 1

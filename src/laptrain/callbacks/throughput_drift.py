@@ -10,10 +10,8 @@ from typing import Any
 
 
 class ThroughputDrift:
-    """Median step time of the last ``window`` steps vs. the median of the first ``baseline`` ones.
-
-    The first ``warmup`` steps are ignored (allocator warm-up, kernel compilation).
-    """
+    """Median step time of the last ``window`` steps vs. the median of the first ``baseline`` ones
+    after ``warmup`` (allocator warm-up, kernel compilation)."""
 
     def __init__(self, warmup: int = 5, baseline: int = 20, window: int = 20) -> None:
         if warmup < 0 or baseline < 1 or window < 1:

@@ -1,11 +1,8 @@
 """Report the monitored metric to this job's Optuna trial after every validation, and stop the run
 when the study's pruner says the trial is hopeless (docs/sweeps.md).
 
-Hydra's sweepers never hand a job its trial (hydra#1710). laptrain's sweeper puts the trial's
-number in the job's environment (:data:`TRIAL_ENV`) and the job finds the trial through the
-study's RDB storage, so a job in another process or machine prunes too. The step is the
-validation's index, so trials with other batch sizes line up; a pruned run stops as EarlyStopping
-does, and the job raises ``optuna.TrialPruned`` (:func:`raise_in_sweep`).
+Hydra's sweepers never hand a job its trial (hydra#1710): the sweeper puts its number in
+:data:`TRIAL_ENV` and the job finds it in the study's RDB storage, also in another process.
 """
 
 from __future__ import annotations

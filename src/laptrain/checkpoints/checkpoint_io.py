@@ -1,19 +1,12 @@
 """Checkpoint bytes: written so that a kill at any instant leaves a loadable file, read with care.
 
-Writing: Lightning 2.6.6's ``_atomic_save`` (lightning/fabric/utilities/cloud_io.py:85) moves a
-temporary file from the system temp folder (a copy across filesystems, killable half way), fsyncs
-nothing and holds the checkpoint in memory twice. :class:`AtomicCheckpointIO` writes beside the
-target, fsyncs, renames and fsyncs the folder; a full disk, which torch's zip writer mostly reports
-as a RuntimeError with the ``OSError`` in its ``__context__`` (torch/serialization.py:853), is one
-line naming the folder and its free space. docs/lightning.md ("Atomic saves") has the sources and
-measurements. :func:`move_into_place` is the same fsynced rename for a stop's side file
-(:mod:`.stop`).
-
-Reading: every checkpoint is opened with ``weights_only=True``, the objects the run's config builds
-allowed (:mod:`.trusted`); :func:`load_state` memory-maps it, :func:`read_checkpoint` says in one
-line why a file is not a checkpoint. Under FSDP Lightning reads a full checkpoint with an
-unrestricted unpickler (``_lazy_load``, lightning/pytorch/strategies/fsdp.py:631);
-:func:`weights_only_under_fsdp` routes that call through :func:`load_state`.
+Writing: Lightning 2.6.6's ``_atomic_save`` (lightning/fabric/utilities/cloud_io.py:85) copies a
+temp file across filesystems and fsyncs nothing; :class:`AtomicCheckpointIO` writes beside the
+target, fsyncs, renames and fsyncs the folder, and a full disk (torch's zip writer: a RuntimeError
+with the ``OSError`` in its ``__context__``, torch/serialization.py:853) is one line
+(docs/lightning.md, "Atomic saves"). Reading: ``weights_only=True`` with the config's objects
+allowed (:mod:`.trusted`), also under FSDP, whose ``_lazy_load`` unpickles freely
+(lightning/pytorch/strategies/fsdp.py:631; :func:`weights_only_under_fsdp`).
 """
 
 from __future__ import annotations

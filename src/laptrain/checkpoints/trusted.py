@@ -1,12 +1,9 @@
 """The objects a checkpoint may hold besides tensors and plain values: those the run's own config
 builds, loaded with ``weights_only=True`` and exactly those allowed.
 
-A lightning-hydra-template module keeps its ``net`` and ``_partial_`` optimizer in
-``save_hyperparameters``, so Lightning pickles them into ``hyper_parameters`` and torch's
-restricted unpickler refuses them. They come from the user's config, so :func:`trusted_globals`
-collects the ``_target_`` classes of ``model`` and ``data`` and what their objects name in a pickle,
-and :meth:`TrustedGlobals.loading` allows them for one load (``torch.serialization.safe_globals``);
-any other global stays refused, in one line naming it.
+A lightning-hydra-template module pickles its ``net`` and ``_partial_`` optimizer into
+``hyper_parameters``, which torch's restricted unpickler refuses; they come from the user's config,
+so those classes are allowed for one load (``torch.serialization.safe_globals``).
 """
 
 from __future__ import annotations

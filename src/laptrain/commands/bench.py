@@ -1,11 +1,9 @@
 """``laptrain bench [overrides...]``: time N training steps of the job ``train.py`` would run
 (docs/cli.md).
 
-The job is composed, checked and built as ``train.py`` does, written to a temporary folder removed
-at the end, without validation or test. A :class:`StepClock` times every batch: samples/s,
-tokens/s, step-time percentiles, the share spent waiting for data, peak memory, CPU use, padding
-and one line of advice per bottleneck, which Lightning's profilers do not give. ``--compare
-key=a,b`` alternates the two settings (A B A B ...) so a busy machine slows both alike.
+Built as ``train.py`` builds it, in a temporary folder, without validation; Lightning's profilers
+give no samples/s, data-wait share or advice. ``--compare key=a,b`` alternates the two settings
+(A B A B ...) so a busy machine slows both alike.
 """
 
 from __future__ import annotations
@@ -129,11 +127,9 @@ def _make_clock_class() -> type:
     from laptrain.data.collate import batch_length
 
     class StepClock(pl.Callback):
-        """Times each batch from one ``on_train_batch_start`` to the next (so every callback, the
-        optimizer and the wait for the next batch are inside), and the time between batches: from
-        the end of a batch's hooks to the start of the next one (fetching and collating the next
-        batch, plus the loop's logging). Synchronises the device once per
-        batch (on CPU a no-op) so that queued kernels are counted in their own step."""
+        """Times each batch from one ``on_train_batch_start`` to the next, and the time between a
+        batch's last hook and the next batch (loading and the loop's logging); synchronises the
+        device once per batch so that queued kernels count in their own step."""
 
         def __init__(self, warmup: int, sync: Callable[[], None]) -> None:
             self.warmup, self.sync = warmup, sync
@@ -253,6 +249,7 @@ def _device_sync_and_memory(device: str) -> tuple[Callable[[], None], Callable[[
 def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = True) -> StepStats:
     """Run ``warmup + steps`` optimizer steps of the job and return what was measured."""
     import psutil
+    import torch
 
     clock = _make_clock_class()
     sync, memory = _device_sync_and_memory(job.plan.device)
@@ -262,7 +259,7 @@ def measure(job: BenchJob, steps: int, warmup: int = 3, with_callbacks: bool = T
     trainer = make_trainer(job, warmup + steps, [*callbacks, timer])
     trainer.fit(job.model, datamodule=job.datamodule)
     stats = timer.stats
-    stats.threads = _torch_threads()
+    stats.threads = torch.get_num_threads()
     stats.device = job.plan.device
     stats.device_peak_bytes, stats.device_total_bytes = memory()
     stats.rss_peak_bytes = process_peak_bytes()
@@ -277,12 +274,6 @@ def checkpointing_key(model_cfg: Mapping[str, Any]) -> str | None:
     """``model.<key>`` that turns gradient checkpointing on in this config; None for a user's
     module."""
     return next((f"model.{key}" for key in CHECKPOINTING_KEYS if key in model_cfg), None)
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def advice(stats: StepStats) -> list[str]:
@@ -414,16 +405,9 @@ def _merge(total: StepStats, part: StepStats) -> None:
     total.data_s += part.data_s
     for name in ("samples", "real_tokens", "computed_tokens", "wall_s", "cpu_s"):
         setattr(total, name, getattr(total, name) + getattr(part, name))
-    for name in (
-        "threads",
-        "device",
-        "device_total_bytes",
-        "ram_total_bytes",
-        "workers",
-        "checkpointing",
-    ):
+    for name in ("threads", "device", "device_total_bytes", "ram_total_bytes", "workers"):
         setattr(total, name, getattr(part, name))
-    total.grouped = part.grouped
+    total.grouped, total.checkpointing = part.grouped, part.checkpointing
     total.rss_peak_bytes = max(total.rss_peak_bytes, part.rss_peak_bytes)
     peaks = [p for p in (total.device_peak_bytes, part.device_peak_bytes) if p is not None]
     total.device_peak_bytes = max(peaks) if peaks else None

@@ -1,11 +1,7 @@
 """The ``laptrain`` console script; docs/cli.md has every command, its output and exit codes.
 
-Each subcommand is one plain function of the parsed arguments (``COMMANDS``); ``build_parser``
-declares their arguments (tests/test_cli.py keeps the two in step). A family's own commands come
-from its ``commands`` hook (laptrain.family), parsers and functions both. Shared by all: a run is
-named as ``laptrain runs`` prints it or by its folder (:func:`laptrain.run_folder.listing.
-resolve_run`); options and overrides mix in any order (:class:`Parser`); every help shows its
-default (:class:`HelpFormatter`); one exit code per outcome (:mod:`laptrain.exit_codes`).
+Each subcommand is one function of the parsed arguments (``COMMANDS``), its arguments declared in
+``PARSERS``; a family's own come from its ``commands`` hook (laptrain.family).
 """
 
 from __future__ import annotations
@@ -387,9 +383,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class Parser(argparse.ArgumentParser):
     """Options and positionals in any order (``laptrain bench a=1 --steps 20 b=2``) through
-    argparse's ``parse_known_intermixed_args``, also as a subcommand's parser; a parser with a
-    subcommand or ``REMAINDER`` positional (top level, ``runs``, ``train``) parses as argparse
-    does."""
+    argparse's ``parse_known_intermixed_args``, except with subcommands or ``REMAINDER``."""
 
     _mixing = False
 
@@ -462,10 +456,8 @@ def command_table(families: list[Commands]) -> dict[str, Callable[[argparse.Name
 
 
 def import_from_clone() -> Path | None:
-    """Puts the clone's root first on ``sys.path``, as ``python train.py`` has it, so a preset's
-    ``_target_: user.<name>...`` imports in ``laptrain train``, ``bench`` and ``doctor`` too
-    (docs/your_model.md). Returns the root, whose ``user/`` families may bring commands; None
-    outside a clone."""
+    """Puts the clone's root first on ``sys.path``, as ``python train.py`` has it, so that
+    ``_target_: user.<name>...`` imports (docs/your_model.md); the root, None outside a clone."""
     try:
         root = project_root()
     except ProjectNotFound:

@@ -366,10 +366,8 @@ def run_doctor(
     battery: BatterySource | None = None,
     pressure: PressureSource | None = None,
 ) -> Report:
-    """Run every check; nothing here raises. ``family``: the family of the model named
-    (``model=<preset>``), whose own check (its ``FAMILY.doctor_check``, named
-    ``<family> training``) runs after the generic training check. ``battery``, ``pressure``:
-    injectable readers (None = the OS)."""
+    """Run every check; nothing here raises. ``family``: that of ``model=<preset>``, whose
+    ``doctor_check`` runs after the generic training check."""
     environ = dict(os.environ if environ is None else environ)
     machine = machine or detect_machine()
     try:

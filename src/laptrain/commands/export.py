@@ -1,10 +1,6 @@
-"""``laptrain export RUN --format F``: one command for every format (docs/export.md). The run's
-family (from its config's ``_target_``, :mod:`laptrain.family`) exports the formats its
-``FAMILY.exports`` names (LoRA: hf, gguf, mlx; the classifier: onnx with its tokenizer); any other run,
-a user's own LightningModule too, exports as onnx through :mod:`laptrain.commands.onnx_export`.
-A folder that is no run (a LoRA adapter folder) goes to the installed family that names the
-format. A family's exports module is imported only when its format is asked for, or to add its
-options to this parser."""
+"""``laptrain export RUN --format F``: one command for every format (docs/export.md): the formats of
+the run's family (``FAMILY.exports``), else onnx (:mod:`laptrain.commands.onnx_export`); a folder
+that is no run goes to the installed family that names the format."""
 
 from __future__ import annotations
 

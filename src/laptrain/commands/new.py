@@ -1,12 +1,8 @@
 """``laptrain new NAME``: a working model and data of your own, ready to edit (docs/your_model.md).
 
-Writes ``user/NAME/{model,data,test_NAME}.py`` (a plain LightningModule and a
-lightning-hydra-template style LightningDataModule) and ``conf/{model,data}/NAME.yaml``, so
-``python train.py model=NAME data=NAME`` trains at once: ``train.py``'s folder is on ``sys.path``.
-The files come from templates (``laptrain/templates/new/``) with ``{{name}}`` and ``{{cls}}`` filled
-by string replacement: cookiecutter or copier would be a dependency and a second templating syntax
-beside Hydra's, for six files without choices. Bad input is one line and exit 2 with nothing
-written; a write that fails part-way removes what it wrote.
+The files come from ``laptrain/templates/new/`` with ``{{name}}`` and ``{{cls}}`` replaced:
+cookiecutter or copier would be a dependency and a second templating syntax for six files without
+choices. A write that fails part-way removes what it wrote.
 """
 
 from __future__ import annotations
@@ -78,11 +74,8 @@ def planned_files(name: str, root: Path) -> list[NewFile]:
 
 
 def write_new(name: str, root: Path) -> list[Path]:
-    """Writes the files of :func:`planned_files` under ``root``; returns their paths.
-
-    Raises ValueError (one line) when ``root`` is no laptrain clone or any file exists, before
-    writing anything; an OSError part-way removes the files and folders written so far.
-    """
+    """Writes the files of :func:`planned_files` under ``root``; returns their paths. ValueError
+    (one line, nothing written) when ``root`` is no clone or a file exists."""
     if not (root / "conf" / "train.yaml").is_file():
         raise ValueError(
             f"{root} holds no conf/train.yaml: run laptrain new in a laptrain clone, or give "

@@ -4,11 +4,8 @@ exported from the run's best checkpoint with its ``example_input_array``, or one
 datamodule; a family may export its own way (the classifier: tokenizer and labels beside the
 model) through :func:`write_onnx`.
 
-The exporter is torch.export's (``torch.onnx.export(dynamo=True)`` with ``dynamic_shapes``), not
-the TorchScript tracer (``dynamo=False`` with ``dynamic_axes``): the tracer recorded the tiny BERT
-classifier's attention-mask shapes at the traced batch and length, and at other sizes its logits
-were off by up to 1e-2; torch.export keeps both sizes symbolic (max |Δ logit| 7e-9 at batch 1 and
-5, torch 2.13).
+torch.export's exporter (``dynamo=True``), not the TorchScript tracer, which fixed the tiny BERT's
+mask shapes at the traced size (logits off by up to 1e-2 at other sizes; torch.export: 7e-9).
 """
 
 from __future__ import annotations
@@ -101,12 +98,8 @@ def write_onnx(
 ) -> float:
     """``model(**inputs)`` as ``folder/model.onnx``: axis 0 of every input dynamic (batch), and
     axis 1 of integer inputs (token ids, masks: sequence); with ``quant="int8"`` its weights
-    quantized. Returns the max |Δ| between onnxruntime's and torch's outputs on ``inputs``.
-
-    Raises:
-        ValueError: one line naming the reason and ``example_input_array`` when torch.export
-            cannot export the forward.
-    """
+    quantized. Returns the max |Δ| between onnxruntime's and torch's outputs on ``inputs``; a
+    ValueError (one line) when torch.export cannot export the forward."""
     import numpy as np
     import onnxruntime
     import torch

@@ -1,18 +1,11 @@
 """``laptrain why <run>``: what happened in a run and what to change, read from the run's own
 records.
 
-The records (any one is enough): the TensorBoard event files under ``<run>/tensorboard/`` (read with
-tensorboard's ``EventAccumulator``, as TensorBoard does; ``<run>/csv/metrics.csv`` under
-``logger=csv``), ``report.json`` (``RunReport``: status, step, precision, monitored metric, the NaN
-guard's ``nonfinite`` and the OOM backoff's ``oom`` sections; its plot points give
-``samples_per_s``, logged nowhere else, and stand in for curves the event files lack), and for the
-precision ``run_info.json`` then ``.hydra/config.yaml``. Steps are as each record numbers them:
-Lightning logs ``train/*``, ``val/*`` and ``lr-*`` at ``trainer.global_step - 1``, the guards and
-the report at ``global_step``.
-
-:func:`diagnose` is a pure function of the series (``{name: [(step, value), ...]}``) and the report;
-each rule gives at most one :class:`Finding` naming the step and value it rests on. The rules and
-their thresholds (the constants below) are listed in docs/cli.md (``laptrain why``).
+The records (any one is enough): the TensorBoard event files (tensorboard's ``EventAccumulator``)
+or ``csv/metrics.csv``, ``report.json``, and ``run_info.json`` / ``.hydra/config.yaml``. Lightning
+logs ``train/*``, ``val/*`` and ``lr-*`` at ``trainer.global_step - 1``, the guards and the report
+at ``global_step``. :func:`diagnose` is a pure function of the series and the report; each rule
+gives at most one :class:`Finding` (the rules and thresholds: docs/cli.md, ``laptrain why``).
 """
 
 from __future__ import annotations
@@ -71,10 +64,8 @@ SYSTEM_PERCENT_GROWTH = 5.0
 
 @dataclass(frozen=True)
 class Finding:
-    """One claim about the run: what (``kind``), where (``step``, ``value``: the curve's value
-    there, smoothed for divergence, the slow stretch's median for throughput, the micro-batch
-    reached for an OOM backoff, the learning rate for a recorded non-finite step), what to
-    change."""
+    """One claim about the run: what (``kind``), where (``step``, ``value``: the value the rule
+    rests on), what to change."""
 
     kind: str  # nonfinite, oom, divergence, overfitting, plateau, throughput, ok, a family's
     step: int | None
@@ -521,10 +512,8 @@ def diagnose(
     clip: str | None = CLIP,
     family_rules: Callable[[Series], list[Finding]] | None = None,
 ) -> list[Finding]:
-    """The findings of every rule (docs/cli.md), most pressing first; "ok" when none fires.
-    ``precision`` and ``monitor`` fill in what ``report`` lacks; ``checkpoints``: the run's
-    ``best-step<N>.ckpt`` by N; ``clip``: :func:`clip_overrides`; ``family_rules``:
-    ``Family.why``."""
+    """The findings of every rule (docs/cli.md), most pressing first; "ok" when none fires;
+    ``checkpoints``: the run's ``best-step<N>.ckpt`` by N."""
     hardware, ckpt = section(report, "hardware"), section(report, "checkpoint")
     precision = hardware.get("precision") or precision
     monitor = ckpt.get("monitor") or monitor

@@ -1,8 +1,6 @@
-"""Check the whole composed config before any data or model work, and say what is wrong in one line.
-Hydra instantiates lazily, so a misspelt argument fails late as a traceback: here every
-``_target_`` is bound to its constructor's signature up front (the idea of torchtune's
-``config/_validate.py``), all problems go into one message, and Hydra's own composition errors
-become one line naming the override to type."""
+"""Check the whole composed config before any data or model work, and say what is wrong in one line:
+every ``_target_`` bound to its constructor's signature up front (torchtune's
+``config/_validate.py``), since Hydra instantiates lazily."""
 
 from __future__ import annotations
 

@@ -85,11 +85,8 @@ def overrides(argv: Sequence[str]) -> list[str]:
 
 
 def insert_overrides(argv: Sequence[str], new: Sequence[str]) -> list[str]:
-    """``argv`` with ``new`` overrides placed where Hydra's parser accepts them.
-
-    After the last existing override (so the overrides stay one run and the launcher's come last),
-    else right after the script name, before any option.
-    """
+    """``argv`` with ``new`` overrides after the last existing one (else right after the script
+    name), where Hydra's parser accepts them."""
     indices = override_indices(argv)
     at = indices[-1] + 1 if indices else min(1, len(argv))
     return [*argv[:at], *new, *argv[at:]]
@@ -123,11 +120,8 @@ def selected_option(argv: Sequence[str], group: str, conf_dir: Path) -> str | No
 def run_argv_hook(argv: Sequence[str], conf_dir: Path) -> tuple[list[str], list[str]]:
     """Let the selected model YAML rewrite the command line before Hydra composes.
 
-    A model YAML may name ``_argv_hook_: <module>.<function>``; the function gets
-    ``(argv, yaml_path)`` and returns ``(argv, lines to print)``. TRM uses it to turn
-    ``model.size=auto`` into a preset (the choice then shows in ``--cfg job``). The hook's module
-    must not import torch: it runs before the profile's environment is exported.
-    """
+    ``_argv_hook_: <module>.<function>`` gets ``(argv, yaml_path)`` and returns ``(argv, lines to
+    print)``; its module must not import torch (it runs before the profile's environment)."""
     import importlib
 
     import yaml

@@ -18,11 +18,8 @@ def padded_length(length: int, multiple: int | None) -> int:
 
 @dataclass
 class PadCollator:
-    """Stack ``input_ids`` lists into a right-padded batch with an attention mask.
-
-    ``pad_to_multiple_of`` rounds the batch length up (8 helps tensor cores on CUDA with fp16).
-    A dataclass, so DataLoader workers started with spawn (macOS) can pickle it.
-    """
+    """Stack ``input_ids`` lists into a right-padded batch with an attention mask; a dataclass, so
+    spawned DataLoader workers (macOS) can pickle it."""
 
     pad_token_id: int
     pad_to_multiple_of: int | None = None

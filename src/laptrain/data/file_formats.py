@@ -1,9 +1,6 @@
 """Data files by suffix: the one place that knows which suffixes laptrain reads and how each kind
-is opened, streamed and parsed, for every kind of row (:mod:`laptrain.data.tables`; LoRA's
-instruction and preference rows). :data:`FORMATS` maps a suffix to its kind and options;
-:func:`read_by_suffix` calls the rows' reader for that kind. Every problem is one
-:class:`DataError` line naming the file, the line and the fix (docs/data.md).
-"""
+is opened, streamed and parsed; every problem is one :class:`DataError` line naming the file, the
+line and the fix (docs/data.md)."""
 
 from __future__ import annotations
 

@@ -28,10 +28,8 @@ def file_rules_of(target: str) -> FileRules | None:
 
 def check_data_config(data: Any) -> None:
     """``train.py``'s data check on the composed ``data`` config, before the run folder exists:
-    the local files of a text-classification, instruction or preference config are read and checked by the
-    rules their datamodule applies; anything else (a hub dataset, a builder, another datamodule) is
-    checked when the datamodule reads it. A value of the wrong type is left to the config check,
-    which names the argument. Files that passed are stamped under ``<cache_dir>/checked/``."""
+    local files are checked by their datamodule's family rules (``Family.file_rules``); files that
+    passed are stamped under ``<cache_dir>/checked/``."""
     from omegaconf import OmegaConf
 
     try:

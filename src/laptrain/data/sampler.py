@@ -1,16 +1,11 @@
 """Batches of similar length, in a seeded order that a resumed run continues exactly.
 
-Users' texts are long-tailed: with random batches most compute goes to padding
-(``benchmarks/padding.py``). ``LengthGroupedBatchSampler`` shuffles with ``(seed, epoch)``, sorts
-mega-batches of ``batch_size * mega_batches`` by length, cuts them into batches and shuffles the
-batch order (transformers' ``LengthGroupedSampler``'s idea, resumable and Trainer-free). Under
-DDP it shards itself: global batches of ``batch_size * replicas``, each rank its part, so 2 ranks
-x 8 see what 1 rank x 16 sees. Lightning's ``use_distributed_sampler`` would rebuild it as
-``cls(sampler, batch_size=..., drop_last=...)`` (lightning/pytorch/utilities/data.py,
-``_dataloader_init_kwargs_resolve_sampler``), so its datamodules declare ``shards_itself``.
-
-``ResumableDataLoader`` counts the batches handed out (not those prefetched) and, restored, skips
-exactly those (docs/lightning.md, "Mid-epoch resume"); it runs over either sampler here.
+Long-tailed texts in random batches are mostly padding (``benchmarks/padding.py``): batches are
+cut from length-sorted mega-batches (transformers' ``LengthGroupedSampler``'s idea, resumable).
+Under DDP the sampler shards itself (2 ranks x 8 see what 1 rank x 16 sees), since Lightning's
+``use_distributed_sampler`` would rebuild it (lightning/pytorch/utilities/data.py,
+``_dataloader_init_kwargs_resolve_sampler``). ``ResumableDataLoader`` skips, restored, exactly the
+batches handed out (docs/lightning.md, "Mid-epoch resume").
 """
 
 from __future__ import annotations

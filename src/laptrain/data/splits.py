@@ -41,13 +41,9 @@ def assign_splits(
 ) -> list[str]:
     """The split name of every row (``"train"`` unless ``fractions`` claims it).
 
-    Each label's groups (rows sharing a group key) are visited in a seeded order and given to the
-    split furthest below its share of that label's rows. A group much larger than what a split still
-    misses stays in train, so one big group (a 200-docstring module) cannot fill a small split.
-
-    With ``folds``, ``fractions`` other than ``"val"`` are split off first (the test split, the same
-    for every fold), the rest is divided into folds (:func:`assign_folds`) and fold ``fold`` is
-    ``"val"``.
+    Each label's groups go, in a seeded order, to the split furthest below its share; a group much
+    larger than a split still misses stays in train. With ``folds``, the other splits go first and
+    fold ``fold`` of the rest (:func:`assign_folds`) is ``"val"``.
     """
     if folds is not None:
         held = {s: f for s, f in fractions.items() if s != "val"}
@@ -78,14 +74,8 @@ def assign_splits(
 def assign_folds(
     labels: Sequence[str], groups: Sequence[Hashable], folds: int, seed: int
 ) -> list[int]:
-    """The fold (``0..folds-1``) of every row, for k-fold cross-validation: each row in exactly one
-    fold, whole groups per fold, each label spread evenly over the folds, seeded.
-
-    Each label's groups are visited in a seeded order and given to the fold with the fewest rows of
-    that label (then the fewest rows in all). A datamodule of your own: ``numbers =
-    assign_folds(labels, groups, folds, seed)``, validate on the rows whose number is ``fold`` and
-    train on the others.
-    """
+    """The fold (``0..folds-1``) of every row: whole groups per fold, each label's groups given in
+    a seeded order to the fold with the fewest rows of that label (then the fewest in all)."""
     check_folds(folds, 0)
     members, ordered = _groups_by_label(labels, groups, seed)
     where = [0] * len(groups)
@@ -119,30 +109,3 @@ def check_folds(folds: int | None, fold: int, validation_file: bool = False) -> 
             f"data.folds={folds} makes fold {fold} the validation split, and "
             "data.files.validation gives one too: set data.files.validation=null or data.folds=null"
         )
-
-
-def check_train_fraction(fraction: float) -> None:
-    if not 0 < fraction <= 1:
-        raise ValueError(f"data.train_fraction={fraction}: use a fraction in (0, 1]")
-
-
-def train_subset(labels: Sequence[Hashable], fraction: float, seed: int) -> list[int]:
-    """Row indices of a seeded, stratified ``fraction`` of a train split, in their order.
-
-    For tuning on less data (``data.train_fraction``): every label keeps its share of rows (at
-    least one), and the same seed keeps the same rows, every epoch and every trial, unlike
-    ``trainer.limit_train_batches``, which takes the first batches of each epoch's shuffle.
-    """
-    check_train_fraction(fraction)
-    if fraction == 1:
-        return list(range(len(labels)))
-    rng = np.random.default_rng(seed)
-    by_label: dict[Hashable, list[int]] = {}
-    for i, label in enumerate(labels):
-        by_label.setdefault(label, []).append(i)
-    keep: list[int] = []
-    for label in sorted(by_label, key=str):
-        rows = by_label[label]
-        count = max(1, round(len(rows) * fraction))
-        keep.extend(int(i) for i in rng.choice(rows, size=count, replace=False))
-    return sorted(keep)

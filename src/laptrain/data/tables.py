@@ -1,11 +1,9 @@
 """One data file as a :class:`Table` of records, which files a ``data.files`` config names, and the
 split checks every file-reading datamodule shares.
 
-``datasets``' builders answer a broken JSONL line, a Latin-1 file or an open quote with "An error
-occurred while generating the dataset" (datasets 5.2), naming neither line nor fix. Here records are
-read with the standard library (pyarrow for Parquet) by suffix (:mod:`laptrain.data.file_formats`),
-so every problem is one :class:`DataError` line naming file, line and fix. No torch, no
-``datasets``: the pre-check reads files with it in about a second, before torch loads.
+``datasets``' builders answer a broken line with "An error occurred while generating the dataset"
+(datasets 5.2); here the standard library reads (pyarrow for Parquet), so every problem is one
+:class:`DataError` line naming file, line and fix, and the pre-check runs before torch loads.
 """
 
 from __future__ import annotations

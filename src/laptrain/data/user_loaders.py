@@ -2,13 +2,10 @@
 mid-epoch exactly, and one share of the data per process under DDP / FSDP (docs/lightning.md,
 "A user's plain loader").
 
-For a datamodule that is not :class:`~laptrain.data.contracts.ShardsItself` the Trainer gets
-``use_distributed_sampler=True`` (unless configured), and a plain ``DataLoader`` over a map-style
-dataset with torch's own sampler is rebuilt, every setting kept, as a ``ResumableDataLoader`` over
-a ``ResumableDistributedSampler``, which Lightning leaves in place
-(``_requires_distributed_sampler``, trainer/connectors/data_connector.py:169-175). Any other
-train loader is left as it is, with one line saying it will not resume exactly (silently when it
-saves its own position, as torchdata's ``StatefulDataLoader``).
+A plain ``DataLoader`` over a map-style dataset is rebuilt, every setting kept, over a
+``ResumableDistributedSampler``, which Lightning leaves in place (``_requires_distributed_sampler``,
+trainer/connectors/data_connector.py:169-175); any other loader is kept, with one line saying it
+will not resume exactly (none when it saves its own position).
 """
 
 from __future__ import annotations

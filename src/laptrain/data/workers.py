@@ -1,13 +1,10 @@
 """DataLoader workers that leave Ctrl-C and SIGTERM to the main process.
 
-Ctrl-C reaches the whole foreground process group (and ``scancel`` every process of a job): a
-worker with Python's default handlers dies at once, while the main process is finishing the batch
-to save, whose next fetch then fails with "DataLoader worker (pid N) exited unexpectedly". Neither
-torch (``_worker_loop``) nor Lightning (``pl_worker_init_function`` only seeds) changes that, so
-each worker ignores both signals; the main process still ends its workers
-(``_shutdown_workers``), and an orphan exits through torch's ``ManagerWatchdog``. A spawned worker
-imports torch before ``worker_init_fn`` runs, so :func:`worker_context` blocks both signals while
-it starts one (the mask survives ``execve``) and :class:`WorkerInit` unblocks them once ignored.
+Ctrl-C reaches the whole process group: a worker that died of it fails the main process's save
+("DataLoader worker (pid N) exited unexpectedly"); torch's ``_worker_loop`` and Lightning's
+``pl_worker_init_function`` leave the handlers. The main process still ends its workers
+(``_shutdown_workers``). A spawned worker imports torch first, so :func:`worker_context` blocks
+the signals while it starts (the mask survives ``execve``) and :class:`WorkerInit` unblocks them.
 """
 
 from __future__ import annotations
@@ -57,14 +54,10 @@ class _SignalsHeldSpawnContext(SpawnContext):
 
 
 def worker_context(start_method: str | None = None) -> BaseContext | None:
-    """The ``multiprocessing_context`` for a loader whose workers run :class:`WorkerInit`:
-    under the spawn start method (``start_method``, default: this process's), one whose workers
-    start with the stop signals blocked until ``WorkerInit`` ignores them; None (torch's own
-    choice) otherwise. A forked worker is a copy of the main process and has its handlers from
-    the start, and a forkserver's worker inherits the server's mask, not the loader's, so the
-    window is left as it is there. Gap filled: torch's DataLoader starts its workers through the
-    context it is given (``torch/utils/data/dataloader.py``) and neither torch nor Lightning
-    holds signals back while a worker starts."""
+    """The ``multiprocessing_context`` for a loader whose workers run :class:`WorkerInit`: under
+    spawn (``start_method``, default: this process's) one that starts them with the stop signals
+    blocked; None otherwise (a forked worker has its handlers from the start, a forkserver's
+    inherits the server's mask)."""
     # the default first (multiprocessing docs); get_start_method() would fix it for the process
     method = start_method or (
         multiprocessing.get_start_method(allow_none=True)

@@ -171,10 +171,8 @@ def resolve_hardware_argv(
     profile_loader: Callable[[str], dict] = load_profile,
 ) -> tuple[list[str], str | None]:
     """Return argv with ``hardware=auto`` replaced by the detected profile, and a line saying why
-    (with an explicit ``hardware=<name>``, a note when this machine would get another, else None). A
-    CPU profile whose ``torch_threads`` is null gets the physical-core count unless the user set it;
-    the overrides go where Hydra's parser takes them (``insert_overrides``). ``UnsupportedMachine``
-    for ``hardware=auto`` on a machine no profile fits."""
+    (None, or a note for an explicit profile this machine would not get); ``UnsupportedMachine``
+    on a machine no profile fits."""
     args = list(argv)
     positions = [
         i for i in override_indices(args) if args[i].split("=", 1)[0] in ("hardware", "+hardware")

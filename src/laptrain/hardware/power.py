@@ -1,9 +1,5 @@
 """Where the laptop guards learn about power and memory pressure, and how the machine is kept awake
-(docs/hardware.md §16); each is injectable, so the guards run on a CPU-only machine with fakes:
-``PsutilBattery`` (no battery: a desktop), ``SysctlPressure`` (macOS
-``kern.memorystatus_vm_pressure_level``: 1 normal, 2 warning, 4 critical, XNU's
-``NOTE_MEMORYSTATUS_PRESSURE_*``), ``top_processes`` and ``KeepAwake`` (``caffeinate -i -w <pid>``
-on macOS, ``systemd-inhibit`` around ``tail --pid=<pid>`` on Linux)."""
+(docs/hardware.md §16); each is injectable, so the guards run on a CPU-only machine with fakes."""
 
 from __future__ import annotations
 

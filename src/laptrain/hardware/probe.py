@@ -77,10 +77,8 @@ def _host_memory() -> dict[str, float]:
 class TorchProbe:
     """The real probe: psutil for the host, ``torch.cuda`` / ``torch.mps`` for the device.
 
-    On CUDA every figure is read from GPU ``index`` (None: the current device, which
-    laptrain.job.run sets to this rank's GPU before anything touches CUDA), never from torch's
-    default of the current device when an index is given: with ``trainer.devices=[2,3]`` rank 0
-    reads GPU 2, not GPU 0."""
+    On CUDA every figure is read from GPU ``index`` (None: the current device): with
+    ``trainer.devices=[2,3]`` rank 0 reads GPU 2, not GPU 0."""
 
     def __init__(self, kind: str = "cpu", index: int | None = None) -> None:
         if kind not in DEVICE_KINDS:

@@ -1,13 +1,9 @@
 """Find and set a run's batch size and loader settings on any module and datamodule.
 
-The lookup is Lightning's own (``lightning_hasattr``/``getattr``/``setattr`` in
-lightning/pytorch/utilities/parsing.py, which its batch-size finder uses): an attribute or
-``hparams`` entry of the module or datamodule, so a lightning-hydra-template datamodule
-(``self.hparams.batch_size``) gets the run's batch without knowing laptrain. Those functions reach
-the datamodule through ``model.trainer``, which exists only once ``fit`` started:
-:func:`_as_fit_sees_it` lends a stand-in for one lookup. A datamodule that splits ``batch_size``
-over the processes in ``setup`` (lightning-hydra-template's MNIST: ``batch_size_per_device``) is
-read per device and set times the process count (:func:`set_up` shows it ``trainer.world_size``).
+Lightning's own lookup (``lightning_hasattr``/``getattr``/``setattr``,
+lightning/pytorch/utilities/parsing.py): an attribute or ``hparams`` entry, so a
+lightning-hydra-template datamodule gets the run's batch without knowing laptrain. One that splits
+``batch_size`` per device in ``setup`` is read per device and set times the process count.
 """
 
 from __future__ import annotations

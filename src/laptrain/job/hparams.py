@@ -30,11 +30,8 @@ def hp_keys(optimized_metric: str) -> tuple[str, str, str]:
 def best_score(
     callbacks: list[Any], monitor: str, trusted: TrustedGlobals | None = None
 ) -> float | None:
-    """The best value the checkpoint callback that monitors ``monitor`` has seen, or None.
-
-    Lightning restores it from the checkpoint when a run resumes; after a spawned fit
-    (``ddp_spawn``) the main process gets back only ``best_model_path``, so the score is read
-    from that checkpoint's own copy of the callback state."""
+    """The best value the checkpoint callback that monitors ``monitor`` has seen, or None; after
+    ``ddp_spawn`` (only ``best_model_path`` comes back) read from that checkpoint."""
     for callback in callbacks:
         if getattr(callback, "monitor", None) != monitor:
             continue

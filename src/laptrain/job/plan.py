@@ -1,11 +1,8 @@
 """The run plan: every machine-dependent choice of a run, decided once, frozen, passed down.
 
-``build_run_plan`` is where the hardware profile, the data and trainer configs and the memory
-preflight meet. The datamodule gets its batch sizes from the plan (:func:`planned_datamodule`),
-the Trainer its accelerator, devices, precision and accumulation (``trainer_kwargs()``); nothing
-writes back into the config. The console summary and ``run_info.json`` render the plan, each
-value with its reason. ``batch_size: from_profile`` in a data YAML takes the profile's micro batch
-(``hardware.batch_size``, a number or ``auto``); a number (TRM's carry slots) is kept.
+``build_run_plan`` is where the hardware profile, the configs and the memory preflight meet;
+nothing writes back into the config. ``batch_size: from_profile`` in a data YAML takes
+``hardware.batch_size`` (a number or ``auto``).
 """
 
 from __future__ import annotations
@@ -157,12 +154,8 @@ def build_run_plan(
     preflight: BatchPlanner | None = None,
     batch: BatchRequest | None = None,
 ) -> RunPlan:
-    """Decide the run's batch, accumulation, device and loader settings once.
-
-    ``device`` is the launch's decision (its kind, precision and this rank's GPU); ``batch`` the
-    parsed request (read from the config when not given); ``preflight`` the batch planner (chosen
-    for the model when None). Raises ValueError for ``auto`` with the preflight disabled or
-    contradicting settings, PreflightError when the job does not fit."""
+    """Decide the run's batch, accumulation, device and loader settings once, on the launch's
+    ``device``. Raises ValueError on contradicting settings, PreflightError when it cannot fit."""
     hw, trainer = cfg.hardware, cfg.trainer
     reasons: dict[str, str] = {}
     asked = _asked(cfg, model, datamodule, reasons, batch or batch_request(cfg), device.kind)

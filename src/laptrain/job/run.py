@@ -439,13 +439,9 @@ def _interrupted(
 def _test(
     cfg: DictConfig, trainer: pl.Trainer, model: Any, datamodule: Any, remake: Callable[[], Any]
 ) -> tuple[dict[str, float], Any]:
-    """The fit's last metrics, updated by the test on the best checkpoint when ``test`` is on, and
-    the module that holds the weights to export (the one tested).
-
-    Every rank tests its own share of the test split with the same Trainer, so no rank waits in a
-    collective the others never reach. Under ``trainer=fsdp`` the test runs on the module built
-    again (``remake``): the fitted one keeps views of the fit's shards, and loading the checkpoint
-    into it fails on their sizes (Lightning issue #19015; docs/sweeps.md)."""
+    """The fit's last metrics, updated by the test on the best checkpoint, and the module to export.
+    Under ``trainer=fsdp`` the test runs on the module built again (``remake``): loading the
+    checkpoint into the fitted one fails on its shards' sizes (Lightning #19015; docs/sweeps.md)."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if cfg.get("test") and trainer.checkpoint_callback is not None:
         path = trainer.checkpoint_callback.best_model_path or None

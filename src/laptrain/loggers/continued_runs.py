@@ -1,9 +1,7 @@
 """A resumed run continues its MLflow run and its W&B run instead of starting a second one.
 
-Lightning's MLFlowLogger and WandbLogger start a new run when built without an id, and laptrain
-builds them anew at every resume. The ids are kept in the run folder's ``tracking.json`` (written
-atomically by rank 0) and passed back: ``MLFlowLogger(run_id=...)``, ``WandbLogger(id=...,
-resume="allow")``. An MLflow id goes back only to the store that made it; an id in the config wins.
+Lightning's loggers start a new run without an id: the ids are kept in ``tracking.json`` and passed
+back (``MLFlowLogger(run_id=...)``, ``WandbLogger(id=..., resume="allow")``).
 """
 
 from __future__ import annotations

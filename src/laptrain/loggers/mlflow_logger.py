@@ -1,9 +1,7 @@
 """Lightning's MLFlowLogger, able to continue a run that another session started.
 
-MLflow refuses to change a logged parameter, and a resumed run logs its config again, so resuming
-with a changed option (``trainer.max_steps=40`` after 20) failed. Here a parameter keeps its first
-value and the new one goes to the tag ``resumed/<key>``; a continued run is marked running again,
-and an id the store no longer has starts a new run with a warning.
+MLflow refuses to change a logged parameter, so resuming with ``trainer.max_steps=40`` after 20
+failed: the new value goes to the tag ``resumed/<key>``.
 """
 
 from __future__ import annotations

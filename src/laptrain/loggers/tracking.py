@@ -1,15 +1,9 @@
 """MLflow and W&B beside TensorBoard: what the job adds to Lightning's loggers (docs/loggers.md).
 
-- No login prompt: W&B logs offline unless a key is found (``WANDB_API_KEY`` or ``~/.netrc``);
-  ``WANDB_MODE`` / ``logger.wandb.mode`` win, and online with no key is refused in one line.
-- Nothing sent home unasked: MLflow's telemetry and wandb's error reports are off unless their
-  environment variables say otherwise.
-- MLflow's artifacts live beside the run folder's SQLite store, not in the cwd's ``mlruns/``.
-- A W&B run ends with its job (:func:`runs_ended`): a Hydra sweep's later jobs logged into the
-  first job's run, since WandbLogger reuses ``wandb.run``.
-- :func:`log_text`: the best checkpoint's path, which Lightning's numeric API cannot carry.
-- Only global rank 0 builds the MLflow and W&B loggers: every rank opening (and migrating) the
-  SQLite store at once killed one rank with ``OperationalError``.
+No login prompt (W&B offline without a key), no telemetry, MLflow's artifacts beside its SQLite
+store, a W&B run ended with its job (WandbLogger reuses ``wandb.run`` across a sweep), and only
+global rank 0 builds them (every rank migrating the store at once killed one with
+``OperationalError``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Back-propagate a batch in chunks, so that an out-of-memory error is retried, not fatal.
 
-A callback cannot catch an exception raised inside ``training_step``, and Lightning's automatic
-optimization back-propagates the loss in one piece. So the module does the backward itself: the
-batch becomes a queue of index ranges, each forwarded and back-propagated with weight
-``len(range) / len(batch) / accumulate_grad_batches`` through ``trainer.strategy.backward`` (the
-GradScaler applies), and an OOM splits the failing range in two. Each range's gradients go into
-fresh buffers added to those held, so an OOM mid-backward leaves no partial gradient (the price:
-one extra set of gradient buffers). The micro-batch size and policy live in ``OOMBackoff``.
-
-Usage: ``class MyModule(ChunkedBackward, LightningModule)`` and in ``training_step``
-``loss = self.chunked_backward(batch, self.loss_of)`` (``loss_of(chunk)`` -> mean loss).
+A callback cannot catch an exception inside ``training_step``, so the module back-propagates
+itself: index ranges of the batch, each weighted ``len(range) / len(batch) /
+accumulate_grad_batches`` through ``trainer.strategy.backward`` (the GradScaler applies); an OOM
+splits the failing range, whose gradients went into fresh buffers (no partial gradient is kept).
+Usage: ``class MyModule(ChunkedBackward, LightningModule)``, then in ``training_step``
+``loss = self.chunked_backward(batch, self.loss_of)``; the policy lives in ``OOMBackoff``.
 """
 
 from __future__ import annotations
@@ -72,11 +68,8 @@ def backward_in_chunks(
     loss_fn: Callable[[Any], Tensor],
     size_fn: Callable[[Any], float] | None = None,
 ) -> Tensor:
-    """Forward and backward ``batch`` range by range; return the batch's loss, detached.
-
-    ``loss_fn(chunk)`` returns the mean loss over the chunk. ``size_fn(chunk)`` is what that mean
-    is taken over (default: the number of samples; pass a token count for a per-token mean).
-    """
+    """Forward and backward ``batch`` range by range; the batch's loss, detached. ``size_fn(chunk)``
+    is what ``loss_fn(chunk)``'s mean is over (default: samples; a token count for tokens)."""
     from laptrain.callbacks.oom_backoff import OOMBackoff, is_oom
 
     if not isinstance(module, ChunkedBackward):
@@ -121,11 +114,8 @@ def backward_in_chunks(
 class ChunkedBackward:
     """Mixin for a LightningModule whose ``training_step`` calls ``self.chunked_backward``.
 
-    Lightning zeroes gradients *after* ``training_step`` on the first batch of an accumulation
-    window, which here would wipe the gradients the step has just computed. The mixin therefore
-    zeroes them right after each optimizer step instead (which also frees them before the next
-    forward) and makes Lightning's own zeroing and backward of the returned loss no-ops.
-    """
+    Lightning zeroes gradients *after* ``training_step`` on an accumulation window's first batch,
+    which would wipe the step's own; they are zeroed after each optimizer step instead."""
 
     def chunked_backward(
         self,

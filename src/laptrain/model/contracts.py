@@ -1,9 +1,7 @@
 """What the run may ask of a model beyond Lightning's own API, as Protocols.
 
-Nothing here is required: a plain ``LightningModule`` trains with checkpoints, stops, resume,
-guards and report (docs/your_model.md). A module joins a Protocol by having its members; the run
-asks ``isinstance``. Each buys one feature, named in its docstring. OOM backoff is the one a class
-brings (``ChunkedBackward``); ``ChecksGradientCheckpointing`` lives in gradient_checkpointing.py.
+Nothing here is required (docs/your_model.md): a module joins a Protocol by having its members, and
+each buys one feature, named in its docstring.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The FSDP units of a model: which modules ``trainer=fsdp`` wraps on their own, so that every
 unit's flat parameter has one dtype, and what a rank holds gathered at the peak of a step.
 
-Lightning's ``FSDPStrategy`` is FSDP1, whose flat parameter has one dtype
-(``_validate_tensors_to_flatten``, torch/distributed/fsdp/_flat_param.py); without an
-``auto_wrap_policy`` the whole module is one unit, so a LoRA model (bf16 base, fp32 adapters) fails
-at setup and every step gathers everything. The units (:func:`unit_rule`, after accelerate's and
-peft's policies): the root, the family's layer classes (``Family.fsdp_layers``), and every leaf
-whose parameters differ in dtype or ``requires_grad`` from the unit around it (LoRA's ``lora_A`` /
-``lora_B``, fp32 norms). docs/sweeps.md ("Several processes") has the evidence.
+FSDP1's flat parameter has one dtype (``_validate_tensors_to_flatten``,
+torch/distributed/fsdp/_flat_param.py), so one unit fails a bf16 base with fp32 adapters. The
+units (:func:`unit_rule`): the root, ``Family.fsdp_layers``, and every leaf whose dtype or
+``requires_grad`` differs from its unit's (docs/sweeps.md, "Several processes").
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """``model.gradient_checkpointing``: true, false or auto, for every family that wraps a transformers
 model.
 
-Recomputing activations saves most of their memory for about a third more compute: a small model
-on a large machine should not pay it, a 3B model on a laptop needs it. ``auto`` builds the model
-without it and lets the memory preflight decide (``laptrain.preflight.batch.plan_batch``);
-:func:`enable_checkpointing` then turns it on before the Trainer is built. It uses transformers'
-switch with the non-reentrant variant and input gradients (the reentrant one gives the first
-layer's adapters no gradient under frozen embeddings: transformers#26377).
-
-On MPS torch's checkpoint does not restore the device generator (``torch.mps`` has no
-``_initialized``, torch/utils/checkpoint.py; pytorch#127676), so the recompute would draw other
-dropout masks: :func:`replay_device_rng` wraps transformers' checkpoint function and, for tensors on
-MPS, replays the MPS generator (:func:`device_rng_contexts`), deciding per call since the model is
-still on the CPU when checkpointing is enabled (docs/hardware.md §17).
+``auto`` lets the memory preflight decide (recomputing costs about a third more compute); the
+non-reentrant variant, since the reentrant one gives the first layer's adapters no gradient under
+frozen embeddings (transformers#26377). On MPS torch's checkpoint does not restore the device
+generator (torch/utils/checkpoint.py; pytorch#127676): :func:`replay_device_rng` replays it
+(docs/hardware.md §17).
 """
 
 from __future__ import annotations

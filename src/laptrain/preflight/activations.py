@@ -1,10 +1,7 @@
 """How many bytes of activations a model keeps for backward, per sample, as a function of length.
 
-Formulas per architecture would miss what an attention kernel or loss saves, so a few forward
-passes at batch 1 and 2 and short lengths are measured under ``saved_tensors_hooks``, summing the
-distinct storages autograd keeps (docs/hardware.md §9); ``fixed + batch * (c + a*s + b*s^2)`` fits
-three lengths exactly and extrapolates. Repeated blocks are measured one by one, so the cost with
-gradient checkpointing follows from the same passes.
+Formulas per architecture miss what a kernel or loss saves, so short passes are measured under
+``saved_tensors_hooks`` (docs/hardware.md §9) and ``fixed + batch * (c + a*s + b*s^2)`` fitted.
 """
 
 from __future__ import annotations
@@ -224,10 +221,8 @@ def measure_activations(
     make_batch: MakeBatch | None = None,
     loss_fn: LossFn | None = None,
 ) -> ActivationProfile:
-    """Measure at batch 1 and three short lengths (and batch 2 once), fit, extrapolate to any length.
-
-    "true" half/double precisions are measured in fp32 and scaled by the caller.
-    """
+    """Measure at batch 1 and three short lengths (and batch 2 once), fit, extrapolate to any length
+    ("true" half/double precisions: in fp32, scaled by the caller)."""
     make_batch = make_batch or hf_batch_maker(model)
     loss_fn = loss_fn or hf_loss
     base = min(max(8, seq_len // 4), 32)

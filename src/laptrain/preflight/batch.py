@@ -1,12 +1,8 @@
 """Memory preflight: will this job fit, and what micro batch should it use?
 
 Lightning's BatchSizeFinder and HF's ``auto_find_batch_size`` provoke OOM; on unified memory a
-too-large batch swaps instead and the laptop crawls (docs/hardware.md §1, §7). So laptrain
-estimates first: overhead + weights + grads + optimizer state + activations (measured per
-sample, activations.py) + backward's transient buffers, against the profile's budget
-(budget.py). :func:`plan_batch` picks the largest micro batch that fits (``auto``), keeps the
-effective batch through accumulation, refuses a job that cannot fit at micro batch 1 with the
-fixes ordered by effect, and optionally (``verify``) measures two real steps.
+too-large batch swaps and the laptop crawls (docs/hardware.md §1, §7). So laptrain estimates
+first (estimate.py) against the profile's budget (budget.py).
 """
 
 from __future__ import annotations
@@ -431,13 +427,10 @@ def plan_batch(
 ) -> BatchDecision:
     """Plan the micro batch of a job before the Trainer is built.
 
-    ``request`` is what the run asks (laptrain.preflight.planner.PlanRequest): ``auto`` picks the
-    largest micro batch that fits, an earlier session's (``previous``) while it fits, else
-    ``size`` is checked; the effective batch is kept when given; with ``auto_checkpointing``
-    checkpointing is on only when the job does not fit without it (``checkpointing`` forces it on
-    or off); ``workers`` (host memory of the loader workers) is taken off the budget on CPU and
-    MPS; ``verify`` runs two real steps and reports the peak. Raises :class:`PreflightError` when
-    the job does not fit at micro batch 1 (or the fixed batch)."""
+    ``request.auto`` picks the largest micro batch that fits (an earlier session's while it fits),
+    else ``size`` is checked; ``auto_checkpointing`` turns checkpointing on only when needed.
+    Raises :class:`PreflightError` when the job does not fit at micro batch 1 (or the fixed
+    batch)."""
     job = _measure(
         model,
         seq_len,

@@ -117,12 +117,8 @@ class ModelMemory:
         checkpointing: bool | None = None,
         shards: int = 1,
     ) -> Estimate:
-        """``shards`` > 1: FSDP with FULL_SHARD. Each rank holds 1/shards of the weights, grads
-        and optimizer state, plus, at the peak, the units it has gathered whole
-        (``Estimate.gathered``): the root unit for the whole step, the two largest other units
-        (the one computing, the one prefetched) and the unsharded gradients of the root and of one
-        unit before their reduce-scatter (``laptrain.model.fsdp_units.GatheredUnits``). With the
-        root as the only unit that is the whole model again (``fsdp_gathered`` None)."""
+        """``shards`` > 1: FSDP FULL_SHARD, 1/shards of the state per rank plus the units gathered
+        at the peak (``laptrain.model.fsdp_units.GatheredUnits``)."""
         acts = self.activations
         on = acts.checkpointing if checkpointing is None else checkpointing
         calibration = CALIBRATION["cpu" if kind == "cpu" else "device", bool(on and acts.blocks)]

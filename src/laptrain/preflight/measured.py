@@ -1,14 +1,10 @@
 """The memory preflight of any LightningModule: measured, where batch.py estimates
 (docs/preflight_any_module.md has what it runs, how it searches, the counters and the accuracy).
 
-A user's module has no shape the estimate knows, so real training steps (its own
-``training_step``, backward and every optimizer of its ``configure_optimizers``) run on real rows
-of its training set at growing batches, read by the device's own counter (peak_memory.py); the
-answer is batch.py's ``BatchDecision``. The search doubles while a batch fits, then bisects, without
-waiting for an OOM (on a Mac a batch that swaps is slow, not refused: docs/hardware.md §1); a batch
-above every one measured runs only when the line through the two largest peaks keeps it under
-budget. The run is not changed: the steps train a deep copy, rows come from a new seeded loader,
-and the RNG states are put back; the copy's own cost is taken off the reading.
+Real steps of the module's own ``training_step`` and optimizers on real rows at growing batches,
+read by the device's counter (peak_memory.py): doubling, then bisecting, never waiting for an OOM
+(on a Mac a batch that swaps is slow, not refused: docs/hardware.md §1). The run is not changed:
+a deep copy trains, rows come from a new seeded loader, the RNG states are put back.
 """
 
 from __future__ import annotations
@@ -182,10 +178,7 @@ class BatchSearch:
 @dataclass
 class TrainerStandIn:
     """What a ``training_step`` and ``configure_optimizers`` commonly read of the Trainer, answered
-    as Lightning would for the planned run (``model``, ``datamodule``, ``max_epochs``,
-    ``max_steps``, ``estimated_stepping_batches``, ``world_size``, ``num_devices``,
-    ``accumulate_grad_batches``; ``barebones`` makes ``self.log`` a no-op). Anything else raises
-    AttributeError."""
+    as Lightning would for the planned run (``barebones`` makes ``self.log`` a no-op)."""
 
     model: nn.Module
     datamodule: Any = None

@@ -1,13 +1,9 @@
 """The peak memory of a stretch of work, read from the device's own counters, in the units of the
 device's budget (budget.py), for the measured preflight (measured.py):
 
-- CPU on Linux: ``VmHWM`` of ``/proc/self/status``, reset by writing ``5`` to
-  ``/proc/self/clear_refs`` (proc(5), since Linux 4.0); ``ru_maxrss`` cannot be reset.
-- CPU elsewhere: a thread samples the resident set (psutil) every millisecond.
-- CUDA: ``max_memory_reserved`` after ``reset_peak_memory_stats`` (the budget is a share of free
-  memory, which reserved segments take).
-- MPS: no peak API (docs/hardware.md §7): ``driver_allocated_memory`` at every
-  :meth:`PeakCounter.note`.
+Linux CPU: ``VmHWM``, reset through ``/proc/self/clear_refs`` (proc(5); ``ru_maxrss`` cannot be);
+other CPUs: a sampling thread; CUDA: ``max_memory_reserved``; MPS (no peak API, docs/hardware.md
+§7): ``driver_allocated_memory`` at every :meth:`PeakCounter.note`.
 """
 
 from __future__ import annotations

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from laptrain.files import write_text_atomic
-from laptrain.preflight.batch import BatchDecision
+from laptrain.preflight.batch import BatchDecision, estimate_plan, training_length
+from laptrain.preflight.measured import measured_plan
 from laptrain.preflight.request import PlanRequest
 from laptrain.preflight.worker_memory import WorkerCost, worker_cost
 from laptrain.ranks.environment import extra_rank
@@ -82,32 +84,9 @@ def plan(
     return planned
 
 
-def estimated(
-    model: Any,
-    datamodule: Any,
-    request: PlanRequest,
-    device: RunDevice,
-    output_dir: Path | None = None,
-    cache_dir: Path | None = None,
-) -> BatchDecision:
-    """The estimate from the model's shapes (``laptrain.preflight.batch.estimate_plan``)."""
-    from laptrain.preflight.batch import estimate_plan
-
-    return plan(estimate_plan, model, datamodule, request, device, output_dir, cache_dir)
-
-
-def measured(
-    model: Any,
-    datamodule: Any,
-    request: PlanRequest,
-    device: RunDevice,
-    output_dir: Path | None = None,
-    cache_dir: Path | None = None,
-) -> BatchDecision:
-    """The measurement of a copy of the module (``laptrain.preflight.measured.measured_plan``)."""
-    from laptrain.preflight.measured import measured_plan
-
-    return plan(measured_plan, model, datamodule, request, device, output_dir, cache_dir)
+# the estimate from the model's shapes; the measurement of a copy of the module
+estimated: BatchPlanner = partial(plan, estimate_plan)
+measured: BatchPlanner = partial(plan, measured_plan)
 
 
 def choose_planner(model: Any, datamodule: Any) -> BatchPlanner:
@@ -115,7 +94,6 @@ def choose_planner(model: Any, datamodule: Any) -> BatchPlanner:
     from torch import nn
 
     from laptrain.preflight.activations import find_hf_model
-    from laptrain.preflight.batch import training_length
 
     hf_model = find_hf_model(model) if isinstance(model, nn.Module) else None
     return estimated if hf_model is not None and training_length(datamodule)[0] else measured

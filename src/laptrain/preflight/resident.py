@@ -1,11 +1,8 @@
 """How many bytes of a model's CPU parameters the process holds in memory right now.
 
-The CPU estimate is the resident set before the step plus the step's needs, weights included, so
-the weights already resident are taken off once. A safetensors checkpoint is memory-mapped and a
-page is resident only once read: with SmolLM2-135M ``from_pretrained`` raised RSS by 0.11 GiB for
-0.50 GiB of parameters, and taking all 0.50 GiB off undercounted by ~0.4 GB (docs/benchmarks.md,
-"Memory preflight"). On Linux ``/proc/self/smaps`` gives each mapping's "Rss" (proc(5)); a
-parameter elsewhere (or off Linux) counts whole.
+A memory-mapped safetensors page is resident only once read (SmolLM2-135M: 0.11 GiB of RSS for
+0.50 GiB of parameters; docs/benchmarks.md, "Memory preflight"): ``/proc/self/smaps`` (proc(5))
+gives each mapping's "Rss"; elsewhere a parameter counts whole.
 """
 
 from __future__ import annotations

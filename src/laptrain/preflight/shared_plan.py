@@ -1,10 +1,8 @@
 """One preflight plan for the ranks that torchrun or srun start together.
 
-Lightning's launcher starts ranks 1..N-1 after rank 0 planned, and they read its ``preflight.json``;
-torchrun and srun start every rank at once, so each sized its own batch from its own GPU and DDP's
-collectives hung or paired up wrong. Here the ranks join the process group the Trainer would make,
-rank 0 plans alone and broadcasts its plan (or the error that refused the job); Lightning then finds
-the group up and uses it (lightning/fabric/utilities/distributed.py:273-277).
+torchrun and srun start every rank at once: each sized its own batch and DDP's collectives hung.
+Rank 0 plans and broadcasts in the group the Trainer would make, which Lightning then uses
+(lightning/fabric/utilities/distributed.py:273-277).
 """
 
 from __future__ import annotations

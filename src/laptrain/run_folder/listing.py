@@ -182,10 +182,8 @@ def is_run_folder(folder: Path) -> bool:
 def resolve_run(name: str | Path, root: str | Path = RUNS_ROOT, any_folder: bool = False) -> Path:
     """The run folder ``name`` names: the one resolver of every command that takes a run.
 
-    ``name`` is a run as ``laptrain runs`` prints it (``<run>`` or ``multirun/<sweep>/<job>``,
-    under ``root``), else a path to a run folder; with ``any_folder``, any existing folder (an
-    adapter or merged model folder, or one the command then explains is no run). Raises a one-line
-    ValueError naming the closest runs under ``root`` and ``laptrain runs`` otherwise."""
+    ``name`` as ``laptrain runs`` prints it, else a run folder's path (with ``any_folder`` any
+    folder); else a one-line ValueError naming the closest runs."""
     for candidate in (Path(root) / name, Path(name)):
         if is_run_folder(candidate):
             return candidate

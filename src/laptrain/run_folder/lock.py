@@ -1,8 +1,5 @@
-"""One live process per run folder: the same command typed twice would have two processes writing
-one ``last.ckpt``, unnoticed by Hydra and Lightning. The lock is ``<run folder>/.laptrain.lock``
-(filelock's ``FileLock``: ``flock``, dropped by the kernel however the process ends); this module
-adds the line a refused run prints (the holder's pid, host, start time and command, written into
-the lock file). Imported by the launcher before torch."""
+"""One live process per run folder (``<run folder>/.laptrain.lock``, filelock's ``flock``: dropped
+by the kernel however the process ends), with the line a refused run prints."""
 
 from __future__ import annotations
 

@@ -33,14 +33,9 @@ def holds_run(folder: Path) -> bool:
 def _held_by_another_launch(folder: Path) -> bool:
     """Locked by a live process that is not rank 0 of this very launch.
 
-    torchrun and srun start every rank at once and each resolves the run folder itself (Hydra
-    does, before any process group exists). Rank 0 takes the folder's lock as soon as it has
-    chosen (laptrain.launch.prepare), so a rank that chose a moment later found the lock, took the
-    folder for another run's and went on to ``<run>-N+1``: its logs and Hydra files in one folder,
-    rank 0's checkpoints in another. The lock's holder record names its launch
-    (:func:`laptrain.run_folder.lock.launch_of`), the same for every rank of one torchrun or srun
-    launch, so such a lock is this run's own. No rank can have written a checkpoint or a curve yet:
-    that takes the process group, which waits for every rank."""
+    torchrun and srun ranks each resolve the run folder (Hydra, before any process group): a rank
+    finding rank 0's fresh lock went on to ``<run>-N+1``. The holder record names its launch
+    (:func:`laptrain.run_folder.lock.launch_of`), the same for every rank of one launch."""
     if not is_locked(folder):
         return False
     mine = launch_of()
@@ -62,11 +57,8 @@ def _holder_launch(folder: Path) -> str | None:
 
 
 def choose_run_dir(base: str, resume: object) -> str:
-    """``base`` when resuming (or when it is new); otherwise the first free ``base-N``.
-
-    The choice is remembered for the process, because Hydra resolves the folder again for every
-    job of a sweep and must get the same answer after earlier jobs wrote into it.
-    """
+    """``base`` when resuming (or when it is new); otherwise the first free ``base-N``, remembered:
+    Hydra resolves the folder again for every job of a sweep."""
     if str(resume).lower() in ("true", "1", "yes"):
         return base
     if base not in _chosen:
@@ -83,11 +75,8 @@ JOB_DIR_MAX = 240
 
 
 def job_dir(override_dirname: str) -> str:
-    """A sweep job's folder name from its overrides: one level, no path separators, never empty.
-
-    A name over ``JOB_DIR_MAX`` bytes shows its numbers to 4 significant digits and ends in a hash
-    of the full name, so it stays readable, unique and the same for the same overrides (a rerun
-    finds the folder again)."""
+    """A sweep job's folder name from its overrides: one level, never empty; over ``JOB_DIR_MAX``
+    bytes, numbers to 4 digits and a hash of the full name (the same for the same overrides)."""
     name = override_dirname.replace("/", "_").replace("\\", "_") or "default"
     if len(name.encode()) <= JOB_DIR_MAX:
         return name

@@ -29,7 +29,6 @@ from torch.utils.data import DataLoader
 
 from laptrain.data.collate import PadCollator, padded_length
 from laptrain.data.sampler import LengthGroupedBatchSampler, ResumableDataLoader, replicas_of
-from laptrain.data.splits import check_train_fraction, train_subset
 from laptrain.data.tables import Table, check_fractions, resolve_files
 from laptrain.data.workers import WorkerInit, worker_context
 from laptrain.families.classifier.tokenizer import (
@@ -40,6 +39,7 @@ from laptrain.families.classifier.tokenizer import (
 from laptrain.files import file_digest, fsync_dir, fsync_file, pid_alive
 
 from .labelled_files import LabelledSplits, read_labelled
+from .train_fraction import check_train_fraction, train_subset
 
 CACHE_VERSION = 3  # 2: stratified split; 3: rows read and checked by laptrain.families.classifier.labelled_files
 
