@@ -4,6 +4,7 @@ samplers (issue 35, item 6)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -16,7 +17,6 @@ from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.config.check import check_trainer_values
 from laptrain.data.user_loaders import ResumableTrainLoader, prepare_user_loaders
 from laptrain.exit_codes import PAUSED_EXIT
-from laptrain.ranks.spawned import carry_outcomes_back
 from tests.conftest import quiet_trainer, run_train
 from tests.test_scale_out_runs import final_weights, largest_difference
 from tests.test_user_errors import train_user
@@ -116,10 +116,12 @@ def test_a_spawned_run_paused_by_the_session_budget_exits_75_and_its_rerun_finis
         "trainer.max_epochs=2",
         "callbacks.session_budget.max_epochs=1",
     ]
-    paused = run_train(args, tmp_path, env=user_env(tmp_path), timeout=300)
+    # this checkout's laptrain in the run, as in the test process
+    env = {"PYTHONPATH": f"{user_env(tmp_path)['PYTHONPATH']}:{os.environ.get('PYTHONPATH', '')}"}
+    paused = run_train(args, tmp_path, env=env, timeout=300)
     assert paused.returncode == PAUSED_EXIT, paused.stderr[-3000:]
     assert "stopped (session) at global step 15" in paused.stdout
-    rerun = run_train(args, tmp_path, env=user_env(tmp_path), timeout=300)
+    rerun = run_train(args, tmp_path, env=env, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "done at global step 30" in rerun.stdout
 
@@ -127,6 +129,8 @@ def test_a_spawned_run_paused_by_the_session_budget_exits_75_and_its_rerun_finis
 def test_a_spawned_fit_hands_its_callbacks_outcome_to_the_main_process():
     """The fast twin: rank 0's pause reason reaches the main process's callback by Lightning's
     route back (``get_extra_results`` in rank 0, ``update_main_process_results`` in the main)."""
+    from laptrain.ranks.spawned import carry_outcomes_back
+
     main, rank0 = (
         quiet_trainer(
             accelerator="cpu", devices=2, strategy="ddp_spawn", callbacks=[SessionBudget(1)]
