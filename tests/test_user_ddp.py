@@ -105,7 +105,7 @@ def test_a_users_module_under_fsdp_trains_like_one_process_and_tests_its_best_ch
     assert largest_difference(one, two) < 1e-5
 
 
-@pytest.mark.slow  # ~25 s: two runs on 2 spawned processes
+@pytest.mark.slow  # ~45 s (2 shared cores): two runs on 2 spawned processes
 def test_a_spawned_run_paused_by_the_session_budget_exits_75_and_its_rerun_finishes(tmp_path):
     """Before: the stop reason stayed in the spawned processes; the main process exited 0 and
     printed "done at global step 0", so a shell loop rerunning on 75 ended at step 15 of 30."""
