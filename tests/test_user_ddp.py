@@ -4,6 +4,7 @@ samplers (issue 35, item 6)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -11,9 +12,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from laptrain.callbacks.contracts import stop_reason
+from laptrain.callbacks.session_budget import SessionBudget
 from laptrain.config.check import check_trainer_values
 from laptrain.data.user_loaders import ResumableTrainLoader, prepare_user_loaders
-from tests.conftest import run_train
+from laptrain.exit_codes import PAUSED_EXIT
+from tests.conftest import quiet_trainer, run_train
 from tests.test_scale_out_runs import final_weights, largest_difference
 from tests.test_user_errors import train_user
 from tests.test_user_resume import user_env, write_user_project
@@ -99,3 +103,42 @@ def test_a_users_module_under_fsdp_trains_like_one_process_and_tests_its_best_ch
         assert "test:" in done.stdout
     one, two = final_weights(tmp_path, "one"), final_weights(tmp_path, "two")
     assert largest_difference(one, two) < 1e-5
+
+
+@pytest.mark.slow  # ~45 s (2 shared cores): two runs on 2 spawned processes
+def test_a_spawned_run_paused_by_the_session_budget_exits_75_and_its_rerun_finishes(tmp_path):
+    """Before: the stop reason stayed in the spawned processes; the main process exited 0 and
+    printed "done at global step 0", so a shell loop rerunning on 75 ended at step 15 of 30."""
+    args = [
+        *write_user_project(tmp_path),
+        "data.batch_size=8",
+        "trainer=ddp_cpu",
+        "trainer.max_epochs=2",
+        "callbacks.session_budget.max_epochs=1",
+    ]
+    # this checkout's laptrain in the run, as in the test process
+    env = {"PYTHONPATH": f"{user_env(tmp_path)['PYTHONPATH']}:{os.environ.get('PYTHONPATH', '')}"}
+    paused = run_train(args, tmp_path, env=env, timeout=300)
+    assert paused.returncode == PAUSED_EXIT, paused.stderr[-3000:]
+    assert "stopped (session) at global step 15" in paused.stdout
+    rerun = run_train(args, tmp_path, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "done at global step 30" in rerun.stdout
+
+
+def test_a_spawned_fit_hands_its_callbacks_outcome_to_the_main_process():
+    """The fast twin: rank 0's pause reason reaches the main process's callback by Lightning's
+    route back (``get_extra_results`` in rank 0, ``update_main_process_results`` in the main)."""
+    from laptrain.ranks.spawned import carry_outcomes_back
+
+    main, rank0 = (
+        quiet_trainer(
+            accelerator="cpu", devices=2, strategy="ddp_spawn", callbacks=[SessionBudget(1)]
+        )
+        for _ in range(2)
+    )
+    carry_outcomes_back(main.strategy)
+    next(cb for cb in rank0.callbacks if isinstance(cb, SessionBudget)).stop_reason = "session"
+    launcher = main.strategy.launcher
+    launcher.update_main_process_results(main, launcher.get_extra_results(rank0))
+    assert stop_reason(main.callbacks) == "session"

@@ -77,6 +77,7 @@ from laptrain.model.gradient_checkpointing import ChecksGradientCheckpointing
 from laptrain.preflight.budget import capacity_budget, device_budget
 from laptrain.ranks.environment import extra_rank
 from laptrain.ranks.processes import asked_devices, shards_model_state
+from laptrain.ranks.spawned import carry_outcomes_back
 from laptrain.run_folder.listing import resume_command
 from laptrain.run_folder.lock import hold_run_folder, made_here, release_run_folder
 from laptrain.versions import package_versions
@@ -245,11 +246,11 @@ def _train(
         if ckpt_path is None and trainer.is_global_zero and made_here(output_dir):
             shutil.rmtree(output_dir, ignore_errors=True)  # a first run: nothing of it is kept
         raise
-    stopped = _stopped(cfg, output_dir, trainer, callbacks)
+    step = final_step(trainer.global_step, cfg.paths.last_ckpt, trusted)
+    stopped = _stopped(cfg, output_dir, step, callbacks)
     if stopped is not None:
         return stopped
     best = _best(trainer, callbacks, trusted)  # before test: it restores older callback states
-    step = final_step(trainer.global_step, cfg.paths.last_ckpt, trusted)
     try:
         metrics, model = _test(cfg, trainer, model, datamodule, remake)
     except SystemExit as stop:
@@ -357,6 +358,7 @@ def instantiate_trainer(
     )
     use_last_checkpoint(trainer, cfg.paths.last_ckpt)
     fsdp_strategy_for(model, trainer.strategy)
+    carry_outcomes_back(trainer.strategy)  # ddp_spawn: a pause or a signal's stop, as in 1 process
     weights_only_under_fsdp(trainer.strategy)  # full checkpoints too: Lightning's own load is not
     without_lightning_no_ops(trainer.callbacks)
     return trainer
@@ -386,15 +388,14 @@ def _announce(
         lg.log_hyperparams(config)
 
 
-def _stopped(
-    cfg: DictConfig, output_dir: Path, trainer: pl.Trainer, callbacks: list[Any]
-) -> Outcome | None:
-    """How a fit that ended early ended (a signal, or a callback pausing it), or None."""
+def _stopped(cfg: DictConfig, output_dir: Path, step: int, callbacks: list[Any]) -> Outcome | None:
+    """How a fit that ended early at global ``step`` ended (a signal, a callback pausing it), or
+    None."""
     last = Path(cfg.paths.last_ckpt)
     signum = signal_stop(callbacks)
     if signum is not None:
         rank_zero_info(
-            f"{signal.Signals(signum).name}: stopped at global step {trainer.global_step}; "
+            f"{signal.Signals(signum).name}: stopped at global step {step}; "
             f"checkpoint {last}. {resume_hint(cfg, output_dir)} (or ckpt_path=<that file>)."
         )
         return Outcome("interrupted", 128 + signum)
@@ -408,7 +409,7 @@ def _stopped(
         # The stopping callback saved last.ckpt at the batch boundary (laptrain/checkpoints/
         # stop.py); a save here, after fit, would count the interrupted epoch as done.
         rank_zero_info(
-            f"stopped ({paused}) at global step {trainer.global_step}; checkpoint {last}. "
+            f"stopped ({paused}) at global step {step}; checkpoint {last}. "
             f"{resume_hint(cfg, output_dir)}."
         )
         return Outcome("paused", PAUSED_EXIT)
