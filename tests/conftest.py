@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gc
 import os
 import random
 import subprocess
@@ -71,6 +72,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
             if grouping and "@" not in item.nodeid and hasattr(item, "_id"):
                 item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what the imports built (torch, Lightning, transformers: ~460,000 objects) out of the
+    garbage collector's reach: a full ``gc.collect()``, which laptrain calls before each memory
+    measurement and OOM retry, then walks only what the tests build (0.23 s -> ~0 s a call)."""
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The same for what a test module imported as it ran, once per module; garbage is collected
+    first, so nothing collectable is frozen."""
+    module = getattr(item, "module", None)
+    if module is not None and module is not _frozen.get("module"):
+        _frozen["module"] = module
+        gc.collect()
+        gc.freeze()
+
+
+_frozen: dict[str, Any] = {}
 
 
 # The tiny classifier without dropout: runs that must end equal (1 vs 2 processes, an OOM retry).

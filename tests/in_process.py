@@ -145,22 +145,23 @@ def _warn_like_a_fresh_process() -> None:
 
 
 def train_here(
-    args: list[str], cwd: Path, env: dict[str, str] | None = None
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, script: Path = TRAIN
 ) -> subprocess.CompletedProcess:
     """`python train.py <args>` run in this process from ``cwd``; returns what
-    :func:`tests.conftest.run_train` returns (exit code, stdout, stderr)."""
+    :func:`tests.conftest.run_train` returns (exit code, stdout, stderr). ``script``: another
+    copy of train.py (a user's clone), whose folder goes first on sys.path as Python puts it."""
     out, err = io.StringIO(), io.StringIO()
     code = 0
     with _Restore(Path(cwd).resolve()):
         os.environ.update({"LAPTRAIN_CACHE": str(Path(cwd) / "cache"), **(env or {})})
         # a process puts PYTHONPATH's folders first on sys.path when it starts
         extra = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:0] = extra
+        sys.path[:0] = [str(Path(script).parent), *extra]
         os.chdir(cwd)
-        sys.argv[:] = [str(TRAIN), *args]
+        sys.argv[:] = [str(script), *args]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                runpy.run_path(str(TRAIN), run_name="__main__")
+                runpy.run_path(str(script), run_name="__main__")
             except SystemExit as stop:
                 code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
                 if isinstance(stop.code, str):
@@ -168,4 +169,4 @@ def train_here(
             except BaseException:  # an uncaught error: Python prints it and exits 1
                 traceback.print_exc()
                 code = 1
-    return subprocess.CompletedProcess([str(TRAIN), *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess([str(script), *args], code, out.getvalue(), err.getvalue())

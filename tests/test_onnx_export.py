@@ -274,14 +274,8 @@ def test_a_forward_that_cannot_be_traced_is_one_line_naming_example_input_array(
 
 def test_a_laptrain_new_module_exports_from_one_batch_of_its_datamodule(tmp_path, monkeypatch):
     clone = new_project(tmp_path / "clone")
-    done = subprocess.run(
-        [sys.executable, str(clone / "train.py"), "model=my_task", "data=my_task", "hardware=cpu"]
-        + ["trainer.max_epochs=1", "logger=none", "test=false"],
-        cwd=clone,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ["model=my_task", "data=my_task", "hardware=cpu", "trainer.max_epochs=1"]
+    done = train_here([*args, "logger=none", "test=false"], clone, script=clone / "train.py")
     assert done.returncode == 0, done.stderr[-2000:]
     monkeypatch.chdir(clone)
     monkeypatch.syspath_prepend(str(clone))  # laptrain's own clone is this one, not the copy

@@ -4,7 +4,6 @@ src/laptrain): ``python train.py`` imports ``user.my_task`` from the clone and t
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,21 +13,16 @@ import pytest
 from laptrain import project
 from laptrain.commands import cli
 from laptrain.commands.why import read_run, run_findings
+from tests.in_process import train_here
 from tests.new_project import laptrain, new_project
 
 FAST = ["model=my_task", "data=my_task", "hardware=cpu", "trainer.max_epochs=2"]
 
 
 def train(clone: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python <clone>/train.py <args>`` from the clone's root, as the user runs it."""
-    return subprocess.run(
-        [sys.executable, str(clone / "train.py"), *args],
-        cwd=clone,
-        env={**os.environ, "LAPTRAIN_CACHE": str(clone / "cache")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """``python <clone>/train.py <args>`` from the clone's root, as the user runs it (in this
+    process: tests/in_process.py)."""
+    return train_here(list(args), clone, script=clone / "train.py")
 
 
 @pytest.fixture(scope="module")

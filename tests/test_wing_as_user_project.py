@@ -6,13 +6,12 @@ is heard by the launch."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.conftest import CONF, ROOT
+from tests.in_process import train_here
 from tests.new_project import copy_clone, new_project
 
 WING = ROOT / "src" / "laptrain" / "families" / "classifier"
@@ -20,15 +19,8 @@ LATIN1 = ROOT / "tests" / "data" / "bad" / "latin1.csv"
 
 
 def _train(clone: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "LAPTRAIN_CACHE": str(clone / "cache")}
-    return subprocess.run(
-        [sys.executable, str(clone / "train.py"), *args],
-        cwd=clone,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    """``python <clone>/train.py <args>`` from the clone, run in this process."""
+    return train_here(list(args), clone, script=clone / "train.py")
 
 
 def _wing_project(folder: Path) -> Path:
