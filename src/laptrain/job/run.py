@@ -3,6 +3,7 @@ this module sees the Hydra config; everything it builds takes plain arguments.""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -273,7 +274,12 @@ def _train(
 
 
 def _set_up_process(cfg: DictConfig) -> None:
-    """One console stream, quiet libraries, the config tree if asked, seeds and threads."""
+    """One console stream, quiet libraries, the config tree if asked, seeds and threads; what the
+    imports built is frozen out of the garbage collector's reach, so that each ``gc.collect()``
+    before a memory measurement or an OOM retry walks only the run's objects (0.23 s a call on 2
+    cores with torch, Lightning and transformers imported; an auto batch makes about 24)."""
+    gc.collect()
+    gc.freeze()
     if HydraConfig.initialized():
         _single_log_stream()
     quiet_libraries()
