@@ -3,7 +3,7 @@
 Lightning has no such guard (``detect_anomaly`` slows every step; ``EarlyStopping(check_finite)``
 sees a validation metric after the weights are NaN), and a NaN model can even rank as "best". The
 losses of a step are kept on the device and checked with its gradients before the optimizer step:
-one pass (a sum per tensor) and one read from the device a step; which loss or parameter was not
+one fused pass and one read from the device a step; which loss or parameter was not
 finite is looked up only after it fails. ``action=stop`` raises :class:`NonFiniteLoss`
 with nothing of the step applied, after keeping what it saw as ``stop`` in its report section
 (``laptrain why`` reads it); ``action=skip`` drops the step (:func:`_discard_step`). Under 16-mixed
@@ -68,7 +68,9 @@ class NonFiniteGuard(VersionedState, Callback):
                 p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
             ]
         bad = None
-        if not _all_finite(losses + grads):
+        # the losses copied into one tensor: the check writes (x * 1) to what it checks
+        checked = [torch.cat([loss.reshape(-1) for loss in losses])] if losses else []
+        if not _all_finite(checked + grads):
             bad = _not_finite(losses, pl_module, optimizer if grads else None)
         bad = _agreed(trainer, bad)
         if bad is None:
@@ -242,12 +244,18 @@ def _learning_rates(trainer: pl.Trainer) -> list[float]:
 
 
 def _all_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether every element of ``tensors`` is finite: the sum of their sums is finite exactly when
-    they all are and it stays in float32's range, in one pass and one read from the device (their
-    norms took 4.6 ms where the sums take 3.3 on MiniLM's gradients, 2 CPU cores)."""
-    if not tensors:
-        return True
-    return bool(torch.isfinite(torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum()))
+    """Whether every element of ``tensors`` is finite: GradScaler's fused check (one call per
+    device and dtype, as ``GradScaler._unscale_grads_`` groups them; the scale 1 leaves each value
+    as it was), then one read from the device. On 2 CPU cores: 5 us for a small MLP where norms
+    took 40, 3.4 ms for MiniLM's 22.7M gradients where norms took 4.6."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    found = {device: torch.zeros(1, device=device) for device, _ in groups}
+    for (device, _), group in groups.items():
+        one = torch.ones(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found[device], one)
+    return not any(bool(flag) for flag in found.values())
 
 
 def _has_grad_scaler(trainer: pl.Trainer) -> bool:
