@@ -4,8 +4,7 @@ A mid-epoch ``should_stop`` makes ModelCheckpoint save as at any epoch end
 (model_checkpoint.py:488 and :535 in 2.6.6): a ``best-step<N>.ckpt`` ranked by a stale score that
 an uninterrupted run never writes, which changes the checkpoint tested. During such a stop this
 saves nothing (the stopping callback saved ``last.ckpt``: laptrain/checkpoints/stop.py); the rest
-is Lightning's. One saving at validation only leaves Lightning's dispatch of the batch end, where
-it would do nothing at every step.
+is Lightning's.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ class ModelCheckpoint(LightningModelCheckpoint):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self._every_n_train_steps < 1 and self._train_time_interval is None:
-            self.on_train_batch_end = None  # type: ignore[assignment]  # Lightning's then returns
+            self.on_train_batch_end = None  # type: ignore[assignment]  # a no-op: not dispatched
 
     def _should_skip_saving_checkpoint(self, trainer: pl.Trainer) -> bool:
         return stopping_on_purpose(trainer) or super()._should_skip_saving_checkpoint(trainer)

@@ -3,14 +3,13 @@
 Lightning has no such guard (``detect_anomaly`` slows every step; ``EarlyStopping(check_finite)``
 sees a validation metric after the weights are NaN), and a NaN model can even rank as "best". The
 losses of a step are kept on the device and checked with its gradients before the optimizer step:
-one fused pass and one read from the device a step; which loss or parameter was not
-finite is looked up only after it fails. ``action=stop`` raises :class:`NonFiniteLoss`
-with nothing of the step applied, after keeping what it saw as ``stop`` in its report section
-(``laptrain why`` reads it); ``action=skip`` drops the step (:func:`_discard_step`). Under 16-mixed
-the GradScaler handles overflowing gradients, and a skip goes through the scaler too
-(docs/lightning.md, "The NaN guard's skip under 16-mixed"). With several processes the ranks agree
-in one all-reduce per optimizer step, so all stop or skip at the same step (under FSDP a NaN is in
-one rank's shard only).
+one fused pass and one read from the device a step; which loss or parameter was not finite is looked
+up only after it fails. ``action=stop`` raises :class:`NonFiniteLoss` with nothing of the step
+applied, after keeping what it saw as ``stop`` in its report section (``laptrain why`` reads it);
+``action=skip`` drops the step (:func:`_discard_step`). Under 16-mixed the GradScaler handles
+overflowing gradients, and a skip goes through the scaler too (docs/lightning.md, "The NaN guard's
+skip under 16-mixed"). With several processes the ranks agree in one all-reduce per optimizer step,
+so all stop or skip at the same step (under FSDP a NaN is in one rank's shard only).
 """
 
 from __future__ import annotations
@@ -67,11 +66,10 @@ class NonFiniteGuard(VersionedState, Callback):
             grads = [
                 p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
             ]
-        bad = None
         # the losses copied into one tensor: the check writes (x * 1) to what it checks
         checked = [torch.cat([loss.reshape(-1) for loss in losses])] if losses else []
-        if not _all_finite(checked + grads):
-            bad = _not_finite(losses, pl_module, optimizer if grads else None)
+        ok = _all_finite(checked + grads)
+        bad = None if ok else _not_finite(losses, pl_module, optimizer if grads else None)
         bad = _agreed(trainer, bad)
         if bad is None:
             return
@@ -101,12 +99,10 @@ class NonFiniteGuard(VersionedState, Callback):
     def _message(self, trainer: pl.Trainer, pl_module: pl.LightningModule, what: str) -> str:
         loop = trainer.fit_loop.epoch_loop
         where = f"global step {trainer.global_step} (epoch {trainer.current_epoch}, batch {loop.batch_idx})"
-        causes = []
-        optimizers = trainer.optimizers
-        if optimizers:
-            lr = optimizers[0].param_groups[0].get("lr")
-            if lr is not None:
-                causes.append(f"the learning rate {lr:.3g} (try 10x lower: model.optimizer.lr)")
+        lrs = _learning_rates(trainer)
+        causes = [
+            f"the learning rate {lr:.3g} (try 10x lower: model.optimizer.lr)" for lr in lrs[:1]
+        ]
         precision = str(trainer.precision)
         if precision.startswith("16"):
             causes.append(f"16-bit overflow (precision {precision}: try bf16-mixed or 32-true)")
@@ -174,7 +170,10 @@ def _discard_step(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None
     unscales in its own step (fused AdamW/Adam/SGD) the scaler checks the gradients only inside
     ``scaler.step``, after this hook: every gradient is filled with NaN, so it records ``found_inf``
     and skips as for an overflow. Elsewhere the gradients are set to None, which optimizers skip."""
-    scaler_checks_later = _has_grad_scaler(trainer) and _unscales_in_step(optimizer)
+    # the flag GradScaler.step and Lightning's _optimizer_handles_unscaling read (fused optimizers)
+    scaler_checks_later = _has_grad_scaler(trainer) and getattr(
+        optimizer, "_step_supports_amp_scaling", False
+    )
     for group in optimizer.param_groups:
         for p in group["params"]:
             if scaler_checks_later:
@@ -182,12 +181,6 @@ def _discard_step(trainer: pl.Trainer, optimizer: torch.optim.Optimizer) -> None
                     p.grad.fill_(float("nan"))
             else:
                 p.grad = None
-
-
-def _unscales_in_step(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer unscales in its own step: the flag both ``GradScaler.step`` and
-    Lightning's ``_optimizer_handles_unscaling`` read (set by torch's optimizers when fused)."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def _first_nonfinite(t: torch.Tensor) -> str:
