@@ -133,7 +133,10 @@ def timed_hooks(callback: Any, spent: dict[str, float]) -> None:
     """Wrap the callback's per-batch hooks so that their time adds up in ``spent[name]``."""
     name = type(callback).__name__
     for hook in PER_BATCH_HOOKS:
-        if getattr(type(callback), hook) is not getattr(pl.Callback, hook):  # overridden
+        # overridden, and not set to None on the instance (a hook that would do nothing this run)
+        if getattr(type(callback), hook) is not getattr(pl.Callback, hook) and getattr(
+            callback, hook
+        ):
             setattr(callback, hook, _timed(getattr(callback, hook), name, spent))
 
 

@@ -136,6 +136,23 @@ def test_non_finite_gradients_with_a_finite_loss_are_caught_naming_the_parameter
     }
 
 
+class Steep(Regressor):
+    """Every gradient is 3e38 at step 1: near float32's largest, but finite."""
+
+    def on_after_backward(self):
+        if self.global_step == 1:
+            for p in self.parameters():
+                p.grad.fill_(3e38)
+
+
+def test_large_finite_gradients_are_not_taken_for_non_finite_ones():
+    guard = NonFiniteGuard()
+    trainer = quiet_trainer(max_steps=4, callbacks=[guard])
+    trainer.fit(Steep())  # the sum of their norms overflows: a check by the norms stopped here
+    assert trainer.global_step == 4
+    assert guard.summary() == {"action": "stop", "skipped_steps": 0, "skipped": []}
+
+
 def test_the_stop_is_in_the_report_written_after_the_exception(tmp_path):
     """RunReport builds report.json in on_exception, after the guard raised: listed before the
     guard, its on_exception runs first, so the guard must have kept the record before raising."""

@@ -237,7 +237,7 @@ def guard_stop(step: int, precision: str, lr: float, bad: str) -> dict[str, Any]
             guard.on_before_backward(trainer, model, torch.tensor(float("nan")))
         else:
             dict(model.named_parameters())[bad].grad.fill_(float("-inf"))
-            guard.on_before_optimizer_step(trainer, model, optimizer)
+        guard.on_before_optimizer_step(trainer, model, optimizer)
     return guard.summary()
 
 

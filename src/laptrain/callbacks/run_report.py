@@ -77,6 +77,7 @@ class RunReport(VersionedState, Callback):
         self._batch: dict[str, int] | None = None
         self._epoch = 0
         self._trainer: pl.Trainer | None = None
+        self._breaks: list[Any] = []  # the callbacks that take breaks (cooling_s), found in setup
 
     def _reset_totals(self) -> None:
         """What the checkpoint carries over sessions, as at the start of a new run."""
@@ -92,6 +93,7 @@ class RunReport(VersionedState, Callback):
         self._trainer = trainer  # state_dict() needs it for a batch in flight
         if stage == "fit":
             self._session_start = self._point["t"] = self.clock()
+            self._breaks = [cb for cb in trainer.callbacks if hasattr(cb, "cooling_s")]
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -101,7 +103,7 @@ class RunReport(VersionedState, Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._t0, self._cooling0 = self.clock(), cooling_s(trainer.callbacks)
+        self._t0, self._cooling0 = self.clock(), cooling_s(self._breaks)
         tokens = token_count(batch)  # a tensor on the device: no sync here (report_writer)
         self._batch = {"samples": batch_length(batch), "tokens": 0 if tokens is None else tokens}
 
@@ -110,7 +112,7 @@ class RunReport(VersionedState, Callback):
         if self._batch is None:
             return dict(self.totals)
         # a cooling break taken between this callback's two hooks is not training time
-        spent = self.clock() - self._t0 - (cooling_s(trainer.callbacks) - self._cooling0)
+        spent = self.clock() - self._t0 - (cooling_s(self._breaks) - self._cooling0)
         return {
             **self.totals,
             "train_s": self.totals["train_s"] + spent,
