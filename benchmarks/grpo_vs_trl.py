@@ -8,13 +8,25 @@ optimizer steps/s.
 Both arms train the job of ``python train.py experiment=grpo_smollm2 hardware=cpu`` (``--smoke``:
 ``experiment=grpo_offline`` cut small): the same base in float32, the same LoRA (peft
 ``LoraConfig`` with the preset's rank, alpha, dropout and target modules), ``num_generations``,
-prompts per step (``data.batch_size``), ``max_new_tokens`` (TRL's ``max_completion_length``),
-temperature, top-p, ``loss_type``, ``beta``, ``epsilon``, learning rate, no gradient clipping, the
-same prompts (laptrain's train split, its rendered prompt ids decoded to text) and the same reward
-functions (the preset's, called per completion batch). No vLLM. Both stop a completion at the
-chat template's end of turn, so only generated tokens are counted (non-pad ``completion_mask``
-here, TRL's ``completion_ids``). Each arm runs in a fresh process, ``--repeats`` rounds with the
-order rotated; the first ``--warmup`` steps are not timed; the table gives medians.
+prompts per step (``data.batch_size``; one generation per optimizer step in both), ``max_new_tokens``
+(TRL's ``max_completion_length``), temperature, top-p, ``loss_type``, ``beta``, ``epsilon``,
+``num_iterations``, learning rate, cosine schedule and warmup, no gradient clipping, the same
+prompt tokens (laptrain's train split decoded to text; each checked to tokenize back to the same
+ids, a BOS the tokenizer adds itself left out of the text) and the same reward functions. No vLLM.
+
+Equal work per step: both arms generate every completion to its full ``max_new_tokens``
+(laptrain's stop ids replaced by none, TRL's ``min_new_tokens`` masking EOS), so each step samples
+and trains on prompts x ``num_generations`` x ``max_new_tokens`` completion tokens in both, and
+the tokens/s and steps/s ratios agree. Counted: non-pad ``completion_mask`` of each new rollout
+here, ``len(completion_ids)`` of each reward call there.
+
+What differs is each side's own machinery, at its defaults: laptrain samples with its KV-cache loop
+(one CPU generator per prompt), the Lightning loop, the head on completion positions and fused
+AdamW; TRL samples with transformers' ``generate`` and trains in the HF Trainer with its default
+optimizer (``adamw_torch_fused`` on torch >= 2.8), prompts shuffled by its sampler. The rewards
+score different completions (different random streams); the work they cost is not timed apart.
+Each arm runs in a fresh process, ``--repeats`` rounds with the order rotated; the first
+``--warmup`` steps are not timed; the table gives medians.
 """
 
 from __future__ import annotations
@@ -56,18 +68,37 @@ def run_laptrain(args: argparse.Namespace, folder: Path) -> tuple[list[float], l
     import lightning.pytorch as pl
 
     from laptrain.commands.bench import build_job, make_trainer
+    from laptrain.families.lora.grpo import GRPOLoRAModule
 
     ends, tokens = [], []
 
     class StepEnds(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             ends.append(time.perf_counter())
-            tokens.append(int(pl_module._rollout["completion_mask"].sum()))
+            new = pl_module._rollout_uses == 1  # a step that sampled (num_iterations > 1 reuses)
+            tokens.append(int(pl_module._rollout["completion_mask"].sum()) if new else 0)
 
+    GRPOLoRAModule._stop_ids = lambda self: [-1]  # full length: no id is -1
     job = build_job(overrides(args), folder, lambda _: None)
     trainer = make_trainer(job, args.warmup + args.steps, [StepEnds()], num_sanity_val_steps=0)
     trainer.fit(job.model, datamodule=job.datamodule)
     return ends, tokens
+
+
+def prompt_texts(tokenizer: Any, prompt_ids: list[list[int]]) -> list[str]:
+    """Texts that ``tokenizer(text)`` (TRL's tokenization of a text prompt) turns back into
+    exactly ``prompt_ids``: a BOS the tokenizer adds itself is left out of the text."""
+    adds_bos = tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]
+    texts = []
+    for ids in prompt_ids:
+        ids = list(ids)
+        text = tokenizer.decode(
+            ids[1:] if adds_bos and ids[:1] == [tokenizer.bos_token_id] else ids
+        )
+        if tokenizer(text)["input_ids"] != ids:
+            raise SystemExit(f"prompt {len(texts)}: its decoded text does not tokenize back to it")
+        texts.append(text)
+    return texts
 
 
 def run_trl(args: argparse.Namespace, folder: Path) -> tuple[list[float], list[int]]:
@@ -100,7 +131,7 @@ def run_trl(args: argparse.Namespace, folder: Path) -> tuple[list[float], list[i
     train = data.splits["train"]
     tokenizer = data.tokenizer
     columns = [json.loads(c) for c in train["columns"]]
-    rows = {"prompt": tokenizer.batch_decode(train["prompt_ids"])}
+    rows = {"prompt": prompt_texts(tokenizer, train["prompt_ids"])}
     for name in columns[0]:
         rows[name] = [c[name] for c in columns]
     tokens: list[int] = []
@@ -128,9 +159,10 @@ def run_trl(args: argparse.Namespace, folder: Path) -> tuple[list[float], list[i
         temperature=float(model["temperature"]), top_p=float(model["top_p"]),
         loss_type=model["loss_type"], beta=float(model["beta"]), epsilon=float(model["epsilon"]),
         learning_rate=float(model["optimizer"]["lr"]), weight_decay=0.0, max_grad_norm=0.0,
-        lr_scheduler_type="cosine", warmup_ratio=float(model.get("warmup_ratio", 0.0)),
+        lr_scheduler_type="cosine", warmup_steps=float(model.get("warmup_ratio", 0.0)),
         max_steps=args.warmup + args.steps, num_iterations=int(model["num_iterations"]),
-        reward_weights=[r.weight for r in rewards], optim="adamw_torch", bf16=False,
+        reward_weights=[r.weight for r in rewards], bf16=False,
+        generation_kwargs={"min_new_tokens": int(model["max_new_tokens"])},  # full length
         use_cpu=True, report_to=[], logging_steps=1, disable_tqdm=True, save_strategy="no",
         seed=int(cfg.seed), gradient_checkpointing=False,
     )  # fmt: skip

@@ -5,7 +5,7 @@ import re
 import psutil
 from omegaconf import OmegaConf
 
-from laptrain.families.lora.grpo_sizing import kv_cache_bytes
+from laptrain.families.lora.grpo_sizing import Rollout, kv_cache_bytes, sampling_bytes
 from laptrain.families.lora.sizing import _base_config
 from laptrain.preflight.from_config import preflight_report
 from tests.conftest import CONF
@@ -23,6 +23,8 @@ def test_the_tiny_grpo_job_counts_its_kv_cache_by_hand():
     )["tiny_base"]
     config = _base_config(model, {"vocab_size": 2048})
     assert kv_cache_bytes(config, 4 * 8, 87 + 8, 4) == 32 * 95 * 1024 == 3_112_960
+    # sampling adds one position's fp32 logits per sequence (logits_to_keep=1), not 87
+    assert sampling_bytes(config, Rollout(8, 8, 0.0, 1.0), 4, 87, 4) == 3_112_960 + 32 * 2048 * 4
 
     lines, fits = preflight_report(JOB)
     assert fits

@@ -23,11 +23,21 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def _forward_parameters(model: Any) -> set[str]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return set(inspect.signature(base.forward).parameters)
+
+
 def _cache_name(model: Any) -> str:
     """The forward's KV-cache argument: ``cache`` (transformers >= 5.x's new name, which warns
     on the old one) or ``past_key_values``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+
+
+def _last_logits_only(model: Any) -> dict[str, int]:
+    """``logits_to_keep=1`` where the forward takes it: the prompt forward's head runs on the
+    last position only, not on every prompt position (sequences x prompt x vocab logits)."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(model) else {}
 
 
 def prompt_generators(seed: int, epoch: int, rows: list[int]) -> list[torch.Generator]:
@@ -86,6 +96,7 @@ def sample(
             attention_mask=mask,
             position_ids=_positions(mask),
             use_cache=True,
+            **_last_logits_only(model),
         )
         stops = torch.tensor(stop_ids, device=prompt_ids.device)
         done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)

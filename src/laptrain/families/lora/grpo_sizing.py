@@ -3,9 +3,9 @@
 One step of ``GRPOLoRAModule`` runs three phases one after the other, each freeing what it held:
 
 - sampling (no grad): ``num_generations`` x prompts sequences, each with a KV cache of prompt +
-  ``max_new_tokens`` positions (layers x 2 x kv heads x head dim x the base's bytes), and the
-  logits of every prompt position from the first forward (``grpo_sampling.sample`` keeps them
-  until the next token's forward);
+  ``max_new_tokens`` positions (layers x 2 x kv heads x head dim x the base's bytes), and one
+  position's logits per sequence (``grpo_sampling.sample`` asks the prompt forward for the last
+  position's only, ``logits_to_keep=1``);
 - the reference pass when ``beta`` > 0 (no grad): the completions' float32 logits and their
   temperature-scaled copy;
 - the policy pass and its backward over the group, measured like any causal-LM step
@@ -66,10 +66,10 @@ def kv_cache_bytes(config: Any, sequences: int, positions: int, dtype_bytes: int
 def sampling_bytes(
     config: Any, rollout: Rollout, prompts: int, prompt_len: int, dtype_bytes: int
 ) -> float:
-    """The sampling phase's peak: the full KV cache and the first forward's prompt logits."""
+    """The sampling phase's peak: the full KV cache and one position's logits per sequence."""
     n = rollout.sequences(prompts)
     cache = kv_cache_bytes(config, n, prompt_len + rollout.max_new_tokens, dtype_bytes)
-    return cache + float(n * prompt_len * int(config.vocab_size) * dtype_bytes)
+    return cache + float(n * int(config.vocab_size) * dtype_bytes)
 
 
 def reference_bytes(config: Any, rollout: Rollout, prompts: int) -> float:
