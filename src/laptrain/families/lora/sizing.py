@@ -513,7 +513,7 @@ def _rollout_lines(job: _LoRAJob, picked: str) -> list[str]:
         f"GRPO: {prompts} prompts per step{picked} x {rollout.generations} completions = {n} "
         f"sequences of {prompt_len} prompt (data.max_length - model.max_new_tokens) + "
         f"{rollout.max_new_tokens} new tokens",
-        f"rollout: KV cache {cache / GiB:.2f} GiB + prompt logits {logits / GiB:.2f} GiB "
+        f"rollout: KV cache {cache / GiB:.2f} GiB + next-token logits {logits / GiB:.2f} GiB "
         f"(sampling, no grad); reference pass {reference / GiB:.2f} GiB"
         f"{'' if rollout.beta else ' (model.beta=0: none)'}; the policy pass below is the "
         f"measured GRPO loss over the {n} sequences (head on the {rollout.max_new_tokens} "
