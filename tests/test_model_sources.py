@@ -20,18 +20,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from laptrain.families.lora import gguf_source
+from laptrain.families.lora.gguf_source import (
+    CorruptGGUFError,
+    MissingPackageError,
+    UnsupportedArchitectureError,
+    gguf_parameter_count,
+)
 from laptrain.pretrained import sources
 from laptrain.pretrained.sources import (
     ChecksumError,
-    CorruptGGUFError,
     IndexUnreachableError,
     MissingMemberError,
-    MissingPackageError,
     NotAModelFolderError,
     SourceError,
-    UnsupportedArchitectureError,
     WheelSource,
-    gguf_parameter_count,
     list_cached,
     pip_download,
     resolve_pretrained,
@@ -427,9 +430,11 @@ def test_missing_gguf_package_names_pip_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
-    real = sources.importlib.util.find_spec
+    real = gguf_source.importlib.util.find_spec
     monkeypatch.setattr(
-        sources.importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name)
+        gguf_source.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gguf" else real(name),
     )
     with pytest.raises(MissingPackageError) as err:
         resolve_pretrained(str(path), tmp_path)
@@ -466,7 +471,7 @@ def test_gguf_is_dequantised_once_into_a_plain_folder(
     def never(*_args: object) -> None:
         raise AssertionError("converted twice")
 
-    monkeypatch.setattr(sources, "_dequantise_and_save", never)
+    monkeypatch.setattr(gguf_source, "_dequantise_and_save", never)
     assert resolve_pretrained(str(path), tmp_path / "cache") == resolved  # cache hit
     [entry] = list_cached(tmp_path / "cache")
     assert entry.kind == "gguf" and entry.source["parameters"] == TINY_PARAMS
@@ -483,7 +488,7 @@ def test_killed_conversion_leaves_no_finished_looking_folder(
         (out / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sources, "_dequantise_and_save", killed)
+    monkeypatch.setattr(gguf_source, "_dequantise_and_save", killed)
     with pytest.raises(KeyboardInterrupt):
         resolve_pretrained(str(path), tmp_path / "cache")
     assert cache_contents(tmp_path / "cache") == ["gguf", f"gguf/.{sha256(path)}.lock"]
@@ -495,7 +500,7 @@ def test_killed_conversion_leaves_no_finished_looking_folder(
 RANK_SCRIPT = """
 import os, sys, time
 from pathlib import Path
-from laptrain.pretrained import sources
+from laptrain.families.lora import gguf_source as sources
 
 gguf, cache, conversions = sys.argv[1:4]
 
@@ -683,7 +688,7 @@ def test_real_minilm_wheel(tmp_path: Path) -> None:
 
 
 def test_a_gguf_too_large_for_this_machine_is_refused_before_dequantising(tmp_path: Path) -> None:
-    from laptrain.pretrained.sources import TooLargeError, check_gguf_fits
+    from laptrain.families.lora.gguf_source import TooLargeError, check_gguf_fits
 
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
     check_gguf_fits(gguf, available_bytes=10**9)

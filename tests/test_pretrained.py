@@ -11,7 +11,8 @@ import pytest
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
 from laptrain.families.classifier.text_classifier import build_classifier
-from laptrain.pretrained.loading import config_from_pretrained, load_pretrained_model
+from laptrain.families.lora.gguf_source import config_from_pretrained
+from laptrain.pretrained.loading import load_pretrained_model
 from tests.test_model_sources import FakeIndex, make_wheel, wheel_spec, write_tiny_gguf
 
 RANK_ZERO = "lightning.pytorch.utilities.rank_zero"

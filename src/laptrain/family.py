@@ -79,6 +79,7 @@ class Family:
     commands: Callable[[], Commands] | None = None
     exports: Callable[[], Exports] | None = None
     smoke: Callable[[], SmokeBuilds] | None = None
+    model_files: Callable[[], Mapping[str, Callable[..., Path]]] | None = None
 
     def refusal(self, device_kind: str, precision: str) -> str | None:
         return (

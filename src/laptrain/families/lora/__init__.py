@@ -6,7 +6,8 @@ weights' dtype (``base_dtype``: ``base_dtype: auto``), the memory forecast from 
 (``sizing``), ``laptrain doctor``'s LoRA check (``doctor``), the tiny offline Llama
 (``tiny_llama``), the adapter folders a run leaves (``adapter_folders``), its commands
 (``commands``: export, generate, eval; their work in ``tools`` and ``preference_eval``), the GGUF
-export (``gguf/``), ``laptrain why``'s DPO rule (``why_rules``) and the smoke build (``smoke``)."""
+export (``gguf/``) and input source (``gguf_source``), ``laptrain why``'s DPO rule
+(``why_rules``) and the smoke build (``smoke``)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,12 @@ def _smoke() -> Any:
     return smoke
 
 
+def _model_files() -> Mapping[str, Any]:
+    from laptrain.families.lora.gguf_source import convert_gguf
+
+    return {".gguf": convert_gguf}
+
+
 FAMILY = Family(
     name="lora",
     summary="a pretrained causal LM fine-tuned with peft LoRA adapters on instruction pairs",
@@ -86,4 +93,5 @@ FAMILY = Family(
     why=_why,
     exports=_commands,
     smoke=_smoke,
+    model_files=_model_files,
 )

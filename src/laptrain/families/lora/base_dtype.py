@@ -31,7 +31,7 @@ def base_parameter_count(model_cfg: Mapping[str, Any]) -> int | None:
     """Parameters of the base a causal-LM config names (hub name, folder or backbone dict)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from laptrain.pretrained.loading import config_from_pretrained
+    from laptrain.families.lora.gguf_source import config_from_pretrained
 
     pretrained, backbone = model_cfg.get("pretrained"), model_cfg.get("backbone")
     if pretrained:

@@ -36,7 +36,7 @@ from laptrain.model.fsdp_units import (
     unwrapped_name,
 )
 from laptrain.model.gradient_checkpointing import enable_checkpointing, parse_setting
-from laptrain.pretrained.loading import Source, load_pretrained_model, rank_device_map
+from laptrain.pretrained.loading import Source, load_pretrained_model
 from laptrain.pretrained.sources import source_fingerprint
 
 OptimizerFactory = Callable[[Iterable[Any]], torch.optim.Optimizer]
@@ -67,6 +67,14 @@ def refuse_precision(kind: str, precision: str) -> str | None:
             "model.base_dtype=bfloat16 for a half-precision base"
         )
     return None
+
+
+def rank_device_map() -> dict[str, int]:
+    """``device_map`` for a base that loads straight onto a GPU (bitsandbytes 4-bit): all of it on
+    this rank's GPU (``trainer.devices[local rank]``, made current by ``pin_rank_gpu``), named
+    rather than left to transformers' default (quantizers/quantizer_bnb_4bit.py:94-111), whatever
+    that becomes."""
+    return {"": torch.cuda.current_device()}
 
 
 def check_quantization(quantization: str | None) -> None:

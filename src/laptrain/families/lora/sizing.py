@@ -124,7 +124,7 @@ def causal_lm_config(model_cfg: Mapping[str, Any]) -> Any | None:
     None for a base built from ``tiny_base``. Only ``config.json`` is read."""
     from transformers import AutoConfig
 
-    from laptrain.pretrained.loading import config_from_pretrained
+    from laptrain.families.lora.gguf_source import config_from_pretrained
 
     pretrained, backbone = model_cfg.get("pretrained"), model_cfg.get("backbone")
     if pretrained:

@@ -245,7 +245,7 @@ def base_size(name: str, fix: str) -> BaseSize:
     """Parameters, embedding parameters and vocabulary of the model ``name`` (folder, hub name or
     GGUF) from its config; no weights are read."""
     from laptrain.families.lora.base_dtype import base_parameter_count
-    from laptrain.pretrained.loading import config_from_pretrained
+    from laptrain.families.lora.gguf_source import config_from_pretrained
 
     config = config_from_pretrained(name, fix)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config

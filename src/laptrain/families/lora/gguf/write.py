@@ -190,7 +190,7 @@ def encoding_extra(plan: Any, size: Any) -> Any:
 
 def _check_base_config(base: str) -> None:
     """The architecture refusal from the base's config alone, before any weight is read."""
+    from laptrain.families.lora.gguf_source import config_from_pretrained
     from laptrain.families.lora.tools import BASE_FIX
-    from laptrain.pretrained.loading import config_from_pretrained
 
     llama_metadata.check_config(config_from_pretrained(base, BASE_FIX))
