@@ -1,8 +1,11 @@
-"""What the side-by-side benchmarks (real_lora.py, dpo_vs_trl.py) share about their arms."""
+"""What the benchmarks share: the side-by-side ones' ``--arms`` (real_lora.py, dpo_vs_trl.py) and
+the machine line every table is printed with."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 from collections.abc import Callable, Sequence
 
 
@@ -37,3 +40,19 @@ def add_arm_options(parser: argparse.ArgumentParser, arms: Sequence[str], exampl
 
 def yes(met: bool) -> str:
     return "yes" if met else "NO"
+
+
+def machine_line() -> str:
+    """The machine and its load, printed with every table (the numbers depend on both)."""
+    import platform
+
+    import psutil
+    import torch
+
+    load = os.getloadavg()
+    return (
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )

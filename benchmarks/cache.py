@@ -16,10 +16,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from arms import machine_line
 from longtail import write_longtail_csv
 from startup import one_run
-
-from laptrain.commands.bench import machine_line
 
 GOAL = 0.2  # issue 13: second run's time to first step <= 0.2 x the first's
 

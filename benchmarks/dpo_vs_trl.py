@@ -546,7 +546,7 @@ def benchmark(args: argparse.Namespace) -> None:
 
     from importlib.metadata import version
 
-    from laptrain.commands.bench import machine_line  # imports torch: after the children ran
+    from arms import machine_line  # imports torch: after the children ran
 
     print(machine_line())
     print(

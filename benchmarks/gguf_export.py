@@ -44,9 +44,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from arms import machine_line
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from laptrain.commands.bench import machine_line
     from laptrain.commands.cli import main as laptrain
     from laptrain.console import no_transformers_bars, quiet_libraries
     from laptrain.families.lora.gguf.llama_cpp_check import (

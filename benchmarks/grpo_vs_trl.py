@@ -219,7 +219,7 @@ def benchmark(args: argparse.Namespace) -> None:
         for arm in order:
             results[arm].append(run_arm(args, arm))
             print(arm, json.dumps(results[arm][-1]), file=sys.stderr)
-    from laptrain.commands.bench import machine_line
+    from arms import machine_line
 
     print(machine_line())
     print(

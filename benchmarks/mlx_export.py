@@ -74,10 +74,10 @@ def main() -> None:
 
     import numpy as np
     import torch
+    from arms import machine_line
     from mlx_lm import generate, load
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from laptrain.commands.bench import machine_line
     from laptrain.commands.cli import main as laptrain
     from laptrain.console import no_transformers_bars, quiet_libraries
     from laptrain.families.lora.gguf.llama_cpp_check import held_out_texts

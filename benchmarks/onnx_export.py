@@ -126,7 +126,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from laptrain.commands.bench import machine_line
+    from arms import machine_line
+
     from laptrain.console import quiet_libraries
 
     quiet_libraries()

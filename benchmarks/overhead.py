@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from arms import machine_line
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from transformers import get_linear_schedule_with_warmup
 
 from laptrain.checkpoints.stop import PER_BATCH_HOOKS
-from laptrain.commands.bench import build_job, job_callbacks, machine_line, make_trainer
+from laptrain.commands.bench import build_job, job_callbacks, make_trainer
 
 # a user's own module (user/<name>/, `laptrain new`) imports as train.py sees it: from the clone
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

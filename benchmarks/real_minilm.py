@@ -380,7 +380,7 @@ def throughput(args: argparse.Namespace, overrides: list[str], tmp: Path) -> Non
                 "folder": str(tmp / f"{arm.replace(' ', '_')}-{r}"),
             }
             results[arm].append(run_child(spec))
-    from laptrain.commands.bench import machine_line
+    from arms import machine_line
 
     print(machine_line())
     print(
@@ -461,7 +461,7 @@ def accuracy(args: argparse.Namespace, overrides: list[str], tmp: Path) -> None:
             else:
                 rows[seed][arm] = run_train_py(overrides, seed, folder)
             print(f"seed {seed} {arm}: {rows[seed][arm]}", file=sys.stderr, flush=True)
-    from laptrain.commands.bench import machine_line
+    from arms import machine_line
 
     print(machine_line())
     print(

@@ -161,7 +161,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="laptrain-startup-") as tmp:
         cold = one_run(argv, Path(tmp))
         warm = [one_run(argv, Path(tmp)) for _ in range(args.runs)]
-    from laptrain.commands.bench import machine_line
+    from arms import machine_line
 
     print(machine_line())
     print(

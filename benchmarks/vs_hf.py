@@ -173,7 +173,7 @@ def main() -> None:
             for arm in ARMS[i % 3 :] + ARMS[: i % 3]:  # each arm first once: no order bias
                 folder = Path(tmp) / f"{arm.replace(' ', '_')}-{seed}"
                 results[arm].append(run_child(arm, csv, seed, folder, overrides))
-    from laptrain.commands.bench import machine_line
+    from arms import machine_line
 
     print(machine_line())
     print(

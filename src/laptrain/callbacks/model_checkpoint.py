@@ -6,8 +6,6 @@ score (model_checkpoint.py:488 and :535 in 2.6.6); during such a stop this saves
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
@@ -22,8 +20,9 @@ def stopping_on_purpose(trainer: pl.Trainer) -> bool:
 class ModelCheckpoint(LightningModelCheckpoint):
     """``lightning.pytorch.callbacks.ModelCheckpoint`` that skips saving during a laptrain stop."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # not in __init__: the config check binds the yaml's keys to Lightning's own signature
+        super().setup(trainer, pl_module, stage)
         if self._every_n_train_steps < 1 and self._train_time_interval is None:
             self.on_train_batch_end = None  # type: ignore[assignment]  # a no-op: not dispatched
 

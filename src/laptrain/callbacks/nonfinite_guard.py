@@ -235,9 +235,9 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t)
-    found = {device: torch.zeros(1, device=device) for device, _ in groups}
+    found = {device: torch.zeros(1, device=device, dtype=torch.float32) for device, _ in groups}
     for (device, _), group in groups.items():
-        one = torch.ones(1, device=device)
+        one = torch.ones(1, device=device, dtype=torch.float32)  # the kernel's only dtype
         torch._amp_foreach_non_finite_check_and_unscale_(group, found[device], one)
     return not any(bool(flag) for flag in found.values())
 

@@ -326,22 +326,6 @@ def advice(stats: StepStats) -> list[str]:
     return lines
 
 
-def machine_line() -> str:
-    """The machine and its load, printed with every table (the numbers depend on both)."""
-    import platform
-
-    import psutil
-    import torch
-
-    load = os.getloadavg()
-    return (
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-    )
-
-
 def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
