@@ -140,10 +140,9 @@ def lora_summary(model: Any) -> dict[str, Any]:
 def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> dict[str, Any]:
     import lightning.pytorch as pl
     import torch
-    from hydra.utils import instantiate
-    from omegaconf import DictConfig
+    from lightning.pytorch.callbacks import ProgressBar
 
-    from laptrain.commands.bench import build_job, make_trainer
+    from laptrain.commands.bench import build_job, job_callbacks, make_trainer
 
     class StepEnds(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -151,11 +150,7 @@ def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> dict
             window.step_end(batch["attention_mask"], loss)
 
     job = build_job(job_overrides(args), folder, lambda _: None)
-    callbacks = [
-        instantiate(c, _convert_="all")
-        for name, c in job.cfg.callbacks.items()
-        if isinstance(c, DictConfig) and "_target_" in c and name != "progress_bar"
-    ]
+    callbacks = [c for c in job_callbacks(job) if not isinstance(c, ProgressBar)]
     # last: its batch-end time is taken after the other callbacks'
     trainer = make_trainer(
         job, args.warmup + args.steps, [*callbacks, StepEnds()], num_sanity_val_steps=0
@@ -182,7 +177,7 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, Any
     from omegaconf import OmegaConf
 
     from laptrain.commands.bench import compose_job
-    from laptrain.families.lora.causal_lm import load_base
+    from laptrain.families.lora.causal_lm import load_base, with_tiny_base
 
     cfg, _ = compose_job(job_overrides(args), folder, lambda _: None)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -198,11 +193,9 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, Any
                 f"{split}: {len(items)} rows read, {len(datamodule.splits[split])} cached"
             )
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    pretrained = model.get("pretrained")
-    if not pretrained and model.get("tiny_base"):
-        from laptrain.families.lora.tiny_llama import tiny_llama
-
-        pretrained = str(tiny_llama(datamodule.tokenizer, **model["tiny_base"]))
+    pretrained = with_tiny_base(
+        model.get("pretrained"), model.get("tiny_base"), datamodule.tokenizer
+    )
     base = load_base(pretrained, model.get("backbone"), torch.float32, model.get("revision"))
     base.config.use_cache = False
     return cfg, datamodule, base, rows

@@ -112,7 +112,7 @@ def run_trl(args: argparse.Namespace, folder: Path) -> tuple[list[float], list[i
     from trl import GRPOConfig, GRPOTrainer
 
     from laptrain.commands.bench import compose_job
-    from laptrain.families.lora.causal_lm import load_base
+    from laptrain.families.lora.causal_lm import load_base, with_tiny_base
     from laptrain.families.lora.grpo_rewards import load_rewards
 
     datasets.disable_progress_bars()
@@ -122,11 +122,7 @@ def run_trl(args: argparse.Namespace, folder: Path) -> tuple[list[float], list[i
     data.prepare_data()
     data.setup("fit")
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    pretrained = model.get("pretrained")
-    if not pretrained and model.get("tiny_base"):
-        from laptrain.families.lora.tiny_llama import tiny_llama
-
-        pretrained = str(tiny_llama(data.tokenizer, **model["tiny_base"]))
+    pretrained = with_tiny_base(model.get("pretrained"), model.get("tiny_base"), data.tokenizer)
     base = load_base(pretrained, None, torch.float32)
     train = data.splits["train"]
     tokenizer = data.tokenizer

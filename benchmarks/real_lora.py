@@ -202,7 +202,7 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, tor
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from laptrain.families.lora.causal_lm import load_base
+    from laptrain.families.lora.causal_lm import load_base, with_tiny_base
 
     cfg = compose(args, folder)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -212,11 +212,9 @@ def data_and_base(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, tor
     datamodule.prepare_data()
     datamodule.setup("fit")
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    pretrained = model.get("pretrained")
-    if not pretrained and model.get("tiny_base"):
-        from laptrain.families.lora.tiny_llama import tiny_llama
-
-        pretrained = str(tiny_llama(datamodule.tokenizer, **model["tiny_base"]))
+    pretrained = with_tiny_base(
+        model.get("pretrained"), model.get("tiny_base"), datamodule.tokenizer
+    )
     base = load_base(pretrained, model.get("backbone"), torch.float32, model.get("revision"))
     base.config.use_cache = False
     if args.ckpt:  # as CausalLMLoRAModule does it
@@ -250,9 +248,9 @@ def wrap(base: torch.nn.Module, lora: dict[str, Any]) -> torch.nn.Module:
 
 def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> torch.nn.Module:
     import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ProgressBar
 
-    from laptrain.callbacks.acting import build_callbacks
-    from laptrain.commands.bench import build_job, make_trainer
+    from laptrain.commands.bench import build_job, job_callbacks, make_trainer
 
     class StepEnds(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -260,8 +258,7 @@ def run_laptrain(args: argparse.Namespace, folder: Path, window: Window) -> torc
 
     job = build_job(job_overrides(args), folder, lambda _: None)
     note_config(window, job.cfg)
-    built = build_callbacks(job.cfg.get("callbacks"), job.model)  # as a run builds them
-    callbacks = [c for name, c in built.items() if name != "progress_bar"]
+    callbacks = [c for c in job_callbacks(job) if not isinstance(c, ProgressBar)]
     # last: its batch-end time is taken after the other callbacks' (Lightning moves the
     # checkpoint callbacks behind it; at every_n_train_steps 250 they only check the step)
     trainer = make_trainer(

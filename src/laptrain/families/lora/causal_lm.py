@@ -242,11 +242,12 @@ def _check_options(scheduler: str, warmup_ratio: float, quantization: str | None
     check_quantization(quantization)
 
 
-def _with_tiny_base(
+def with_tiny_base(
     pretrained: Source | None, tiny_base: dict[str, Any] | None, tokenizer: Any
 ) -> Source | None:
     """``pretrained``, or when it is null and ``tiny_base`` is set the offline tiny Llama's folder
-    (built once from ``tokenizer``)."""
+    (built once from ``tokenizer``): the base a LoRA job's model config names (the benchmarks'
+    arms load it too)."""
     if pretrained or not tiny_base:
         return pretrained
     from laptrain.families.lora.tiny_llama import tiny_llama
@@ -309,7 +310,7 @@ class CausalLMLoRAModule(ChunkedBackward, pl.LightningModule):
         self.tokenizer = tokenizer
         self.strict_loading = False  # checkpoints hold the adapters only
         dtype = resolve_base_dtype(base_dtype)
-        pretrained = _with_tiny_base(pretrained, tiny_base, tokenizer)
+        pretrained = with_tiny_base(pretrained, tiny_base, tokenizer)
         base = load_base(pretrained, backbone, dtype, revision, quantization)
         self._check_vocabulary(base)
         self.fingerprint = _fingerprint(base, pretrained, backbone, revision)
