@@ -207,10 +207,8 @@ def _not_finite(
     for g, group in enumerate(optimizer.param_groups if optimizer is not None else []):
         for i, p in enumerate(group["params"]):
             if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                name, value = (
-                    names.get(id(p), f"param_groups[{g}] parameter {i}"),
-                    _first_nonfinite(p.grad),
-                )
+                name = names.get(id(p), f"param_groups[{g}] parameter {i}")
+                value = _first_nonfinite(p.grad)
                 record = {"what": "gradients", "parameter": name, "value": value}
                 return f"the gradient of {name} is {value}", record
     return None
