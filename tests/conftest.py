@@ -191,10 +191,21 @@ def texts_csv(tmp_path: Path) -> Path:
 
 
 def run_train(
-    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 240
+    args: list[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: int = 240,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
-    """`python train.py <args>` in a fresh process (env-before-import and signals only show there)."""
+    """`python train.py <args>` as a process of its own (signals, exit codes, several processes):
+    forked from a server that has imported torch and Lightning (tests/forked_train.py), or a fresh
+    interpreter with ``fresh`` or an ``env`` that changes what one reads at start."""
     full_env = {**os.environ, "LAPTRAIN_CACHE": str(cwd / "cache"), **(env or {})}
+    from tests.forked_train import can_fork, run_forked
+
+    # a profile's env reaches torch only before its import: hardware.env.* needs a fresh start
+    if not fresh and can_fork(full_env) and not any("hardware.env" in a for a in args):
+        return run_forked(args, cwd, full_env, timeout)
     return subprocess.run(
         [sys.executable, str(TRAIN), *args],
         cwd=cwd,

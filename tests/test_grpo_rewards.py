@@ -12,8 +12,10 @@ from laptrain.families.lora.grpo_rewards import (
     length_target,
     load_rewards,
     missing_columns,
+    picks_answer,
     regex_format,
     score,
+    short_answer,
 )
 
 BUILTIN = "laptrain.families.lora.grpo_rewards"
@@ -38,6 +40,31 @@ def test_length_target_peaks_at_the_target():
         1.0,
         0.0,
     ]
+
+
+def test_picks_answer_reads_the_first_option_named_as_a_whole_word():
+    options = [["IMAP4", "IMAP4_stream", "ParseFlags"]] * 5
+    completions = [
+        "The `imaplib` function is `IMAP4_stream`.",  # the longer name, not IMAP4 inside it
+        "IMAP4",
+        "ParseFlags, or maybe IMAP4",  # the first named is the choice
+        "imap4",  # case counts, as in the names
+        "None of them",
+    ]
+    assert picks_answer(["p"] * 5, completions, answer=["IMAP4"] * 5, options=options) == [
+        0.0,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
+
+
+def test_short_answer_is_one_up_to_the_words_and_zero_for_silence():
+    completions = ["", "dumps", "it is dumps", " ".join(["w"] * 12), " ".join(["w"] * 7)]
+    got = short_answer(["p"] * 5, completions, words=1, zero_at=12)
+    assert got[:4] == [0.0, 1.0, 9 / 11, 0.0]
+    assert got[4] == pytest.approx(5 / 11)
 
 
 def test_rewards_load_by_path_with_options_weights_and_columns():

@@ -70,3 +70,30 @@ def test_pythonpath_in_env_reaches_the_imports_and_the_run_s_own_modules_go(tmp_
     import sys
 
     assert "mymod" not in sys.modules and str(project) not in sys.path
+
+
+def test_a_forked_run_is_a_process_like_a_fresh_interpreter(tmp_path):
+    """run_train forks from a server that imported torch (tests/forked_train.py): the same exit
+    code, error line and sys.path as a fresh `python train.py`, and a variable read at import
+    sends the run to a fresh interpreter."""
+    import subprocess
+    import sys
+
+    from tests.forked_train import can_fork
+
+    args = [*BASE, "data.files.train=nope.csv"]
+    forked = run_train(args, tmp_path)
+    fresh = run_train(args, tmp_path, fresh=True)
+    assert forked.returncode == fresh.returncode == 2
+    assert forked.stderr == fresh.stderr and forked.stderr.startswith("error:")
+    assert not can_fork({**os.environ, "OMP_NUM_THREADS": "7"})
+    assert can_fork({**os.environ, "PYTHONPATH": str(tmp_path)})
+    show = "import sys; print(sys.path)"
+    (tmp_path / "show.py").write_text(show)
+    real = subprocess.run(
+        [sys.executable, str(tmp_path / "show.py")], capture_output=True, text=True
+    )
+    from tests import forked_train
+
+    path = forked_train._interpreter_path(os.environ.get("PYTHONPATH"))
+    assert [str(tmp_path), *path] == eval(real.stdout)

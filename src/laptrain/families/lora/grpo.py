@@ -113,7 +113,11 @@ class GRPOLoRAModule(CausalLMLoRAModule):
         self.sampling_seed = int(sampling_seed)
         self._rollout: dict[str, torch.Tensor] | None = None
         self._rollout_uses = 0
-        self.val_reward, self.test_reward, self.test_reward_base = (MeanMetric() for _ in "abc")
+        # the held-out means: the total, then each reward's own (its curve in TensorBoard)
+        self.held_out = torch.nn.ModuleDict(
+            {key: torch.nn.ModuleList(MeanMetric() for _ in range(len(self.rewards) + 1))
+             for key in ("val/reward", "test/reward", "test/reward_base")}
+        )  # fmt: skip
 
     # ----- rollouts ---------------------------------------------------------------------------
     def _stop_ids(self) -> list[int]:
@@ -150,6 +154,7 @@ class GRPOLoRAModule(CausalLMLoRAModule):
         return completion_logps(
             self.model, rollout["prompt_ids"], rollout["prompt_mask"], rollout["completion_ids"],
             rollout["completion_mask"], self.temperature, response_head(self.model),
+            self._may_share_prefix(),
         )  # fmt: skip
 
     def roll_out(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -275,24 +280,33 @@ class GRPOLoRAModule(CausalLMLoRAModule):
             )
 
     # ----- evaluation: mean total reward of greedy completions --------------------------------
-    def _reward_of(self, batch: dict[str, Any], metric: MeanMetric) -> None:
+    def _reward_of(self, batch: dict[str, Any], key: str) -> None:
         *_, scores = self._complete(batch, 1, None)
-        metric.update(self._total(scores).to(self.device))
+        total, *parts = self.held_out[key]
+        total.update(self._total(scores).to(self.device))
+        for j, metric in enumerate(parts):
+            metric.update(scores[:, j].to(self.device))
+
+    def _log_held_out(self, key: str) -> None:
+        total, *parts = self.held_out[key]
+        self._log_metric(key, total)
+        for reward, metric in zip(self.rewards, parts, strict=True):
+            self._log_metric(f"{key}_{reward.name}", metric)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._reward_of(batch, self.val_reward)
+        self._reward_of(batch, "val/reward")
 
     def on_validation_epoch_end(self) -> None:
-        self._log_metric("val/reward", self.val_reward)
+        self._log_held_out("val/reward")
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._reward_of(batch, self.test_reward)
+        self._reward_of(batch, "test/reward")
         with self.model.disable_adapter():
-            self._reward_of(batch, self.test_reward_base)
+            self._reward_of(batch, "test/reward_base")
 
     def on_test_epoch_end(self) -> None:
-        self._log_metric("test/reward", self.test_reward)
-        self._log_metric("test/reward_base", self.test_reward_base)
+        self._log_held_out("test/reward")
+        self._log_held_out("test/reward_base")
 
     def _log_metric(self, key: str, metric: MeanMetric) -> None:
         if self.trainer.world_size == 1 and metric.weight == 0:  # type: ignore[operator]

@@ -56,6 +56,37 @@ def length_target(
     return [max(0.0, 1.0 - abs(n - target) / target) for n in sizes]
 
 
+def picks_answer(
+    prompts: list[str],
+    completions: list[str],
+    answer: list[str],
+    options: list[list[str]],
+    **_: Any,
+) -> list[float]:
+    """1.0 where the first of the row's ``options`` that the completion names (a whole word; the
+    longest name where two start at one place) is its ``answer``, else 0.0: the choice made,
+    whatever words are around it."""
+    out = []
+    for completion, right, names in zip(completions, answer, options, strict=True):
+        alternatives = "|".join(re.escape(str(n)) for n in sorted(names, key=len, reverse=True))
+        found = re.search(rf"(?<!\w)({alternatives})(?!\w)", completion) if names else None
+        out.append(float(found is not None and found.group(1) == str(right)))
+    return out
+
+
+def short_answer(
+    prompts: list[str], completions: list[str], words: int = 1, zero_at: int = 12, **_: Any
+) -> list[float]:
+    """1.0 for a completion of 1 to ``words`` words, falling linearly to 0.0 at ``zero_at`` words;
+    an empty completion scores 0.0 (silence is not an answer)."""
+    out = []
+    for completion in completions:
+        n = len(completion.split())
+        slope = max(zero_at - words, 1)
+        out.append(0.0 if n == 0 else max(0.0, min(1.0, (zero_at - n) / slope)))
+    return out
+
+
 @dataclass(frozen=True)
 class Reward:
     """One reward function, its name in the config, its weight and the columns it reads."""

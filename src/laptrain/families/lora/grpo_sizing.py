@@ -11,7 +11,8 @@ One step of ``GRPOLoRAModule`` runs three phases one after the other, each freei
 - the policy pass and its backward over the group, measured like any causal-LM step
   (``sizing.measure_lora_activations``) but on GRPO's own loss: ``completion_logps`` with the head
   on the completion positions only, so the saved float32 logits are completions x
-  ``max_new_tokens`` x vocab.
+  ``max_new_tokens`` x vocab. Without adapter dropout or gradient checkpointing each group's
+  prompt runs once (``grpo_sampling``): that pass is measured per group, the other per sequence.
 
 The step's peak is the largest of the three on top of the weights, adapters and optimizer state.
 """
@@ -80,22 +81,28 @@ def reference_bytes(config: Any, rollout: Rollout, prompts: int) -> float:
     return float(2 * n * rollout.max_new_tokens * int(config.vocab_size) * 4)
 
 
-def policy_batch_maker(vocab: int, rollout: Rollout):
+def policy_batch_maker(vocab: int, rollout: Rollout, grouped: bool = False):
     """Batches for ``measure_activations``: ``batch`` sequences of a ``length``-token prompt and
-    ``max_new_tokens`` completion tokens (the length the fit extrapolates in is the prompt's)."""
+    ``max_new_tokens`` completion tokens (the length the fit extrapolates in is the prompt's);
+    ``grouped``: ``batch`` groups, each prompt repeated for its ``generations`` completions (what
+    the policy pass runs once per group when it shares prompts)."""
 
     def make(batch: int, length: int) -> dict[str, torch.Tensor]:
         generator = torch.Generator().manual_seed(batch * 100_003 + length)
         prompt = torch.randint(0, vocab, (batch, length), generator=generator)
-        done = torch.randint(0, vocab, (batch, rollout.max_new_tokens), generator=generator)
+        rows = batch * rollout.generations if grouped else batch
+        done = torch.randint(0, vocab, (rows, rollout.max_new_tokens), generator=generator)
+        if grouped:
+            prompt = prompt.repeat_interleave(rollout.generations, 0)
         return {"prompt_ids": prompt, "completion_ids": done}
 
     return make
 
 
-def policy_loss(rollout: Rollout):
+def policy_loss(rollout: Rollout, grouped: bool = False):
     """GRPO's policy pass on a batch of ``policy_batch_maker``: completion log-probabilities with
-    the head on completion positions, as ``GRPOLoRAModule._logps`` takes them."""
+    the head on completion positions, as ``GRPOLoRAModule._logps`` takes them (each group's prompt
+    run once with ``grouped``)."""
     from laptrain.families.lora.causal_lm import response_head
     from laptrain.families.lora.grpo_sampling import completion_logps
 
@@ -103,7 +110,7 @@ def policy_loss(rollout: Rollout):
         prompt, done = batch["prompt_ids"], batch["completion_ids"]
         logps = completion_logps(
             model, prompt, torch.ones_like(prompt), done, torch.ones_like(done),
-            rollout.temperature, response_head(model),
+            rollout.temperature, response_head(model), grouped,
         )  # fmt: skip
         return -logps.mean()
 

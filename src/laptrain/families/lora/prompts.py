@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 import sys
 from dataclasses import dataclass
@@ -36,35 +37,47 @@ from laptrain.families.lora.prompt_rows import (
 )
 from laptrain.families.lora.stdlib_instructions import collect_pairs
 
-PROMPT_CACHE_VERSION = 1
+PROMPT_CACHE_VERSION = 2
 _NAME = re.compile(r"`([\w.]+)`")
 
 
 def build_stdlib_prompts(
-    cache_dir: str, modules: list[str], min_chars: int = 12, max_chars: int = 200
+    cache_dir: str, modules: list[str], min_chars: int = 12, max_chars: int = 200, options: int = 4
 ) -> dict[str, str]:
     """Write the offline prompt rows to ``<cache_dir>/stdlib_prompts/<key>.jsonl`` once and return
     ``{"all": path}``: for each documented stdlib function or class, its docstring's first
-    sentence and the question which name of its module it describes; ``answer`` is the bare name
-    (``dumps``), ``module`` the module."""
+    sentence and the question which of ``options`` names of its module it describes (the name and
+    others of the same module, in a shuffled order fixed by the name); ``answer`` is the bare name
+    (``dumps``), ``options`` the names offered, ``module`` the module. A module with fewer than two
+    names gives no rows."""
     spec = json.dumps(
         {"python": sys.version, "modules": [str(m) for m in modules],
-         "chars": [min_chars, max_chars], "version": PROMPT_CACHE_VERSION},
+         "chars": [min_chars, max_chars], "options": options, "version": PROMPT_CACHE_VERSION},
         sort_keys=True,
     )  # fmt: skip
     key = hashlib.sha256(spec.encode()).hexdigest()[:16]
     out = Path(cache_dir) / "stdlib_prompts" / f"{key}.jsonl"
     if not out.exists():
-        rows = []
+        named = []
         for pair in collect_pairs([str(m) for m in modules], min_chars, max_chars):
             found = _NAME.search(pair["prompt"])
-            if found is None:
+            if found is not None:
+                named.append((pair, found.group(1).rpartition(".")[2]))
+        names: dict[str, set[str]] = {}
+        for pair, name in named:
+            names.setdefault(pair["module"], set()).add(name)
+        rows = []
+        for pair, name in named:
+            others = sorted(names[pair["module"]] - {name})
+            if not others:
                 continue
-            name = found.group(1).rpartition(".")[2]
+            pick = random.Random(f"{pair['module']}.{name}")  # str seeds hash the same every run
+            offered = [name, *pick.sample(others, min(options - 1, len(others)))]
+            pick.shuffle(offered)
             rows.append(
-                {"prompt": f"Which `{pair['module']}` function does this: {pair['response']} "
-                           "Answer with its name only.",
-                 "answer": name, "module": pair["module"]}
+                {"prompt": f"Which `{pair['module']}` function does this: {pair['response']}\n"
+                           f"Options: {', '.join(offered)}.\nAnswer with its name only.",
+                 "answer": name, "options": offered, "module": pair["module"]}
             )  # fmt: skip
         if not rows:
             raise FileNotFoundError(

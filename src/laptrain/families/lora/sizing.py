@@ -326,14 +326,17 @@ class _LoRAJob:
     vocab: int
     rollout: Rollout | None  # GRPO: seq_len is then the prompt's, micro the prompts per step
     auto: bool = False  # hardware.batch_size=auto picked ``micro``
+    grouped: ActivationProfile | None = None  # GRPO's policy pass per group, its prompt run once
 
     def estimate(self, checkpointed: bool, width: int, micro: int | None = None) -> Estimate:
         """The step's peak at ``micro`` (the job's by default) with a base of ``width`` bytes; for
         GRPO the largest of its sampling, reference and policy phases (``grpo_sizing``)."""
         micro = self.micro if micro is None else micro
         vocab = None if self.rollout else self.vocab  # GRPO's logits are in its measured profile
-        est = lora_estimate(self.counts, self.acts, self.seq_len, width, self.kind,
-                            self.rollout.sequences(micro) if self.rollout else micro,
+        acts, units = self.acts, self.rollout.sequences(micro) if self.rollout else micro
+        if self.grouped is not None and not checkpointed:  # checkpointing runs every prompt
+            acts, units = self.grouped, micro
+        est = lora_estimate(self.counts, acts, self.seq_len, width, self.kind, units,
                             checkpointed, self.baseline, vocab)  # fmt: skip
         if self.rollout is None:
             return est
@@ -443,14 +446,22 @@ def _size_job(cfg: Any, model_cfg: Any, config: Any) -> _LoRAJob:
         dtype, why = choose_base_dtype(counts.base, budget.bytes, budget.bf16)
     kind = str(hw.get("accelerator", "cpu"))
     baseline = float(psutil.Process().memory_info().rss) if kind == "cpu" else 0.0
+    grouped = None
     if rollout is None:
         acts = measure_lora_activations(config, lora)
     else:  # the longest prompt leaves max_new_tokens of data.max_length (prompt_rows refuses more)
         seq_len = max(1, seq_len - rollout.max_new_tokens)
-        make = policy_batch_maker(int(config.vocab_size), rollout)
-        acts = measure_lora_activations(config, lora, make_batch=make, loss_fn=policy_loss(rollout))
+        vocab = int(config.vocab_size)
+        acts = measure_lora_activations(config, lora, make_batch=policy_batch_maker(vocab, rollout),
+                                        loss_fn=policy_loss(rollout))  # fmt: skip
+        if not float(lora.get("dropout") or 0.0):  # each group's prompt runs once (grpo_sampling)
+            grouped = measure_lora_activations(
+                config, lora, make_batch=policy_batch_maker(vocab, rollout, grouped=True),
+                loss_fn=policy_loss(rollout, grouped=True),
+            )  # fmt: skip
     job = _LoRAJob(config, lora, counts, budget, seq_len, micro or 1, setting, dtype, why, kind,
-                   baseline, acts, int(config.vocab_size), rollout, bool(rollout) and micro is None)  # fmt: skip
+                   baseline, acts, int(config.vocab_size), rollout, bool(rollout) and micro is None,
+                   grouped)  # fmt: skip
     return replace(job, micro=_pick_micro(job)) if job.auto else job  # GRPO's prompts only
 
 
@@ -509,6 +520,7 @@ def _rollout_lines(job: _LoRAJob, picked: str) -> list[str]:
     cache = kv_cache_bytes(config, n, total, width)
     logits = sampling_bytes(config, rollout, prompts, prompt_len, width) - cache
     reference = reference_bytes(config, rollout, prompts)
+    shared = "; each prompt run once for its group" if job.grouped is not None else ""
     return [
         f"GRPO: {prompts} prompts per step{picked} x {rollout.generations} completions = {n} "
         f"sequences of {prompt_len} prompt (data.max_length - model.max_new_tokens) + "
@@ -517,7 +529,7 @@ def _rollout_lines(job: _LoRAJob, picked: str) -> list[str]:
         f"(sampling, no grad); reference pass {reference / GiB:.2f} GiB"
         f"{'' if rollout.beta else ' (model.beta=0: none)'}; the policy pass below is the "
         f"measured GRPO loss over the {n} sequences (head on the {rollout.max_new_tokens} "
-        f"completion positions)",
+        f"completion positions{shared})",
     ]
 
 
