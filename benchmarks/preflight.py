@@ -261,8 +261,8 @@ def real(args: argparse.Namespace) -> None:
 
 # (name, overrides, longest prompt in tokens as train.py's preflight prints it, max_new_tokens)
 GRPO_JOBS = (
-    ("tiny Llama GRPO", ["experiment=grpo_offline"], 87, 8),
-    ("SmolLM2 GRPO", ["experiment=grpo_smollm2"], 79, 32),
+    ("tiny Llama GRPO", ["experiment=grpo_offline"], 137, 8),
+    ("SmolLM2 GRPO", ["experiment=grpo_smollm2"], 102, 16),
 )
 
 

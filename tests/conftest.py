@@ -201,11 +201,11 @@ def run_train(
     forked from a server that has imported torch and Lightning (tests/forked_train.py), or a fresh
     interpreter with ``fresh`` or an ``env`` that changes what one reads at start."""
     full_env = {**os.environ, "LAPTRAIN_CACHE": str(cwd / "cache"), **(env or {})}
-    from tests.forked_train import can_fork, run_forked
-
     # a profile's env reaches torch only before its import: hardware.env.* needs a fresh start
-    if not fresh and can_fork(full_env) and not any("hardware.env" in a for a in args):
-        return run_forked(args, cwd, full_env, timeout)
+    if not fresh and not any("hardware.env" in a for a in args):
+        from tests.forked_train import run_python
+
+        return run_python([str(TRAIN), *args], cwd, full_env, timeout)
     return subprocess.run(
         [sys.executable, str(TRAIN), *args],
         cwd=cwd,

@@ -1,5 +1,6 @@
-"""`python train.py <args>` as a process of its own, forked from a server that has imported torch,
-Lightning and laptrain already (the standard library's ``multiprocessing`` forkserver).
+"""`python train.py <args>` (or another script or ``-m`` module) as a process of its own, forked
+from a server that has imported torch, Lightning and laptrain already (the standard library's
+``multiprocessing`` forkserver).
 
 The run is a separate process, as a user's is: its exit code, its output, its signal handlers, its
 module state and its ``atexit`` handlers are its own, and nothing it does reaches the test's
@@ -28,7 +29,6 @@ import torch  # noqa: F401
 import laptrain
 import laptrain.job.run  # noqa: F401
 
-TRAIN = Path(__file__).resolve().parents[1] / "train.py"
 # Read at interpreter start, at torch's import or by the C libraries it loads.
 AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "MALLOC_", "LD_", "PYTORCH_",
             "TORCH_", "CUDA_", "NCCL_")  # fmt: skip
@@ -84,10 +84,10 @@ def _exit_code(code: object) -> int:
 
 
 def _run(
-    args: list[str], cwd: str, env: dict[str, str], path: list[str], out: str, err: str
+    command: list[str], cwd: str, env: dict[str, str], path: list[str], out: str, err: str
 ) -> None:
-    """The forked process: the working folder, environment, argv, ``sys.path[0]`` and output files
-    of ``python train.py``, then train.py as ``__main__``, then the atexit handlers."""
+    """The forked process: the working folder, environment, argv, ``sys.path`` and output files
+    of ``python <command>``, then the script or module as ``__main__``, then the atexit handlers."""
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -95,11 +95,15 @@ def _run(
         opened = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(opened, fd)
         os.close(opened)
-    sys.argv = [str(TRAIN), *args]
-    sys.path[:] = [str(TRAIN.parent), *path]
+    module = command[1] if command[0] == "-m" else None
+    sys.argv = command[1:] if module else list(command)
+    sys.path[:] = [cwd if module else str(Path(command[0]).resolve().parent), *path]
     code = 0
     try:
-        runpy.run_path(str(TRAIN), run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(command[0], run_name="__main__")
     except SystemExit as stop:
         code = _exit_code(stop.code)
     except BaseException:  # what the interpreter prints and exits 1 with
@@ -111,22 +115,30 @@ def _run(
     os._exit(code)
 
 
-def run_forked(
-    args: list[str], cwd: Path, env: dict[str, str], timeout: int
+def run_python(
+    command: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 240
 ) -> subprocess.CompletedProcess:
-    """``subprocess.run([python, train.py, *args], capture_output=True, text=True)``'s result."""
+    """``subprocess.run([python, *command], cwd=cwd, env=env, capture_output=True, text=True)``:
+    ``command`` is a script and its arguments, or ``-m module ...``; forked from the server when
+    :func:`can_fork` allows, else a fresh interpreter."""
+    env = dict(os.environ if env is None else env)
+    argv = [sys.executable, *command]
+    if not can_fork(env):
+        return subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
     with tempfile.TemporaryDirectory() as folder:
         out, err = os.path.join(folder, "out"), os.path.join(folder, "err")
         path = _interpreter_path(env.get("PYTHONPATH"))
-        process = _server().Process(target=_run, args=(list(args), str(cwd), env, path, out, err))
+        process = _server().Process(
+            target=_run, args=(list(command), str(cwd), env, path, out, err)
+        )
         process.start()
         process.join(timeout)
         if process.is_alive():
             process.kill()
             process.join()
-            raise subprocess.TimeoutExpired([sys.executable, str(TRAIN), *args], timeout)
+            raise subprocess.TimeoutExpired(argv, timeout)
         stdout = Path(out).read_text(errors="replace") if os.path.exists(out) else ""
         stderr = Path(err).read_text(errors="replace") if os.path.exists(err) else ""
-    return subprocess.CompletedProcess(
-        [sys.executable, str(TRAIN), *args], process.exitcode, stdout, stderr
-    )
+    return subprocess.CompletedProcess(argv, process.exitcode, stdout, stderr)

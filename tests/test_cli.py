@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 from laptrain.commands import cli
 from tests.conftest import ROOT, TINY, write_texts
+from tests.forked_train import run_python
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -60,14 +60,7 @@ def test_a_run_prints_a_short_true_console_then_runs_and_predict_read_it(tmp_pat
         "trainer.val_check_interval=2",
     ]
     env = {**os.environ, "LAPTRAIN_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [sys.executable, "-m", "laptrain.commands.cli", "train", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_python(["-m", "laptrain.commands.cli", "train", *args], tmp_path, env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr == ""  # no warnings, no library bars
     lines = done.stdout.splitlines()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ import torch
 
 from laptrain.run_folder.listing import run_state
 from tests.conftest import ROOT, compose_train
+from tests.forked_train import run_python
 from tests.in_process import train_here
 from tests.new_project import new_project
 from tests.test_exact_resume import classifier_args, load, run_ok, signal_at
@@ -132,14 +131,7 @@ def test_a_laptrain_new_module_stopped_and_rerun_stops_early_where_one_never_sto
 
     def train(*extra: str, code: int = 0) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT_PATH, SRC])}
-        done = subprocess.run(
-            [sys.executable, str(clone / "train.py"), *args, *extra],
-            cwd=clone,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        done = run_python([str(clone / "train.py"), *args, *extra], clone, env)
         assert done.returncode == code, done.stderr[-3000:]
 
     train("run_name=straight")
