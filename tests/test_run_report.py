@@ -172,12 +172,17 @@ def test_testing_an_older_checkpoint_only_adds_the_test_metrics(tmp_path):
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     checkpoint["callbacks"]["RunReport"]["totals"]["train_s"] = 1.0  # as if saved early on
     torch.save(checkpoint, tmp_path / "older.ckpt")
+    plot = (tmp_path / "report.png").read_bytes()
+    (tmp_path / "report.png").write_bytes(b"drawn at the end of fit")
     trainer.test(
         trainer.lightning_module, ckpt_path=str(tmp_path / "older.ckpt"), weights_only=False
     )
     after = json.loads((tmp_path / "report.json").read_text())
     assert after["time"] == report["time"] and after["throughput"] == report["throughput"]
     assert set(after["metrics"]) == {"train/loss", "val/loss", "test/loss"}
+    assert "test/loss" in (tmp_path / "report.md").read_text()
+    # the plot shows training and validation over steps: the test adds nothing to draw again
+    assert plot and (tmp_path / "report.png").read_bytes() == b"drawn at the end of fit"
 
 
 class CtrlC(Callback):

@@ -57,11 +57,13 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-def write_report(folder: str | os.PathLike[str], report: dict[str, Any]) -> Path:
-    """Write the three files into ``folder``; return the path of ``report.json``."""
+def write_report(folder: str | os.PathLike[str], report: dict[str, Any], plot: bool = True) -> Path:
+    """Write the three files into ``folder`` (``plot=False``: the plot as it is); return the path
+    of ``report.json``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    plot_history(report.get("history", []), report, folder / PLOT_NAME)
+    if plot:
+        plot_history(report.get("history", []), report, folder / PLOT_NAME)
     write_text_atomic(folder / "report.md", render_markdown(report))
     write_text_atomic(folder / "report.json", json.dumps(report, indent=2, default=str) + "\n")
     return folder / "report.json"

@@ -181,12 +181,13 @@ class RunReport(VersionedState, Callback):
     @override
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # trainer.test(ckpt_path=...) restores every callback's state from that (older) checkpoint,
-        # so only the test metrics are added to the report written at the end of fit.
+        # so only the test metrics are added to the report written at the end of fit; its plot
+        # (losses and validation over steps) stays as drawn then.
         if self._report is None:
             self.write(trainer)
             return
         self._report["metrics"].update(_scalars(trainer))
-        self._write(trainer, self._report)
+        self._write(trainer, self._report, plot=False)
 
     @override
     def on_exception(
@@ -204,8 +205,8 @@ class RunReport(VersionedState, Callback):
         self._write(trainer, self._report)
 
     @rank_zero_only
-    def _write(self, trainer: pl.Trainer, report: dict[str, Any]) -> None:
-        self.path = write_report(Path(self.output_dir or trainer.default_root_dir), report)
+    def _write(self, trainer: pl.Trainer, report: dict[str, Any], plot: bool = True) -> None:
+        self.path = write_report(Path(self.output_dir or trainer.default_root_dir), report, plot)
 
     @rank_zero_only
     def _send_to_loggers(self, trainer: pl.Trainer) -> None:
