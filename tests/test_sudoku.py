@@ -79,6 +79,24 @@ def test_splits_are_disjoint_up_to_symmetry_and_tokenised() -> None:
     assert set(np.unique(splits["train"]["labels"])) == set(range(2, 6))
 
 
+def test_a_small_split_generates_only_the_chunks_it_needs_and_the_same_puzzles(monkeypatch):
+    import laptrain.families.trm.sudoku as sudoku
+
+    want = {"train": 16, "val": 8, "test": 8}
+    pooled = generate_splits(4, (5, 7), want, seed=3, workers=2)
+    calls = []
+    generate = sudoku._generate_chunk
+    monkeypatch.setattr(
+        sudoku, "_generate_chunk", lambda args: calls.append(args) or generate(args)
+    )
+    here = generate_splits(4, (5, 7), want, seed=3, workers=0)
+    assert [c[3] for c in calls] == ["3-train-0", "3-val-0", "3-test-0"]  # not 2 chunks a split
+    first = generate((4, (5, 7), None, "3-train-0"))[:16]
+    assert here["train"]["inputs"].tolist() == [[d + 1 for d in row[0]] for row in first]
+    for split in want:
+        assert np.array_equal(pooled[split]["inputs"], here[split]["inputs"])
+
+
 def test_too_few_distinct_puzzles_fails_with_the_fix() -> None:
     with pytest.raises(ValueError, match="lower data.val_size"):
         generate_splits(4, (15, 15), {"train": 50, "val": 50, "test": 1}, seed=0)

@@ -73,7 +73,9 @@ def _split_rows(
                 f"data: only {len(rows)}/{want} {split} puzzles differ from the other splits "
                 f"for board {board_size} with givens {list(givens)}; lower data.{split}_size"
             )
-        batch = max(1, workers) * 2
+        # the chunks still needed if none is dropped, at most two a worker: a 16-puzzle split
+        # generates one chunk, not four (the rows are the same: chunks are seeded by position)
+        batch = min(max(1, workers) * 2, -(-(want - len(rows)) // CHUNK))
         tasks = [
             (board_size, givens, technique, f"{seed}-{split}-{chunk + i}") for i in range(batch)
         ]
