@@ -146,6 +146,25 @@ def test_a_users_reward_file_and_prompts_train(tmp_path):
     assert "test/reward_base" in json.dumps(metrics)
 
 
+def test_laptrain_new_rewards_writes_rewards_a_grpo_run_of_the_clone_trains_on(tmp_path):
+    from tests.new_project import copy_clone, laptrain
+
+    clone = copy_clone(tmp_path / "clone")
+    done = laptrain("new", "my_task", "--rewards", "--root", str(clone))
+    assert done.returncode == 0, done.stderr
+    assert "wrote user/my_task/rewards.py" in done.stdout
+    rows = [{"prompt": f"What is {i} + 1? Answer with the number only.", "answer": str(i + 1)}
+            for i in range(20)]  # fmt: skip
+    path = _prompts_file(clone, rows)
+    job = [a for a in GRPO_JOB if not a.startswith("data.builder")]
+    rewards = "model.rewards=[user.my_task.rewards.correct,user.my_task.rewards.brief]"
+    args = [*job, "data=prompts", f"data.files.train={path}", rewards, "run_name=mine"]
+    done = train_here(args, clone, env=ONE_THREAD, script=clone / "train.py")
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((clone / "outputs" / "mine" / "metrics.json").read_text())
+    assert 0 <= metrics["test/reward_base_brief"] <= 1 and "test/reward_correct" in metrics
+
+
 def test_grpo_stopped_between_two_updates_of_a_rollout_resumes_bit_identical(tmp_path):
     """num_iterations=2: step 3 is the first update of the second rollout; SIGTERM there leaves
     the rollout buffer, its use count and the sampling generator in the checkpoint, and the rerun

@@ -48,12 +48,16 @@ def test_new_writes_a_package_and_two_presets_that_name_it(tmp_path):
 
 def test_the_generated_code_is_ruff_clean_under_the_project_s_rules(tmp_path):
     clone = new_project(tmp_path / "clone")
-    long_name = laptrain("new", "a_long_task_name_that_makes_long_lines", "--root", str(clone))
+    long_name = laptrain(
+        "new", "a_long_task_name_that_makes_long_lines", "--rewards", "--root", str(clone)
+    )
     assert long_name.returncode == 0, long_name.stderr
     ruff = str(Path(sys.executable).parent / "ruff")
     for args in (["check", "--no-cache", "user"], ["format", "--no-cache", "--check", "user"]):
         done = subprocess.run([ruff, *args], cwd=clone, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+    assert (clone / "user/a_long_task_name_that_makes_long_lines/rewards.py").is_file()
+    assert not (clone / "user/my_task/rewards.py").exists()  # only with --rewards
 
 
 def test_a_second_package_keeps_the_first_and_the_user_package(tmp_path):

@@ -55,8 +55,8 @@ def _render(text: str, name: str) -> str:
     return text.replace("{{name}}", name).replace("{{cls}}", class_name(name))
 
 
-def planned_files(name: str, root: Path) -> list[NewFile]:
-    """What ``laptrain new NAME`` writes under ``root``, rendered (nothing written yet)."""
+def planned_files(name: str, root: Path, rewards: bool = False) -> list[NewFile]:
+    """What ``laptrain new NAME [--rewards]`` writes under ``root``, rendered (nothing written)."""
     check_name(name)
     package = Path(USER_FOLDER) / name
     layout = {
@@ -66,14 +66,14 @@ def planned_files(name: str, root: Path) -> list[NewFile]:
         package / f"test_{name}.py": "test.py.tmpl",
         Path("conf") / "model" / f"{name}.yaml": "model.yaml.tmpl",
         Path("conf") / "data" / f"{name}.yaml": "data.yaml.tmpl",
-    }
+    } | ({package / "rewards.py": "rewards.py.tmpl"} if rewards else {})
     files = [NewFile(path, _render(_template(tmpl), name)) for path, tmpl in layout.items()]
     if not (root / USER_FOLDER / "__init__.py").is_file():
         files.insert(0, NewFile(Path(USER_FOLDER) / "__init__.py", USER_PACKAGE_DOC))
     return files
 
 
-def write_new(name: str, root: Path) -> list[Path]:
+def write_new(name: str, root: Path, rewards: bool = False) -> list[Path]:
     """Writes the files of :func:`planned_files` under ``root``; returns their paths. ValueError
     (one line, nothing written) when ``root`` is no clone or a file exists."""
     if not (root / "conf" / "train.yaml").is_file():
@@ -81,7 +81,7 @@ def write_new(name: str, root: Path) -> list[Path]:
             f"{root} holds no conf/train.yaml: run laptrain new in a laptrain clone, or give "
             "--root <clone>"
         )
-    files = planned_files(name, root)
+    files = planned_files(name, root, rewards)
     taken = [f.path for f in files if (root / f.path).exists()]
     if (root / USER_FOLDER / name).exists():
         taken.insert(0, Path(USER_FOLDER) / name)
@@ -115,7 +115,7 @@ def new_command(args: argparse.Namespace) -> int:
 
     try:
         root = Path(args.root) if args.root else project_root()
-        written = write_new(args.name, root.resolve())
+        written = write_new(args.name, root.resolve(), args.rewards)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -135,3 +135,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the laptrain clone to write into (default: this clone)",
     )
+    parser.add_argument("--rewards", action="store_true", help="also GRPO rewards: rewards.py")
