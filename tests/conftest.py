@@ -1,10 +1,19 @@
 """Shared fixtures: Hydra composition of conf/train.yaml, a small CSV data set, subprocess runs."""
 
+# ruff: noqa: E402  (OMP_WAIT_POLICY is set before the imports that load torch)
+
 from __future__ import annotations
+
+import os
+
+# Two workers on 2 cores, each with torch's threads: OpenMP threads that spin while they wait for
+# work (its default active wait) burn the cores the other worker needs. Waiting passively took a
+# quarter of the suite's wall time and half its CPU time away (2026-11-29, CONTRIBUTING.md); set
+# before torch is imported, so libgomp reads it, and inherited by every process a test starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import csv
 import gc
-import os
 import random
 import subprocess
 import sys
