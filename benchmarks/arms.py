@@ -1,5 +1,6 @@
-"""What the benchmarks share: the side-by-side ones' ``--arms`` (real_lora.py, dpo_vs_trl.py) and
-the machine line every table is printed with."""
+"""What the benchmarks share: the side-by-side ones' ``--arms`` (real_lora.py, dpo_vs_trl.py), the
+tiny offline job of the LoRA-family benchmarks' ``--smoke`` and the machine line every table is
+printed with."""
 
 from __future__ import annotations
 
@@ -7,6 +8,24 @@ import argparse
 import os
 import time
 from collections.abc import Callable, Sequence
+
+
+def tiny_lora_smoke(experiment: str, *extra: str) -> list[str]:
+    """``--smoke``'s job for a LoRA-family benchmark: the offline ``experiment`` on a base of one
+    32-wide layer pretrained for 4 steps, rank-4 adapters and 10 stdlib modules of data, then
+    ``extra`` overrides."""
+    return [
+        f"experiment={experiment}",
+        "hardware=cpu",
+        "model.tiny_base.hidden_size=32",
+        "model.tiny_base.intermediate_size=64",
+        "model.tiny_base.num_layers=1",
+        "model.tiny_base.steps=4",
+        "model.lora.r=4",
+        "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
+        "data.vocab_size=512",
+        *extra,
+    ]
 
 
 def arms_option(arms: Sequence[str]) -> Callable[[str], list[str]]:

@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arms import add_arm_options, yes
+from arms import add_arm_options, tiny_lora_smoke, yes
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -76,18 +76,7 @@ GOAL = 1.1  # laptrain tokens/s / TRL tokens/s (issue 38)
 JOB = ["experiment=dpo_smollm2", "hardware=cpu"]
 # --smoke: the same shape offline (experiment=dpo_offline: tiny_llama_dpo + stdlib_preferences),
 # a base of one 32-wide layer pretrained for 4 steps, 10 modules of data, 8 pairs a step.
-SMOKE = [
-    "experiment=dpo_offline",
-    "hardware=cpu",
-    "model.tiny_base.hidden_size=32",
-    "model.tiny_base.intermediate_size=64",
-    "model.tiny_base.num_layers=1",
-    "model.tiny_base.steps=4",
-    "model.lora.r=4",
-    "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
-    "data.vocab_size=512",
-    "data.batch_size=8",
-]
+SMOKE = tiny_lora_smoke("dpo_offline", "data.batch_size=8")
 
 
 def job_overrides(args: argparse.Namespace) -> list[str]:

@@ -41,23 +41,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arms import tiny_lora_smoke
+
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("laptrain", "trl")
 GOAL = 1.1  # laptrain / TRL (issue 51 item 8)
 JOB = ["experiment=grpo_smollm2", "hardware=cpu"]
-SMOKE = [
-    "experiment=grpo_offline",
-    "hardware=cpu",
-    "model.tiny_base.hidden_size=32",
-    "model.tiny_base.intermediate_size=64",
-    "model.tiny_base.num_layers=1",
-    "model.tiny_base.steps=4",
-    "model.lora.r=4",
-    "model.num_generations=4",
-    "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
-    "data.vocab_size=512",
-    "data.batch_size=2",
-]
+SMOKE = tiny_lora_smoke("grpo_offline", "model.num_generations=4", "data.batch_size=2")
 
 
 def overrides(args: argparse.Namespace) -> list[str]:

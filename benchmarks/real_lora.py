@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from arms import add_arm_options, yes
+from arms import add_arm_options, tiny_lora_smoke, yes
 from lora_throughput import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,18 +101,7 @@ KEEP_FREED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 * 2**30)
 JOB = ["experiment=lora_smollm2", "hardware=cpu"]
 # --smoke: the same shape offline (experiment=lora_offline: tiny_llama_lora + stdlib_instructions,
 # batch 16), with a base of one 32-wide layer pretrained for 4 steps and 10 modules of data.
-SMOKE = [
-    "experiment=lora_offline",
-    "hardware=cpu",
-    "model.tiny_base.hidden_size=32",
-    "model.tiny_base.intermediate_size=64",
-    "model.tiny_base.num_layers=1",
-    "model.tiny_base.steps=4",
-    "model.lora.r=4",
-    "data.builder.modules=[json,csv,base64,shlex,heapq,bisect,textwrap,fnmatch,glob,copy]",
-    "data.vocab_size=512",
-    "data.max_length=64",
-]
+SMOKE = tiny_lora_smoke("lora_offline", "data.max_length=64")
 
 
 def job_overrides(args: argparse.Namespace) -> list[str]:

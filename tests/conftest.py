@@ -209,20 +209,12 @@ def run_train(
     """`python train.py <args>` as a process of its own (signals, exit codes, several processes):
     forked from a server that has imported torch and Lightning (tests/forked_train.py), or a fresh
     interpreter with ``fresh`` or an ``env`` that changes what one reads at start."""
+    from tests.forked_train import run_python
+
     full_env = {**os.environ, "LAPTRAIN_CACHE": str(cwd / "cache"), **(env or {})}
     # a profile's env reaches torch only before its import: hardware.env.* needs a fresh start
-    if not fresh and not any("hardware.env" in a for a in args):
-        from tests.forked_train import run_python
-
-        return run_python([str(TRAIN), *args], cwd, full_env, timeout)
-    return subprocess.run(
-        [sys.executable, str(TRAIN), *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    fresh = fresh or any("hardware.env" in a for a in args)
+    return run_python([str(TRAIN), *args], cwd, full_env, timeout, fresh)
 
 
 def quiet_trainer(last_ckpt: str | Path | None = None, **overrides: Any) -> pl.Trainer:

@@ -116,14 +116,18 @@ def _run(
 
 
 def run_python(
-    command: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 240
+    command: list[str],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: int = 240,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
     """``subprocess.run([python, *command], cwd=cwd, env=env, capture_output=True, text=True)``:
     ``command`` is a script and its arguments, or ``-m module ...``; forked from the server when
-    :func:`can_fork` allows, else a fresh interpreter."""
+    :func:`can_fork` allows, else (and with ``fresh``) a fresh interpreter."""
     env = dict(os.environ if env is None else env)
     argv = [sys.executable, *command]
-    if not can_fork(env):
+    if fresh or not can_fork(env):
         return subprocess.run(
             argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
         )
